@@ -1,0 +1,315 @@
+"""Frozen, validated configuration records and the pure backoff math.
+
+Every record validates itself at construction and raises
+:class:`ConfigurationError` naming the field and the offending value, so a bad
+setting fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, final
+
+from ._errors import ConfigurationError, ErrorCategory
+
+if TYPE_CHECKING:
+    from ._results import TokenUsage
+
+__all__ = [
+    "AbortMode",
+    "ArtifactIdentity",
+    "GuardrailConfig",
+    "ProcessorConfig",
+    "RateLimitConfig",
+    "ResumePolicy",
+    "RetryConfig",
+    "default_token_estimator",
+]
+
+DEFAULT_WORKERS: Final = 5
+
+
+def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
+    if value is None:
+        if not allow_none:
+            raise ConfigurationError(name, value, "is required")
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(name, value, "must be a number")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(name, value, "must be a finite number > 0")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(name, value, "must be a number")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigurationError(name, value, "must be a finite number >= 0")
+
+
+def _whole(name: str, value: int | None, *, minimum: int, allow_none: bool = True) -> None:
+    if value is None:
+        if not allow_none:
+            raise ConfigurationError(name, value, "is required")
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(name, value, "must be a whole number")
+    if value < minimum:
+        raise ConfigurationError(name, value, f"must be >= {minimum}")
+
+
+class AbortMode(enum.Enum):
+    """What a guardrail abort does to calls already in flight."""
+
+    DRAIN_ACTIVE = "drain_active"
+    """Stop admitting new items; let calls in flight finish."""
+    CANCEL_ACTIVE = "cancel_active"
+    """Stop admitting and cancel calls in flight."""
+
+
+class ResumePolicy(enum.Enum):
+    """Which stored results a run may replay instead of calling again."""
+
+    NONE = "none"
+    """Refuse a store that already holds results."""
+    REUSE_SUCCESSES = "reuse_successes"
+    """Replay stored successes; rerun everything else."""
+    REUSE_ALL = "reuse_all"
+    """Also replay terminal provider failures; engine verdicts always rerun."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ArtifactIdentity:
+    """What a checkpoint was produced by; a resume refuses a different identity."""
+
+    provider: str
+    model: str
+    prompt_version: str | None = None
+    parser_version: str | None = None
+    application_version: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("provider", "model"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigurationError(name, value, "must be a non-empty string")
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "prompt_version": self.prompt_version,
+            "parser_version": self.parser_version,
+            "application_version": self.application_version,
+        }
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RetryConfig:
+    """Retry budgets and exponential backoff with full jitter.
+
+    Rate-limit failures draw on ``max_rate_limit_retries`` and do not use up
+    ``max_attempts``; a provider's Retry-After wins when it is larger than the
+    computed backoff.
+    """
+
+    max_attempts: int = 3
+    initial_wait: float = 1.0
+    max_wait: float = 60.0
+    exponential_base: float = 2.0
+    jitter: bool = True
+    max_rate_limit_retries: int = 20
+    respect_retry_after: bool = True
+
+    def __post_init__(self) -> None:
+        _whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)
+        _non_negative("initial_wait", self.initial_wait)
+        _non_negative("max_wait", self.max_wait)
+        if self.max_wait < self.initial_wait:
+            raise ConfigurationError("max_wait", self.max_wait, "must be >= initial_wait")
+        _positive("exponential_base", self.exponential_base, allow_none=False)
+        if self.exponential_base < 1:
+            raise ConfigurationError("exponential_base", self.exponential_base, "must be >= 1")
+        _whole("max_rate_limit_retries", self.max_rate_limit_retries, minimum=0, allow_none=False)
+
+    def backoff_ceiling(self, retry_number: int) -> float:
+        """The largest wait before retry ``retry_number`` (0 for the first retry)."""
+        try:
+            raw = self.initial_wait * self.exponential_base**retry_number
+        except OverflowError:
+            return self.max_wait
+        return min(self.max_wait, raw)
+
+    def backoff(self, retry_number: int, rng: random.Random | None = None) -> float:
+        """The wait before retry ``retry_number``: ``uniform(0, ceiling)`` with jitter."""
+        ceiling = self.backoff_ceiling(retry_number)
+        if not self.jitter:
+            return ceiling
+        return (rng or random).uniform(0.0, ceiling)
+
+    def wait_before_retry(
+        self, retry_number: int, retry_after: float | None, rng: random.Random | None = None
+    ) -> float:
+        """Backoff for ``retry_number``, raised to ``retry_after`` when that is larger."""
+        wait = self.backoff(retry_number, rng)
+        if self.respect_retry_after and retry_after is not None and retry_after > wait:
+            return retry_after
+        return wait
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RateLimitConfig:
+    """The shared cooldown a rate-limit failure starts for its whole quota scope.
+
+    A first 429 pauses the scope for ``cooldown_seconds`` (or the provider's
+    Retry-After when given); each further 429 within a cooldown's aftermath
+    multiplies it by ``backoff_multiplier`` up to ``max_cooldown_seconds``. After
+    a cooldown, admission reopens gradually: the scope's concurrency starts at
+    ``slow_start_initial_fraction`` of its bound and grows linearly back to the
+    bound over ``slow_start_seconds``.
+    """
+
+    cooldown_seconds: float = 5.0
+    backoff_multiplier: float = 2.0
+    max_cooldown_seconds: float = 120.0
+    slow_start_seconds: float = 10.0
+    slow_start_initial_fraction: float = 0.25
+
+    def __post_init__(self) -> None:
+        _non_negative("cooldown_seconds", self.cooldown_seconds)
+        _positive("backoff_multiplier", self.backoff_multiplier, allow_none=False)
+        if self.backoff_multiplier < 1:
+            raise ConfigurationError("backoff_multiplier", self.backoff_multiplier, "must be >= 1")
+        _non_negative("max_cooldown_seconds", self.max_cooldown_seconds)
+        if self.max_cooldown_seconds < self.cooldown_seconds:
+            raise ConfigurationError(
+                "max_cooldown_seconds", self.max_cooldown_seconds, "must be >= cooldown_seconds"
+            )
+        _non_negative("slow_start_seconds", self.slow_start_seconds)
+        if not 0 < self.slow_start_initial_fraction <= 1:
+            raise ConfigurationError(
+                "slow_start_initial_fraction", self.slow_start_initial_fraction, "must be in (0, 1]"
+            )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class GuardrailConfig:
+    """Deadlines, fail-fast categories and spending caps for a batch."""
+
+    total_timeout_per_item: float | None = None
+    batch_timeout: float | None = None
+    abort_on_error_categories: frozenset[ErrorCategory] = frozenset()
+    abort_mode: AbortMode = AbortMode.DRAIN_ACTIVE
+    max_total_tokens: int | None = None
+    max_total_cost: float | None = None
+    cost_function: Callable[[TokenUsage], float] | None = None
+
+    def __post_init__(self) -> None:
+        _positive("total_timeout_per_item", self.total_timeout_per_item)
+        _positive("batch_timeout", self.batch_timeout)
+        categories: object = self.abort_on_error_categories
+        if isinstance(categories, (str, ErrorCategory)) or not isinstance(categories, Iterable):
+            raise ConfigurationError(
+                "abort_on_error_categories", categories, "must be a collection of ErrorCategory"
+            )
+        try:
+            normalized = frozenset(ErrorCategory(c) for c in categories)
+        except ValueError:
+            raise ConfigurationError(
+                "abort_on_error_categories", categories, "holds a value that is not an ErrorCategory"
+            ) from None
+        object.__setattr__(self, "abort_on_error_categories", normalized)
+        if not isinstance(self.abort_mode, AbortMode):
+            raise ConfigurationError("abort_mode", self.abort_mode, "must be an AbortMode")
+        _whole("max_total_tokens", self.max_total_tokens, minimum=1)
+        _positive("max_total_cost", self.max_total_cost)
+        if self.max_total_cost is not None and self.cost_function is None:
+            raise ConfigurationError(
+                "cost_function", None, "is required when max_total_cost is set"
+            )
+
+
+def default_token_estimator(prompt: str) -> int:
+    """A cheap, deliberately generous estimate: about four characters a token, plus room for output."""
+    return len(prompt) // 4 + 256
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ProcessorConfig:
+    """How a processor, pool or one-shot call runs its items.
+
+    ``concurrency`` is the one knob most users set: it sizes the workers, the
+    provider admission bound and connection pools. ``max_workers`` is the
+    async-batch-llm spelling of the same thing; set one or the other (or both
+    to the same value).
+    """
+
+    concurrency: int | None = None
+    max_workers: int | None = None
+    attempt_timeout: float | None = 120.0
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    guardrails: GuardrailConfig = field(default_factory=GuardrailConfig)
+    max_requests_per_minute: float | None = None
+    max_tokens_per_minute: int | None = None
+    token_estimator: Callable[[str], int] | None = None
+    max_queue_size: int = 0
+    max_result_queue_size: int = 0
+    max_provider_concurrency: int | None = None
+    progress_interval: float = 0.5
+
+    def __post_init__(self) -> None:
+        _whole("concurrency", self.concurrency, minimum=1)
+        _whole("max_workers", self.max_workers, minimum=1)
+        if (
+            self.concurrency is not None
+            and self.max_workers is not None
+            and self.concurrency != self.max_workers
+        ):
+            raise ConfigurationError(
+                "max_workers",
+                self.max_workers,
+                f"conflicts with concurrency={self.concurrency}; set one of them",
+            )
+        _positive("attempt_timeout", self.attempt_timeout)
+        for name, kind in (("retry", RetryConfig), ("rate_limit", RateLimitConfig),
+                           ("guardrails", GuardrailConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigurationError(name, getattr(self, name), f"must be a {kind.__name__}")
+        _positive("max_requests_per_minute", self.max_requests_per_minute)
+        _whole("max_tokens_per_minute", self.max_tokens_per_minute, minimum=1)
+        if self.token_estimator is not None and not callable(self.token_estimator):
+            raise ConfigurationError("token_estimator", self.token_estimator, "must be callable")
+        _whole("max_queue_size", self.max_queue_size, minimum=0, allow_none=False)
+        _whole("max_result_queue_size", self.max_result_queue_size, minimum=0, allow_none=False)
+        _whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
+        _positive("progress_interval", self.progress_interval, allow_none=False)
+
+    @property
+    def workers(self) -> int:
+        """The number of workers (and the default provider concurrency bound)."""
+        if self.concurrency is not None:
+            return self.concurrency
+        if self.max_workers is not None:
+            return self.max_workers
+        return DEFAULT_WORKERS
+
+    @property
+    def provider_concurrency(self) -> int:
+        """Calls in flight allowed per quota scope."""
+        if self.max_provider_concurrency is not None:
+            return min(self.max_provider_concurrency, self.workers)
+        return self.workers
+
+    def estimate_tokens(self, prompt: str) -> int:
+        estimator = self.token_estimator or default_token_estimator
+        return estimator(prompt)

@@ -1,0 +1,184 @@
+"""The exception tree of trio-batch-llm.
+
+Every exception this library defines derives from :class:`BatchLLMError`, so
+``except BatchLLMError`` catches all of them. Each also keeps a fitting
+built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
+``ValueError`` keeps working::
+
+    Exception
+    └── BatchLLMError                      (alias: AsyncBatchLLMError)
+        ├── ConfigurationError             (also ValueError)
+        ├── ProviderError                  a strategy's own word on a failure
+        ├── LLMCallError                   (also RuntimeError) call()/submit() failed
+        ├── ItemDeadlineExceeded           (also TimeoutError) item total deadline
+        ├── QueueFullError                 (also RuntimeError) pool past max_pending
+        ├── AdmissionClosedError           (also RuntimeError) owner no longer admits
+        ├── BatchInterruptedError          (also RuntimeError) workers cancelled early
+        ├── CleanupInterruptedError        (also RuntimeError) a close was interrupted
+        ├── StreamFinalizationError        (also RuntimeError) stream finalizer cancelled
+        └── ArtifactStoreError             (also RuntimeError) checkpoint I/O failed
+            └── ArtifactMismatchError      stored identity or records do not match
+
+Provider SDK exceptions and exceptions raised by user strategies are never
+wrapped: they reach the caller (or ``WorkItemResult.exception``) as themselves.
+Cancellation, ``KeyboardInterrupt`` and ``SystemExit`` are never converted.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._results import WorkItemResult
+
+__all__ = [
+    "AdmissionClosedError",
+    "ArtifactMismatchError",
+    "ArtifactStoreError",
+    "AsyncBatchLLMError",
+    "BatchInterruptedError",
+    "BatchLLMError",
+    "CleanupInterruptedError",
+    "ConfigurationError",
+    "ErrorCategory",
+    "ItemDeadlineExceeded",
+    "LLMCallError",
+    "ProviderError",
+    "QueueFullError",
+    "StreamFinalizationError",
+]
+
+
+class ErrorCategory(enum.StrEnum):
+    """Why an item failed; decides whether and how it is retried.
+
+    The first eleven members classify provider failures. The last four are the
+    engine's own verdicts (a deadline, an abort, a spent budget, an item that
+    never ran); a resume always reruns items that ended with one of those.
+    """
+
+    RATE_LIMIT = "rate_limit"
+    TIMEOUT = "timeout"
+    TRANSIENT = "transient"
+    SERVER = "server"
+    AUTHENTICATION = "authentication"
+    INSUFFICIENT_BALANCE = "insufficient_balance"
+    INVALID_REQUEST = "invalid_request"
+    CONTEXT_LENGTH = "context_length"
+    CONTENT_POLICY = "content_policy"
+    PARSE = "parse"
+    UNKNOWN = "unknown"
+    DEADLINE = "deadline"
+    ABORTED = "aborted"
+    BUDGET = "budget"
+    NOT_EXECUTED = "not_executed"
+
+    @property
+    def retryable(self) -> bool:
+        """Whether a failure of this category may be tried again."""
+        return self in _RETRYABLE
+
+    @property
+    def engine_verdict(self) -> bool:
+        """Whether the engine (not the provider) decided this outcome."""
+        return self in _ENGINE_VERDICTS
+
+
+_RETRYABLE = frozenset(
+    {
+        ErrorCategory.RATE_LIMIT,
+        ErrorCategory.TIMEOUT,
+        ErrorCategory.TRANSIENT,
+        ErrorCategory.SERVER,
+        ErrorCategory.PARSE,
+        ErrorCategory.UNKNOWN,
+    }
+)
+_ENGINE_VERDICTS = frozenset(
+    {
+        ErrorCategory.DEADLINE,
+        ErrorCategory.ABORTED,
+        ErrorCategory.BUDGET,
+        ErrorCategory.NOT_EXECUTED,
+    }
+)
+
+
+class BatchLLMError(Exception):
+    """Base of every exception trio-batch-llm defines."""
+
+
+AsyncBatchLLMError = BatchLLMError
+"""Alias kept for code moving over from async-batch-llm."""
+
+
+class ConfigurationError(BatchLLMError, ValueError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        super().__init__(f"{field}={value!r}: {problem}")
+        self.field = field
+        self.value = value
+        self.problem = problem
+
+
+class ProviderError(BatchLLMError):
+    """Raised by a strategy to say how a failure should be treated.
+
+    The classifier takes it at its word: ``category`` decides retrying, and
+    ``retry_after`` (seconds) a minimum wait before the next attempt.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        category: ErrorCategory,
+        retry_after: float | None = None,
+        status_code: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.category = ErrorCategory(category)
+        self.retry_after = retry_after
+        self.status_code = status_code
+
+
+class LLMCallError(BatchLLMError, RuntimeError):
+    """A single call failed; ``result`` holds the failed :class:`WorkItemResult`."""
+
+    def __init__(self, message: str, *, result: WorkItemResult[Any] | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ItemDeadlineExceeded(BatchLLMError, TimeoutError):
+    """An item's total deadline (admission, calls, retries, waits) expired."""
+
+
+class QueueFullError(BatchLLMError, RuntimeError):
+    """The pool already holds ``concurrency + max_pending`` requests."""
+
+
+class AdmissionClosedError(BatchLLMError, RuntimeError):
+    """The owner is closing or closed and admits no new work."""
+
+
+class BatchInterruptedError(BatchLLMError, RuntimeError):
+    """Workers were cancelled before the queue drained (for example by a concurrent close)."""
+
+
+class CleanupInterruptedError(BatchLLMError, RuntimeError):
+    """A close was forced, or one of its steps was cancelled; a later close resumes it."""
+
+
+class StreamFinalizationError(BatchLLMError, RuntimeError):
+    """A result stream's finalization was cancelled; the cancellation is ``__cause__``."""
+
+
+class ArtifactStoreError(BatchLLMError, RuntimeError):
+    """Reading or writing checkpoint artifacts failed."""
+
+
+class ArtifactMismatchError(ArtifactStoreError):
+    """A store was written under a different identity, or its records conflict."""

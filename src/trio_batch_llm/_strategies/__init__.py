@@ -1,0 +1,1 @@
+"""Strategies: the protocol, adapters for callables, the scripted fake, and providers."""

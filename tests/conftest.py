@@ -1,0 +1,38 @@
+"""Shared fixtures: every behavioural test runs on both backends.
+
+``anyio_backend`` is module-scoped (hypothesis rejects function-scoped
+fixtures). Modules that assert exact times override it with
+``virtual_time_backends`` below: Trio under ``MockClock(autojump_threshold=0)``.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+BACKENDS = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param("trio", id="trio"),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+def trio_virtual_clock() -> Any:
+    import trio.testing
+
+    return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+@pytest.fixture(autouse=True)
+def _no_unraisable_leaks() -> Iterator[None]:
+    # A coroutine never awaited or a task destroyed while pending shows up as
+    # an unraisable warning at collection; with filterwarnings=error the test fails.
+    yield
+    gc.collect()

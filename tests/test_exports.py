@@ -1,0 +1,55 @@
+"""The public surface: everything in API.md is exported from the top level, __all__ sorted and complete."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import trio_batch_llm
+
+# Names from shared/API.md that exist in this release. Extend as issues land.
+API_NAMES = {
+    "AbortMode", "AdmissionClosedError", "ArtifactIdentity", "ArtifactMismatchError",
+    "ArtifactStoreError", "AsyncBatchLLMError", "BatchInterruptedError", "BatchLLMError",
+    "BatchResult", "BatchTermination", "CLEANUP_FAILED", "CLEANUP_TIMED_OUT", "CallOutcome",
+    "CallableStrategy", "CleanupInterruptedError", "ConfigurationError", "ErrorCategory",
+    "FakeStrategy", "GuardrailConfig", "ItemDeadlineExceeded", "LLMCallError", "LLMCallStrategy",
+    "LLMWorkItem", "ProcessorConfig", "ProviderError", "QueueFullError", "RateLimitConfig",
+    "ResumePolicy", "RetryConfig", "RetryState", "StreamFinalizationError", "TokenUsage",
+    "WorkItemResult", "with_cleanup",
+}
+
+
+def test_all_is_sorted() -> None:
+    assert trio_batch_llm.__all__ == sorted(trio_batch_llm.__all__)
+
+
+def test_all_names_resolve_and_are_unique() -> None:
+    assert len(set(trio_batch_llm.__all__)) == len(trio_batch_llm.__all__)
+    for name in trio_batch_llm.__all__:
+        assert hasattr(trio_batch_llm, name), name
+
+
+def test_api_names_exported() -> None:
+    missing = API_NAMES - set(trio_batch_llm.__all__)
+    assert not missing, f"API.md names not exported: {sorted(missing)}"
+
+
+def test_all_is_complete() -> None:
+    public = {
+        name for name, value in vars(trio_batch_llm).items()
+        if not name.startswith("_") and not isinstance(value, type(trio_batch_llm))
+    }
+    assert public - set(trio_batch_llm.__all__) == set()
+
+
+def test_init_only_reexports() -> None:
+    source = Path(trio_batch_llm.__file__).read_text(encoding="utf-8")
+    body = [
+        line for line in source.splitlines()
+        if line.strip() and not line.startswith(("from .", '"""', "    ", "__all__", "]"))
+        and not line.endswith('"""')
+    ]
+    assert body == [], body
+    for match in re.finditer(r"^from \.\S+ import (\w+) as (\w+)$", source, re.M):
+        assert match.group(1) == match.group(2)
