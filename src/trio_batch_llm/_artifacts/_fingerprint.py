@@ -1,0 +1,115 @@
+"""Canonical JSON and the fingerprints that key a resume.
+
+A stored result is replayed only for the same item id, the same input
+fingerprint (prompt + context) and the same identity fingerprint. Both are
+SHA-256 over canonical JSON: sorted keys, compact separators, UTF-8, with a
+small set of common non-JSON types normalised (enums, dataclasses, pydantic
+models, sets, tuples, dates, UUIDs, paths, decimals).
+
+A context that still cannot be encoded (an arbitrary object, a dict with
+mixed key types) is fingerprinted through ``repr()`` instead. That is stable
+for values whose ``repr`` is stable; for objects whose ``repr`` carries a
+memory address it differs from run to run, so such items never match and are
+always rerun, which is the safe direction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import decimal
+import enum
+import hashlib
+import json
+import pathlib
+import uuid
+from typing import Any
+
+from .._config import ArtifactIdentity
+
+__all__ = [
+    "canonical_json",
+    "encode_record",
+    "fingerprint",
+    "identity_fingerprint",
+    "jsonable_or_repr",
+]
+
+_FORMAT_TAG = b"trio-batch-llm/fingerprint/v1\x00"
+
+
+def _normalize(value: Any) -> Any:
+    """``json`` ``default=`` hook: turn common non-JSON values into JSON ones, else TypeError."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump) and not isinstance(value, type):
+        return model_dump(mode="json")
+    if isinstance(value, (set, frozenset)):
+        # Order-independent: sort members by their own canonical text.
+        return sorted(value, key=canonical_json)
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (uuid.UUID, pathlib.PurePath, decimal.Decimal)):
+        return str(value)
+    raise TypeError(f"{type(value).__qualname__} is not JSON-serializable")
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON text for ``value``; raises TypeError/ValueError if it cannot be encoded."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_normalize
+    )
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON for one stored record; raises TypeError/ValueError if unencodable.
+
+    Text stays readable (no ``\\u`` escapes) unless it holds a lone surrogate,
+    which UTF-8 cannot carry: that record is written with ASCII escapes, so the
+    file is always valid UTF-8 and the value round-trips exactly.
+    """
+    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=_normalize)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(record, separators=(",", ":"), default=_normalize).encode("ascii")
+
+
+def jsonable_or_repr(value: Any) -> Any:
+    """``value`` if it encodes as JSON (normalised), else its ``repr()``: for audit-only fields."""
+    try:
+        return json.loads(canonical_json(value))
+    except (TypeError, ValueError, RecursionError):
+        return repr(value)
+
+
+def _utf8(text: str) -> bytes:
+    # surrogatepass: a lone surrogate in user data must not crash hashing.
+    return text.encode("utf-8", "surrogatepass")
+
+
+def fingerprint(prompt: str, context: Any) -> str:
+    """SHA-256 (hex) of the prompt and the canonical JSON of ``context``.
+
+    Stable across processes and dict orderings. The prompt is length-prefixed
+    so no prompt/context split can collide with another. Contexts that cannot
+    be encoded as JSON are hashed through ``repr()`` (see the module docstring).
+    """
+    try:
+        context_bytes = b"j" + _utf8(canonical_json(context))
+    except (TypeError, ValueError, RecursionError):
+        context_bytes = b"r" + _utf8(repr(context))
+    prompt_bytes = _utf8(prompt)
+    digest = hashlib.sha256(_FORMAT_TAG)
+    digest.update(len(prompt_bytes).to_bytes(8, "big"))
+    digest.update(prompt_bytes)
+    digest.update(context_bytes)
+    return digest.hexdigest()
+
+
+def identity_fingerprint(identity: ArtifactIdentity) -> str:
+    """A short SHA-256 (16 hex digits) of the canonical identity, stamped on every record."""
+    return hashlib.sha256(_utf8(canonical_json(identity.to_dict()))).hexdigest()[:16]

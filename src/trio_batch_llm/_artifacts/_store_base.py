@@ -1,0 +1,266 @@
+"""What both built-in stores share: lifecycle, the writer thread, group commit, error mapping.
+
+A store owns no task. Every blocking call (file or SQLite I/O) runs in a
+worker thread through ``anyio.to_thread.run_sync`` behind the store's own
+``CapacityLimiter(1)``, and under a ``threading.Lock`` held for the whole
+call, so one store never runs two blocking operations at once even if a
+native asyncio cancellation unwinds the task that started one.
+
+Subclasses implement the synchronous halves: ``_encode`` (on the event loop,
+cheap: builds the bytes or row of one record), and ``_open_sync``,
+``_load_sync``, ``_count_sync``, ``_write_sync``, ``_close_sync`` (in the
+thread, under the I/O lock).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from .._config import ArtifactIdentity
+from .._errors import ArtifactMismatchError, ArtifactStoreError, ConfigurationError
+from .._results import WorkItemResult
+from ._fingerprint import identity_fingerprint
+from ._group_commit import GroupCommitter
+from ._protocol import StoredRecord, StoreState, StoreStatistics
+
+__all__ = ["ThreadedStore", "logger"]
+
+logger = logging.getLogger("trio_batch_llm.artifacts")
+
+EncodedT = TypeVar("EncodedT")
+R = TypeVar("R")
+
+
+class ThreadedStore(abc.ABC, Generic[EncodedT]):
+    """Base of the built-in stores; see the module docstring."""
+
+    _io_error_types: tuple[type[Exception], ...] = (OSError,)
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        identity: ArtifactIdentity,
+        store_prompts: bool = False,
+        allow_identity_mismatch: bool = False,
+    ) -> None:
+        if not isinstance(identity, ArtifactIdentity):
+            raise ConfigurationError("identity", identity, "must be an ArtifactIdentity")
+        self._path = Path(path)
+        self._identity = identity
+        self._identity_fp = identity_fingerprint(identity)
+        self._store_prompts = bool(store_prompts)
+        self._allow_identity_mismatch = bool(allow_identity_mismatch)
+        self._state: StoreState = "unopened"
+        self._io_lock = threading.Lock()
+        self._io_closed = False  # set under the I/O lock by close; checked by writes
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._committer: GroupCommitter[EncodedT] | None = None
+        self._closed: anyio.Event | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self._path)!r}, state={self._state!r})"
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def identity(self) -> ArtifactIdentity:
+        return self._identity
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Create the store, or open it and check its identity. Once per store object."""
+        if self._state != "unopened":
+            await anyio.lowlevel.checkpoint()
+            raise ArtifactStoreError(
+                f"{self._path}: this store object is {self._state}; create a new one per run"
+            )
+        limiter = anyio.CapacityLimiter(1)
+        self._limiter = limiter
+        self._state = "opening"
+        try:
+            await anyio.to_thread.run_sync(self._locked, self._open_sync, limiter=limiter)
+        except BaseException:
+            self._state = "unopened"
+            raise
+        self._committer = GroupCommitter(
+            self._write_checked, limiter=limiter, io_lock=self._io_lock, wrap_error=self._fresh_error
+        )
+        self._state = "open"
+
+    async def aclose(self) -> None:
+        """Close the store; idempotent. Closes even when cancelled.
+
+        Not-yet-written appends are not waited for: their appenders get an
+        ArtifactStoreError. A write in flight finishes first (it holds the
+        I/O lock), so the shielded wait is bounded by one batch write.
+        """
+        if self._state == "closed":
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._state == "closing" and self._closed is not None:
+            await self._closed.wait()
+            return
+        self._state = "closing"
+        closed = self._closed = anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):
+                if self._limiter is None:
+                    await anyio.lowlevel.checkpoint()
+                else:
+                    await anyio.to_thread.run_sync(self._locked, self._close_once, limiter=self._limiter)
+        finally:
+            self._state = "closed"
+            closed.set()
+
+    def _close_once(self) -> None:
+        self._io_closed = True
+        self._close_sync()
+
+    # -- reading and writing -----------------------------------------------------
+
+    async def load(self) -> dict[str, StoredRecord]:
+        """Every item's newest stored record, by item id."""
+        limiter = await self._require_open()
+        return await anyio.to_thread.run_sync(self._locked, self._load_sync, limiter=limiter)
+
+    async def count_records(self) -> int:
+        """How many result records the store holds (superseded ones included)."""
+        limiter = await self._require_open()
+        return await anyio.to_thread.run_sync(self._locked, self._count_sync, limiter=limiter)
+
+    async def is_empty(self) -> bool:
+        return await self.count_records() == 0
+
+    async def append(
+        self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None
+    ) -> None:
+        """Return only once ``result`` is written and flushed (fsynced or committed).
+
+        Concurrent appends are group-committed: one write for all that are
+        pending. If this call is cancelled, the record is either not written at
+        all or written completely; the store is never left torn by it.
+        """
+        await self._require_open()
+        committer = self._committer
+        assert committer is not None
+        try:
+            encoded = self._encode(result, fingerprint, prompt if self._store_prompts else None)
+        except (TypeError, ValueError, RecursionError) as exc:
+            await anyio.lowlevel.checkpoint()
+            raise ArtifactStoreError(
+                f"{self._path}: the result of item {result.item_id!r} cannot be stored: {exc}"
+            ) from exc
+        await committer.submit(encoded)
+
+    def statistics(self) -> StoreStatistics:
+        stats = self._committer.statistics() if self._committer is not None else None
+        return StoreStatistics(
+            path=self._path,
+            state=self._state,
+            records_written=stats.records_written if stats else 0,
+            write_batches=stats.batches_written if stats else 0,
+            pending=stats.pending if stats else 0,
+            in_flight=stats.in_flight if stats else 0,
+        )
+
+    async def _require_open(self) -> anyio.CapacityLimiter:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._state != "open" or self._limiter is None:
+            await anyio.lowlevel.checkpoint()
+            hint = "call `await store.open()` first" if self._state == "unopened" else "create a new store"
+            raise ArtifactStoreError(f"{self._path}: the store is {self._state}; {hint}")
+        return self._limiter
+
+    # -- thread side -------------------------------------------------------------
+
+    def _locked(self, fn: Callable[[], R]) -> R:
+        with self._io_lock:
+            return fn()
+
+    def _write_checked(self, items: Sequence[EncodedT]) -> None:
+        # Runs under the I/O lock (the committer takes it).
+        if self._io_closed:
+            raise ArtifactStoreError(
+                f"{self._path}: the store was closed before {len(items)} record(s) could be written"
+            )
+        self._write_sync(items)
+
+    @contextlib.contextmanager
+    def _io_errors(self, doing: str) -> Iterator[None]:
+        """Map the backend's I/O errors to ArtifactStoreError naming the path (original as cause)."""
+        try:
+            yield
+        except self._io_error_types as exc:
+            raise ArtifactStoreError(f"{self._path}: {doing} failed: {exc}") from exc
+
+    def _fresh_error(self, error: BaseException) -> BaseException:
+        """One new exception per appender of a failed batch, keeping the original cause."""
+        if isinstance(error, ArtifactStoreError):
+            fresh = type(error)(*error.args)
+            fresh.__cause__ = error.__cause__
+            return fresh
+        fresh = ArtifactStoreError(f"{self._path}: writing results failed: {error!r}")
+        fresh.__cause__ = error
+        return fresh
+
+    def _check_identity(self, stored: object) -> None:
+        """Refuse a store written under another identity, unless told to allow it."""
+        current = self._identity.to_dict()
+        if stored == current:
+            return
+        message = (
+            f"{self._path} was written under identity {stored!r}, but this run's identity is "
+            f"{current!r}; use another path, or allow_identity_mismatch=True to append anyway "
+            "(results stored under the other identity are never replayed)"
+        )
+        if not self._allow_identity_mismatch:
+            raise ArtifactMismatchError(message)
+        logger.warning("%s", message)
+
+    @abc.abstractmethod
+    def _encode(self, result: WorkItemResult[Any], fingerprint: str, prompt: str | None) -> EncodedT:
+        """Build one record (event loop; raise TypeError/ValueError if it cannot be encoded)."""
+
+    @abc.abstractmethod
+    def _open_sync(self) -> None: ...
+
+    @abc.abstractmethod
+    def _load_sync(self) -> dict[str, StoredRecord]: ...
+
+    @abc.abstractmethod
+    def _count_sync(self) -> int: ...
+
+    @abc.abstractmethod
+    def _write_sync(self, items: Sequence[EncodedT]) -> None:
+        """Write all items durably or raise (leaving the store as it was if possible)."""
+
+    @abc.abstractmethod
+    def _close_sync(self) -> None: ...
+
+    @abc.abstractmethod
+    def iter_results(self) -> Iterator[WorkItemResult[Any]]:
+        """Every stored result in write order, ``replayed=False`` (blocking; offline use)."""
