@@ -1,0 +1,33 @@
+"""``llm("provider:model", **kwargs)``: a strategy from a short spec string."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import ConfigurationError
+from ._base import LLMCallStrategy
+from ._openai import OpenAIStrategy
+from ._openai_compatible import OpenAICompatibleStrategy
+
+__all__ = ["llm"]
+
+_PROVIDERS = ("openai", "openai-compatible")
+
+
+def llm(spec: str, **kwargs: Any) -> LLMCallStrategy[str]:
+    """Build a strategy: ``"openai:gpt-4o-mini"`` or ``"openai-compatible:NAME"`` (needs ``base_url=``).
+
+    Keyword arguments go to the strategy's constructor unchanged.
+    """
+    if not isinstance(spec, str) or ":" not in spec:
+        raise ConfigurationError("spec", spec, f'expected "PROVIDER:MODEL" with PROVIDER in {_PROVIDERS}')
+    provider, _, model = spec.partition(":")
+    if not model:
+        raise ConfigurationError("spec", spec, "the model name after the colon is empty")
+    if provider == "openai":
+        return OpenAIStrategy(model, **kwargs)
+    if provider == "openai-compatible":
+        if "base_url" not in kwargs:
+            raise ConfigurationError("base_url", None, f"{spec!r} needs base_url=")
+        return OpenAICompatibleStrategy(model, **kwargs)
+    raise ConfigurationError("spec", spec, f"unknown provider {provider!r}; known: {', '.join(_PROVIDERS)}")

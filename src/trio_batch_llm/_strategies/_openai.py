@@ -1,0 +1,158 @@
+"""Call OpenAI through the official ``openai`` SDK (which runs on httpx2).
+
+The SDK is imported when a strategy is constructed, never by ``import
+trio_batch_llm``. Clients are built with ``max_retries=0`` (retries belong to
+the engine) and shared per event loop by lease identity, like
+:class:`OpenAICompatibleStrategy`. SDK failures are mapped to
+:class:`ProviderError` through the same table (``_wire.error_from_status``),
+with the SDK exception chained as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, final
+
+from .._errors import ConfigurationError, ErrorCategory, ProviderError
+from .._results import RetryState, TokenUsage
+from ._openai_compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
+from ._wire import Secret, build_request_body, error_from_status, parse_response_body, resolve_api_key
+
+__all__ = ["OpenAIStrategy"]
+
+_OPENAI_URL = "https://api.openai.com/v1"
+
+
+@final
+class OpenAIStrategy(_EndpointStrategy):
+    """OpenAI (or an endpoint the SDK can talk to) via ``openai.AsyncOpenAI``.
+
+    ``api="responses"`` (default) calls ``client.responses.create``; ``api="chat"``
+    calls ``client.chat.completions.create`` (sending ``max_output_tokens`` as
+    ``max_completion_tokens``). ``client`` may be a ready ``AsyncOpenAI``: it is
+    used through ``with_options(max_retries=0)`` and never closed by us. Without
+    one, the key comes from ``api_key`` or ``OPENAI_API_KEY`` and ``base_url``
+    from the argument, ``OPENAI_BASE_URL`` or the public endpoint.
+    ``concurrency`` sizes the SDK's httpx2 connection pool.
+    """
+
+    _label = "openai"
+
+    def __init__(
+        self,
+        model: str = "gpt-4o-mini",
+        *,
+        client: Any = None,
+        api: str = "responses",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        concurrency: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        system_prompt: str | None = None,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = _DEFAULT_TIMEOUT,
+    ) -> None:
+        try:
+            import openai
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "OpenAIStrategy needs the openai SDK: pip install 'trio-batch-llm[openai]'"
+            ) from exc
+        self._openai = openai
+        if client is not None:
+            if not isinstance(client, openai.AsyncOpenAI):
+                raise ConfigurationError("client", type(client).__name__, "must be an openai.AsyncOpenAI")
+            if base_url is not None or api_key is not None:
+                conflict = "base_url" if base_url is not None else "api_key"
+                raise ConfigurationError(conflict, "<given>", "client= already decides it; pass one")
+            base_url = str(client.base_url)
+            key = getattr(client, "api_key", None)
+            secret = Secret(key) if isinstance(key, str) and key else None
+            self._identity_client = client
+            client = client.with_options(max_retries=0)
+        else:
+            base_url = base_url or os.environ.get("OPENAI_BASE_URL") or _OPENAI_URL
+            secret = resolve_api_key(api_key)
+            if secret is None:
+                raise ConfigurationError("api_key", None, "pass api_key= or set OPENAI_API_KEY")
+        super().__init__(model, base_url=base_url, api=api, concurrency=concurrency,
+                         extra_body=extra_body, system_prompt=system_prompt, temperature=temperature,
+                         max_output_tokens=max_output_tokens, headers=headers, timeout=timeout)
+        self._user_client = client
+        self._secret = secret
+
+    def _open_client(self) -> Any:
+        from .. import _http
+
+        assert self._secret is not None  # checked in __init__ for SDK clients we build
+        http_client = None
+        if self.concurrency is not None:
+            http_client = _http.create_client(concurrency=self.concurrency, timeout=self.timeout)
+        return self._openai.AsyncOpenAI(
+            api_key=self._secret.reveal(), base_url=self.base_url, max_retries=0,
+            timeout=self.timeout, http_client=http_client,
+        )
+
+    async def _close_client(self, client: Any) -> None:
+        await client.close()  # closes the httpx2 client too, ours or the SDK's own
+
+    def request_body(self, prompt: str) -> dict[str, Any]:
+        """The keyword arguments :meth:`execute` passes to the SDK's ``create`` (minus extras)."""
+        return build_request_body(
+            self.api, self.model, prompt, system_prompt=self.system_prompt,
+            temperature=self.temperature, max_output_tokens=self.max_output_tokens,
+            max_tokens_field="max_completion_tokens",
+        )
+
+    async def execute(
+        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+    ) -> tuple[str, TokenUsage | None, Any]:
+        client = self._client_for_call()
+        options: dict[str, Any] = {}
+        if self.extra_body:
+            options["extra_body"] = self.extra_body
+        if self.headers:
+            options["extra_headers"] = self.headers
+        if timeout is not None:
+            options["timeout"] = timeout
+        create = client.chat.completions.create if self.api == "chat" else client.responses.create
+        try:
+            response = await create(**self.request_body(prompt), **options)
+            payload = response.to_dict(mode="json")
+        except Exception as exc:
+            mapped = self._map_error(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+        text, usage, metadata = parse_response_body(self.api, payload)
+        metadata["api"] = self.api
+        return text, usage, metadata
+
+    def _map_error(self, exc: Exception) -> ProviderError | None:
+        """The :class:`ProviderError` for an SDK (or raw httpx2) failure; ``None`` leaves it alone."""
+        openai = self._openai
+        secret = self._secret
+        if isinstance(exc, openai.APIStatusError):
+            return error_from_status(exc.status_code, dict(exc.response.headers), exc.body, secret=secret)
+        if isinstance(exc, openai.APITimeoutError):
+            return ProviderError("request timed out", category=ErrorCategory.TIMEOUT)
+        if isinstance(exc, openai.APIConnectionError):
+            return ProviderError(_redacted(exc, secret), category=ErrorCategory.TRANSIENT)
+        if isinstance(exc, (openai.APIResponseValidationError, json.JSONDecodeError)):
+            message = f"malformed response: {_redacted(exc, secret)}"
+            return ProviderError(message, category=ErrorCategory.PARSE)
+        from .. import _http
+
+        if _http.is_transport_error(exc):
+            return _http.transport_error(exc, secret=secret)
+        return None
+
+
+def _redacted(exc: BaseException, secret: Secret | None) -> str:
+    cause = exc.__cause__
+    text = f"{exc} ({type(cause).__name__}: {cause})" if cause is not None else str(exc)
+    return secret.redact(text) if secret is not None else text

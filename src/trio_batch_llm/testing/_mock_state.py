@@ -1,0 +1,173 @@
+"""The mock server's knobs, what it records, what it counts, and its sliding-window limiter."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, final
+
+from .._errors import ConfigurationError
+
+__all__ = ["MockServerConfig", "MockServerStats", "RecordedRequest", "SlidingWindow"]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MockServerConfig:
+    """Knobs of the mock server. Rates are probabilities per request, seeded by ``seed``.
+
+    - ``latency``: seconds before answering, or ``(low, high)`` drawn uniformly per request.
+    - ``rate_limit_rate`` / ``retry_after``: injected 429s and the ``Retry-After`` sent
+      with injected 429s and 503s (also as ``retry-after-ms``; ``None`` sends none).
+    - ``rpm_limit`` / ``tpm_limit``: limits the server *enforces* over a sliding
+      ``limit_window`` (60 s): a request that would exceed one gets 429 with the
+      exact wait until the window has room. Rejected requests use no quota. A
+      request needing more tokens than ``tpm_limit`` gets 400 ``request_too_large``.
+    - ``server_error_rate`` / ``server_error_status``: injected 5xx.
+    - ``hang_rate``: never answers (until the client disconnects or the server stops).
+    - ``reset_rate``: closes the connection without a response.
+    - ``malformed_rate``: 200 with a truncated JSON body.
+    - ``output_tokens``: ``None`` answers ``"echo: " + prompt``; a number (or range)
+      answers that many seeded words, and reports exactly that many completion tokens.
+    - ``api_key``: when set, requests must carry ``Authorization: Bearer <api_key>`` (else 401).
+    - ``model``: the model name for ``/v1/models`` (answers echo the requested model).
+    - ``record_requests``: keep a :class:`RecordedRequest` per request (turn off for huge
+      runs; counters are kept either way).
+    """
+
+    latency: float | tuple[float, float] = 0.0
+    rate_limit_rate: float = 0.0
+    retry_after: float | None = 1.0
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    limit_window: float = 60.0
+    server_error_rate: float = 0.0
+    server_error_status: int = 500
+    hang_rate: float = 0.0
+    reset_rate: float = 0.0
+    malformed_rate: float = 0.0
+    output_tokens: int | tuple[int, int] | None = None
+    seed: int = 0
+    api_key: str | None = field(default=None, repr=False)
+    model: str | None = None
+    record_requests: bool = True
+
+    def __post_init__(self) -> None:
+        rates = {
+            "rate_limit_rate": self.rate_limit_rate, "server_error_rate": self.server_error_rate,
+            "hang_rate": self.hang_rate, "reset_rate": self.reset_rate, "malformed_rate": self.malformed_rate,
+        }
+        for name, rate in rates.items():
+            if not 0.0 <= rate <= 1.0:
+                raise ConfigurationError(name, rate, "must be between 0 and 1")
+        if sum(rates.values()) > 1.0 + 1e-9:
+            raise ConfigurationError("rates", sum(rates.values()), "the fault rates add up to more than 1")
+        _check_range("latency", self.latency, minimum=0.0)
+        if self.output_tokens is not None:
+            _check_range("output_tokens", self.output_tokens, minimum=1)
+        for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit)):
+            if limit is not None and (not isinstance(limit, int) or limit < 1):
+                raise ConfigurationError(name, limit, "must be a positive integer or None")
+        if not self.limit_window > 0:
+            raise ConfigurationError("limit_window", self.limit_window, "must be positive")
+        if self.retry_after is not None and self.retry_after < 0:
+            raise ConfigurationError("retry_after", self.retry_after, "must be non-negative or None")
+        if not 500 <= self.server_error_status <= 599:
+            raise ConfigurationError("server_error_status", self.server_error_status, "must be a 5xx status")
+
+
+def _check_range(name: str, value: float | tuple[float, float], *, minimum: float) -> None:
+    low, high = value if isinstance(value, tuple) else (value, value)
+    if not minimum <= low <= high:
+        raise ConfigurationError(name, value, f"must be >= {minimum} (a (low, high) range needs low <= high)")
+
+
+@final
+@dataclass(slots=True, kw_only=True)
+class RecordedRequest:
+    """One completion request as the server received it (``Authorization`` and api-key headers dropped).
+
+    ``arrival`` is ``anyio.current_time()`` in the serving event loop. ``outcome``
+    is the server's decision: ``ok``, ``hang``, ``reset``, ``malformed``,
+    ``error:STATUS`` or ``rate_limited_enforced`` (``pending`` until decided).
+    ``client_disconnected`` is set when the client gave up before an answer.
+    """
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    arrival: float
+    prompt: str | None
+    outcome: str = "pending"
+    client_disconnected: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class MockServerStats:
+    """A snapshot of the server's counters.
+
+    ``requests`` counts completion requests received; ``rate_limited`` counts
+    every 429 sent, of which ``rate_limited_enforced`` came from the server's own
+    RPM/TPM limits. ``max_served_per_window`` is the most requests that passed
+    the limiter in any ``limit_window``; ``max_arrivals_per_window`` counts every
+    arrival. Token counts cover the 200 answers sent.
+    """
+
+    requests: int
+    succeeded: int
+    rate_limited: int
+    rate_limited_enforced: int
+    server_errors: int
+    client_errors: int
+    malformed: int
+    resets: int
+    hangs: int
+    disconnects: int
+    in_flight: int
+    max_in_flight: int
+    max_arrivals_per_window: int
+    max_served_per_window: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@final
+class SlidingWindow:
+    """Weighted events over the last ``length`` seconds; an event at ``t`` leaves at ``t + length``.
+
+    Synchronous and clock-free (callers pass ``now``), so it is exact under a
+    virtual clock. Queries do not mutate: asking about a later time and then
+    adding at an earlier one is safe. ``add`` expects non-decreasing times.
+    """
+
+    def __init__(self, length: float) -> None:
+        self.length = length
+        self._events: deque[tuple[float, int]] = deque()
+        self.max_total = 0
+
+    def _live(self, now: float) -> list[tuple[float, int]]:
+        return [event for event in self._events if event[0] + self.length > now]
+
+    def total(self, now: float) -> int:
+        return sum(weight for _, weight in self._live(now))
+
+    def add(self, now: float, weight: int = 1) -> None:
+        while self._events and self._events[0][0] + self.length <= now:
+            self._events.popleft()
+        self._events.append((now, weight))
+        self.max_total = max(self.max_total, sum(w for _, w in self._events))
+
+    def wait_for_room(self, now: float, weight: int, limit: int) -> float:
+        """Seconds until ``weight`` more fits under ``limit`` (0 if it fits now)."""
+        live = self._live(now)
+        excess = sum(w for _, w in live) + weight - limit
+        if excess <= 0:
+            return 0.0
+        freed = 0
+        for when, event_weight in live:
+            freed += event_weight
+            if freed >= excess:
+                return when + self.length - now
+        return self.length
