@@ -1,0 +1,71 @@
+"""The only door to backend-native behaviour (DESIGN "One engine, two backends").
+
+Core modules speak anyio. The few things anyio does not say in one neutral
+way live behind the functions below; ``_trio.py`` and ``_asyncio.py`` are the
+only modules of the package that import a backend, and each is imported
+lazily, when the running event loop is of its kind.
+
+What differs, in the engine's own vocabulary (CONTRACT C3):
+
+- how a cancellation can reach a closer's *shielded* wait: on asyncio a native
+  ``Task.cancel()`` passes anyio's shields; on Trio nothing does (a Trio
+  cancellation of the caller is noticed after the shield instead);
+- how a ``KeyboardInterrupt`` reaches that wait: Trio delivers a pending Ctrl+C
+  to the main task's checkpoint even through shields; asyncio's runner turns
+  the first Ctrl+C into a native cancel of the main task instead;
+- how a thread asks the loop to run a callback soon, without blocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import sniffio
+
+__all__ = ["Backend", "LoopHandle", "capture_loop_handle", "current_backend", "describe_wait_delivery"]
+
+Backend = Literal["asyncio", "trio"]
+
+
+class LoopHandle(Protocol):
+    """A thread-safe way back into one running event loop."""
+
+    def run_sync_soon(self, fn: Callable[[], object]) -> bool:
+        """Schedule ``fn()`` in the loop from any thread; ``False`` if the loop has finished."""
+        ...
+
+
+def current_backend() -> Backend:
+    """The backend of the running event loop; ``RuntimeError`` outside one."""
+    try:
+        name = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        raise RuntimeError("no trio or asyncio event loop is running in this thread") from None
+    if name == "trio":
+        return "trio"
+    if name == "asyncio":
+        return "asyncio"
+    raise RuntimeError(f"unsupported async library {name!r}: trio-batch-llm runs on trio or asyncio")
+
+
+def capture_loop_handle() -> LoopHandle:
+    """A handle to the running loop that a thread can use later (call from inside the loop)."""
+    if current_backend() == "trio":
+        from . import _trio
+
+        return _trio.capture_loop_handle()
+    from . import _asyncio
+
+    return _asyncio.capture_loop_handle()
+
+
+def describe_wait_delivery(exc: BaseException) -> str:
+    """Name, for logs and warnings, the delivery that raised ``exc`` at a closer's shielded wait."""
+    if current_backend() == "trio":
+        from . import _trio
+
+        return _trio.describe_wait_delivery(exc)
+    from . import _asyncio
+
+    return _asyncio.describe_wait_delivery(exc)
