@@ -1,0 +1,484 @@
+"""hypothesis.stateful models of the quota cores and of one scope's combined machine.
+
+The cores are synchronous and take ``now`` explicitly, so these run with no
+event loop: time is a float the machine advances. Each machine keeps its own
+independent model (lists of stamps and charges) and checks the core against
+it after every step, and checks the window invariants over the whole history.
+"""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
+
+from trio_batch_llm import AdmissionClosedError, RateLimitConfig
+from trio_batch_llm._quota_core import Admission, QuotaCore, Ticket
+from trio_batch_llm._quota_limits import (
+    WINDOW_SECONDS,
+    CooldownCore,
+    RequestRateCore,
+    TokenRateCore,
+    TokenReservation,
+)
+
+SETTINGS = settings(
+    max_examples=300, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+# Steps chosen to hit window edges exactly (60, 30 + 30, 0.25 * 4) as well as to miss them.
+STEPS = st.sampled_from([0.0, 0.25, 1.0, 2.5, 7.0, 29.75, 30.0, 59.75, 60.0, 61.0, 150.0])
+RATE_LIMIT = RateLimitConfig(
+    cooldown_seconds=5.0, backoff_multiplier=2.0, max_cooldown_seconds=30.0,
+    slow_start_seconds=6.0, slow_start_initial_fraction=0.25,
+)
+
+
+def max_in_window(stamps: list[float], window: float) -> int:
+    """The most stamps in any half-open window ``[s, s + window)``."""
+    stamps = sorted(stamps)
+    best, lo = 0, 0
+    for hi, t in enumerate(stamps):
+        while stamps[lo] + window <= t:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+# -- requests per minute ----------------------------------------------------
+
+
+class RequestRateMachine(RuleBasedStateMachine):
+    stamps = Bundle("stamps")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.history: list[float] = []  # every admission not refunded
+
+    @initialize(rpm=st.sampled_from([0.5, 1, 2, 2.5, 3, 7.9, 12]), burst=st.sampled_from([None, 1, 2]))
+    def configure(self, rpm: float, burst: int | None) -> None:
+        self.core = RequestRateCore(rpm, burst=burst)
+        self.rpm, self.burst = rpm, burst
+
+    @rule(step=STEPS)
+    def advance(self, step: float) -> None:
+        self.now += step
+
+    def live(self) -> list[float]:
+        return [s for s in self.history if s + self.core.window > self.now]
+
+    def fits_in_model(self) -> bool:
+        live = self.live()
+        if len(live) >= self.core.limit:
+            return False
+        if self.burst is not None and self.burst < self.core.limit:
+            burst_window = self.core.window * self.burst / self.core.limit
+            if len([s for s in live if s + burst_window > self.now]) >= self.burst:
+                return False
+        return True
+
+    @rule(target=stamps)
+    def admit(self) -> float:
+        expected = self.fits_in_model()
+        try:
+            stamp = self.core.try_admit_nowait(self.now)
+        except anyio.WouldBlock:
+            assert not expected
+            ready = self.core.ready_at(self.now)
+            assert self.now < ready < math.inf
+            # Exactly at the ready time it fits (nothing else changed meanwhile).
+            self.now = ready
+            stamp = self.core.try_admit_nowait(self.now)
+        else:
+            assert expected
+        self.history.append(stamp)
+        return stamp
+
+    @rule(stamp=consumes(stamps))
+    def refund(self, stamp: float) -> None:
+        if stamp + self.core.window > self.now:
+            self.history.remove(stamp)
+        self.core.refund(stamp, self.now)
+
+    @invariant()
+    def window_holds(self) -> None:
+        assert self.core.requests_in_window(self.now) == len(self.live())
+        assert max_in_window(self.history, self.core.window) <= self.core.limit
+        if self.rpm >= 1:
+            # The promise in its plain form: never more than rpm in any 60 s.
+            assert max_in_window(self.history, 60.0) <= self.rpm
+
+
+# -- tokens per minute ------------------------------------------------------
+
+
+class TokenRateMachine(RuleBasedStateMachine):
+    reservations = Bundle("reservations")
+    TPM = 1000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.core = TokenRateCore(self.TPM)
+        self.charges: list[list[float]] = []  # [time, amount] model entries, debt included
+        self.entry_of: dict[int, list[float]] = {}
+        self.admissions: list[tuple[float, list[float]]] = []  # (time, model entry), in order
+        self.window_sum_at_admission: list[float] = []
+
+    def live_sum(self) -> float:
+        return sum(amount for t, amount in self.charges if t + WINDOW_SECONDS > self.now)
+
+    @rule(step=STEPS)
+    def advance(self, step: float) -> None:
+        self.now += step
+
+    @rule(target=reservations, estimate=st.sampled_from([0, 1, 100, 333, 600, 999, 1000, 2500]))
+    def admit(self, estimate: int) -> TokenReservation:
+        size = min(estimate, self.TPM)
+        try:
+            reservation = self.core.try_admit_nowait(estimate, self.now)
+        except anyio.WouldBlock:
+            assert self.live_sum() + size > self.TPM
+            ready = self.core.ready_at(estimate, self.now)
+            assert self.now < ready < math.inf
+            self.now = ready
+            reservation = self.core.try_admit_nowait(estimate, self.now)
+        assert self.live_sum() + size <= self.TPM
+        assert reservation.reserved == size
+        entry = [self.now, float(size)]
+        self.charges.append(entry)
+        self.entry_of[id(reservation)] = entry
+        self.admissions.append((self.now, entry))
+        return reservation
+
+    @rule(reservation=consumes(reservations), ratio=st.sampled_from([None, 0.0, 0.5, 1.0, 1.5, 3.0]))
+    def reconcile(self, reservation: TokenReservation, ratio: float | None) -> None:
+        actual = None if ratio is None else int(reservation.reserved * ratio)
+        entry = self.entry_of[id(reservation)]
+        live = entry[0] + WINDOW_SECONDS > self.now
+        if actual is not None and actual < reservation.reserved and live:
+            entry[1] -= reservation.reserved - actual
+        if actual is not None and actual > reservation.reserved:
+            self.charges.append([self.now, float(actual - reservation.reserved)])
+        self.core.reconcile(reservation, actual, self.now)
+        self.core.reconcile(reservation, 0, self.now)  # a second settlement is a no-op
+
+    @rule(reservation=consumes(reservations))
+    def refund(self, reservation: TokenReservation) -> None:
+        entry = self.entry_of[id(reservation)]
+        if entry[0] + WINDOW_SECONDS > self.now:
+            entry[1] = 0.0
+        self.core.refund(reservation, self.now)
+
+    @invariant()
+    def reservations_within_tpm(self) -> None:
+        assert self.core.reserved_in_window(self.now) == self.live_sum()
+        assert self.core.available(self.now) == max(0, self.TPM - self.live_sum())
+        # Any 60 s window holds at most TPM of reserved tokens (after refunds):
+        # take each admission as the last one of a window ending at its time.
+        for i, (t, _) in enumerate(self.admissions):
+            window = sum(e[1] for s, e in self.admissions[: i + 1] if s + WINDOW_SECONDS > t)
+            assert window <= self.TPM
+
+    def teardown(self) -> None:
+        # Every reservation leaves the window: nothing is charged forever.
+        self.now += 2 * WINDOW_SECONDS
+        assert self.core.reserved_in_window(self.now) == 0
+
+
+# -- cooldown and ramp ------------------------------------------------------
+
+
+class CooldownMachine(RuleBasedStateMachine):
+    BOUND = 10
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.core = CooldownCore(RATE_LIMIT)
+        self.last_limit = self.BOUND
+
+    @rule(step=STEPS | st.sampled_from([0.5, 1.5, 3.0]))
+    def advance(self, step: float) -> None:
+        before = self.core.remaining(self.now)
+        self.now += step
+        limit = self.core.concurrency_limit(self.BOUND, self.now)
+        if before == 0:
+            # Without a new report, the ramp only ever grows.
+            assert limit >= self.last_limit
+        self.last_limit = limit
+
+    @rule(retry_after=st.sampled_from([None, None, 0.0, 1.0, 3.0, 45.0]),
+          age=st.sampled_from([None, 0, 1]))
+    def report(self, retry_after: float | None, age: int | None) -> None:
+        core = self.core
+        generation = None if age is None else max(0, core.generation - age)
+        stale = generation is not None and generation < core.generation
+        cooling = core.remaining(self.now) > 0
+        end_before = self.now + core.remaining(self.now)
+        started = core.report(retry_after, self.now, admitted_generation=generation)
+        end_after = self.now + core.remaining(self.now)
+        assert started == (not cooling and not stale)
+        if started:
+            if retry_after is not None:
+                assert end_after == self.now + retry_after
+            else:
+                assert end_after - self.now <= RATE_LIMIT.max_cooldown_seconds
+                assert end_after - self.now >= RATE_LIMIT.cooldown_seconds
+        elif retry_after is None:
+            assert end_after == end_before  # joining a storm never adds time
+        else:
+            assert end_after == max(end_before, self.now + retry_after)  # never end to end
+        self.last_limit = core.concurrency_limit(self.BOUND, self.now)
+
+    @rule(in_flight=st.integers(0, BOUND))
+    def ready_time_is_exact(self, in_flight: int) -> None:
+        core = self.core
+        ready = core.concurrency_ready_at(self.BOUND, in_flight, self.now)
+        limit_now = core.concurrency_limit(self.BOUND, self.now)
+        if in_flight >= self.BOUND:
+            assert ready == math.inf
+        elif limit_now > in_flight:
+            assert ready <= self.now
+        else:
+            assert self.now < ready < math.inf
+            assert core.concurrency_limit(self.BOUND, ready) > in_flight
+            before = math.nextafter(ready, -math.inf)
+            assert core.concurrency_limit(self.BOUND, before) <= in_flight
+
+    @invariant()
+    def limit_follows_the_ramp(self) -> None:
+        core, now = self.core, self.now
+        limit = core.concurrency_limit(self.BOUND, now)
+        assert 0 <= limit <= self.BOUND
+        if core.remaining(now) > 0:
+            assert limit == 0
+        else:
+            assert limit >= max(1, math.ceil(RATE_LIMIT.slow_start_initial_fraction * self.BOUND))
+        if not core.active(now):
+            assert limit == self.BOUND
+
+
+# -- one scope: all quotas at once, FIFO ------------------------------------
+
+
+class ScopeMachine(RuleBasedStateMachine):
+    """The combined core, driven the way the async wrapper drives it.
+
+    Tickets are waiters. ``head_wakes`` is the head waiter waking (its event
+    or its deadline) and granting; ``waiter_returns`` is a granted waiter
+    running again and taking its admission; ``withdraw`` is a waiter
+    cancelled (possibly after it was granted but before it ran).
+    """
+
+    admissions = Bundle("admissions")
+    tickets = Bundle("tickets")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.request_stamps: list[float] = []  # every RPM unit not refunded
+        self.outstanding: dict[int, Admission] = {}  # admissions a caller holds
+        self.waiting: dict[int, Ticket] = {}  # tickets in arrival order, not yet returned or withdrawn
+        self.arrival: dict[int, int] = {}
+        self.granted_order: list[int] = []
+
+    @initialize(bound=st.integers(1, 4), rpm=st.sampled_from([None, 3, 5.5]),
+                tpm=st.sampled_from([None, 1000]))
+    def configure(self, bound: int, rpm: float | None, tpm: int | None) -> None:
+        self.core = QuotaCore(concurrency=bound, requests_per_minute=rpm, tokens_per_minute=tpm,
+                              rate_limit=RATE_LIMIT)
+        self.rpm, self.tpm = rpm, tpm
+
+    def check_admitted_now(self) -> None:
+        """Whatever was just admitted, it was admitted within every quota in force now."""
+        core, now = self.core, self.now
+        assert core.in_flight <= core.cooldown.concurrency_limit(core.bound, now)
+        assert core.cooldown.remaining(now) == 0
+        if core.requests is not None:
+            assert core.requests.requests_in_window(now) <= core.requests.limit
+        if core.tokens is not None:
+            assert core.tokens.reserved_in_window(now) <= core.tokens.tokens_per_minute
+
+    def after_grants(self) -> None:
+        core = self.core
+        newly = [t for t in self.waiting.values() if t.admission is not None
+                 and self.arrival[id(t)] not in self.granted_order]
+        for ticket in newly:
+            self.granted_order.append(self.arrival[id(ticket)])
+            assert ticket.admission is not None
+            if ticket.admission._request_stamp is not None:
+                self.request_stamps.append(ticket.admission._request_stamp)
+        if newly:
+            self.check_admitted_now()
+        if core.queue and not core.closed:
+            # Nobody is left waiting at the head who could go now.
+            assert core.ready_at(core.queue[0].tokens, self.now) > self.now
+
+    def unstamp(self, admission: Admission) -> None:
+        core, stamp = self.core, admission._request_stamp
+        if stamp is not None and not admission.released:
+            assert core.requests is not None
+            if stamp + core.requests.window > self.now:
+                self.request_stamps.remove(stamp)
+
+    @rule(step=STEPS)
+    def advance(self, step: float) -> None:
+        """Time passes; a head waiter whose ready time comes up wakes then, as its deadline fires."""
+        core, target = self.core, self.now + step
+        while core.queue and not core.closed:
+            ready = core.ready_at(core.queue[0].tokens, self.now)
+            if ready > target:
+                break
+            self.now = max(self.now, ready)
+            core.grant(self.now)
+            self.after_grants()
+        self.now = target
+
+    @rule(target=admissions, tokens=st.sampled_from([0, 100, 700, 5000]))
+    def try_admit(self, tokens: int) -> object:
+        core = self.core
+        if core.closed:
+            with pytest.raises(AdmissionClosedError):
+                core.try_admit_nowait(tokens, self.now)
+            return multiple()
+        waiting = bool(core.queue)
+        try:
+            admission = core.try_admit_nowait(tokens, self.now)
+        except anyio.WouldBlock:
+            assert waiting or core.ready_at(tokens, self.now) > self.now
+            return multiple()
+        assert not waiting  # FIFO: nobody jumps the queue
+        if admission._request_stamp is not None:
+            self.request_stamps.append(admission._request_stamp)
+        self.check_admitted_now()
+        self.outstanding[id(admission)] = admission
+        return admission
+
+    @precondition(lambda self: not self.core.closed)
+    @rule(target=tickets, tokens=st.sampled_from([0, 100, 700, 5000]))
+    def enqueue(self, tokens: int) -> Ticket:
+        ticket = self.core.enqueue(tokens)
+        self.waiting[id(ticket)] = ticket
+        self.arrival[id(ticket)] = len(self.arrival)
+        if self.core.queue[0] is ticket:
+            # As in admit(): a waiter that is first in line tries before it sleeps.
+            self.core.grant(self.now)
+            self.after_grants()
+        return ticket
+
+    @precondition(lambda self: bool(self.core.queue))
+    @rule()
+    def head_wakes(self) -> None:
+        self.core.grant(self.now)
+        self.after_grants()
+
+    @precondition(lambda self: bool(self.core.queue) and not self.core.closed)
+    @rule()
+    def head_sleeps_until_ready(self) -> None:
+        core = self.core
+        ready = core.ready_at(core.queue[0].tokens, self.now)
+        if ready < math.inf:
+            self.now = max(self.now, ready)
+            before = len(core.queue)
+            core.grant(self.now)
+            assert len(core.queue) < before  # the ready time was exact
+        self.after_grants()
+
+    @rule(target=admissions, ticket=tickets)
+    def waiter_returns(self, ticket: Ticket) -> object:
+        if id(ticket) not in self.waiting or ticket.admission is None:
+            return multiple()
+        del self.waiting[id(ticket)]
+        admission = ticket.admission
+        self.outstanding[id(admission)] = admission
+        return admission
+
+    @rule(ticket=consumes(tickets))
+    def withdraw(self, ticket: Ticket) -> None:
+        if self.waiting.pop(id(ticket), None) is None:
+            return  # it already returned with its admission
+        if ticket.admission is not None:
+            self.unstamp(ticket.admission)  # granted, cancelled before it ran: all refunded
+        self.core.withdraw(ticket, self.now)
+        assert ticket not in self.core.queue
+        self.after_grants()
+
+    @rule(admission=consumes(admissions), ratio=st.sampled_from([None, 0.0, 0.5, 2.0]))
+    def release(self, admission: Admission, ratio: float | None) -> None:
+        actual = None if ratio is None else int(admission.tokens_reserved * ratio)
+        del self.outstanding[id(admission)]
+        self.core.release(admission, actual, self.now)
+        self.core.release(admission, 0, self.now)  # idempotent
+        self.after_grants()
+
+    @rule(admission=consumes(admissions))
+    def release_unused(self, admission: Admission) -> None:
+        self.unstamp(admission)
+        del self.outstanding[id(admission)]
+        self.core.release_unused(admission, self.now)
+        self.after_grants()
+
+    @rule(admission=admissions, retry_after=st.sampled_from([None, 2.0]))
+    def rate_limited(self, admission: Admission, retry_after: float | None) -> None:
+        self.core.report_rate_limit(retry_after, self.now, admitted_generation=admission.generation)
+
+    @rule()
+    def close(self) -> None:
+        core = self.core
+        assert list(core.close()) == list(core.queue)
+        with pytest.raises(AdmissionClosedError):
+            core.enqueue(0)
+
+    @invariant()
+    def quotas_hold(self) -> None:
+        core = self.core
+        held = len(self.outstanding) + sum(t.admission is not None for t in self.waiting.values())
+        assert core.in_flight == held
+        assert 0 <= core.in_flight <= core.bound
+        if core.requests is not None:
+            assert max_in_window(self.request_stamps, 60.0) <= core.requests.requests_per_minute
+            live = [s for s in self.request_stamps if s + core.requests.window > self.now]
+            assert core.requests.requests_in_window(self.now) == len(live)
+        # FIFO: waiters were admitted in the order they arrived.
+        assert self.granted_order == sorted(self.granted_order)
+        assert [id(t) for t in core.queue] == [
+            id(t) for t in self.waiting.values() if t.admission is None and t in core.queue
+        ]
+
+    def teardown(self) -> None:
+        core = self.core
+        for ticket in list(self.waiting.values()):
+            core.withdraw(ticket, self.now)
+        for admission in list(self.outstanding.values()):
+            core.release(admission, None, self.now)
+        self.now += 1000.0
+        stats = core.statistics(self.now)
+        assert (stats.in_flight, stats.waiting) == (0, 0)
+        assert stats.tokens_reserved_in_window in (None, 0)
+        assert stats.requests_in_window in (None, 0)
+        assert stats.concurrency_limit == core.bound
+
+
+TestRequestRate = RequestRateMachine.TestCase
+TestRequestRate.settings = SETTINGS
+TestTokenRate = TokenRateMachine.TestCase
+TestTokenRate.settings = SETTINGS
+TestCooldown = CooldownMachine.TestCase
+TestCooldown.settings = SETTINGS
+TestScope = ScopeMachine.TestCase
+TestScope.settings = SETTINGS
