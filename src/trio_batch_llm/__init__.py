@@ -1,5 +1,8 @@
 """trio-batch-llm: run thousands of LLM calls concurrently and correctly, on Trio or asyncio."""
 
+from ._artifacts import ArtifactStore as ArtifactStore
+from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
+from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
 from ._cleanup import CLEANUP_FAILED as CLEANUP_FAILED
 from ._cleanup import CLEANUP_TIMED_OUT as CLEANUP_TIMED_OUT
 from ._cleanup import with_cleanup as with_cleanup
@@ -10,6 +13,11 @@ from ._config import ProcessorConfig as ProcessorConfig
 from ._config import RateLimitConfig as RateLimitConfig
 from ._config import ResumePolicy as ResumePolicy
 from ._config import RetryConfig as RetryConfig
+from ._entrypoints import ResultStream as ResultStream
+from ._entrypoints import call as call
+from ._entrypoints import call_result as call_result
+from ._entrypoints import process_prompts as process_prompts
+from ._entrypoints import process_stream as process_stream
 from ._errors import AdmissionClosedError as AdmissionClosedError
 from ._errors import ArtifactMismatchError as ArtifactMismatchError
 from ._errors import ArtifactStoreError as ArtifactStoreError
@@ -24,6 +32,12 @@ from ._errors import LLMCallError as LLMCallError
 from ._errors import ProviderError as ProviderError
 from ._errors import QueueFullError as QueueFullError
 from ._errors import StreamFinalizationError as StreamFinalizationError
+from ._host import ExecutorHost as ExecutorHost
+from ._ledger import CLEANUP_SLOW_WARNING_SECONDS as CLEANUP_SLOW_WARNING_SECONDS
+from ._ledger import PROGRESS_TASK_CANCELLATION_TIMEOUT as PROGRESS_TASK_CANCELLATION_TIMEOUT
+from ._ledger import WORKER_CANCELLATION_TIMEOUT as WORKER_CANCELLATION_TIMEOUT
+from ._pool import LLMCallPool as LLMCallPool
+from ._processor import ParallelBatchProcessor as ParallelBatchProcessor
 from ._results import BatchResult as BatchResult
 from ._results import BatchTermination as BatchTermination
 from ._results import ItemTiming as ItemTiming
@@ -34,7 +48,10 @@ from ._results import WorkItemResult as WorkItemResult
 from ._strategies._base import LLMCallStrategy as LLMCallStrategy
 from ._strategies._callable import CallableStrategy as CallableStrategy
 from ._strategies._callable import CallOutcome as CallOutcome
+from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
+from ._strategies._openai import OpenAIStrategy as OpenAIStrategy
+from ._strategies._openai_compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -42,6 +59,7 @@ __all__ = [
     "AdmissionClosedError",
     "ArtifactIdentity",
     "ArtifactMismatchError",
+    "ArtifactStore",
     "ArtifactStoreError",
     "AsyncBatchLLMError",
     "BatchInterruptedError",
@@ -49,29 +67,45 @@ __all__ = [
     "BatchResult",
     "BatchTermination",
     "CLEANUP_FAILED",
+    "CLEANUP_SLOW_WARNING_SECONDS",
     "CLEANUP_TIMED_OUT",
     "CallOutcome",
     "CallableStrategy",
     "CleanupInterruptedError",
     "ConfigurationError",
     "ErrorCategory",
+    "ExecutorHost",
     "FakeStrategy",
     "GuardrailConfig",
     "ItemDeadlineExceeded",
     "ItemTiming",
+    "JsonlArtifactStore",
     "LLMCallError",
+    "LLMCallPool",
     "LLMCallStrategy",
     "LLMWorkItem",
+    "OpenAICompatibleStrategy",
+    "OpenAIStrategy",
+    "PROGRESS_TASK_CANCELLATION_TIMEOUT",
+    "ParallelBatchProcessor",
     "ProcessorConfig",
     "ProviderError",
     "QueueFullError",
     "RateLimitConfig",
+    "ResultStream",
     "ResumePolicy",
     "RetryConfig",
     "RetryState",
+    "SqliteArtifactStore",
     "StreamFinalizationError",
     "TokenUsage",
+    "WORKER_CANCELLATION_TIMEOUT",
     "WorkItemResult",
     "__version__",
+    "call",
+    "call_result",
+    "llm",
+    "process_prompts",
+    "process_stream",
     "with_cleanup",
 ]

@@ -126,6 +126,8 @@ class RetryConfig:
     jitter: bool = True
     max_rate_limit_retries: int = 20
     respect_retry_after: bool = True
+    jitter_seed: int | None = None
+    """Seed for the jitter, drawn per item (``Random(f"{seed}\\0{item_id}")``); ``None`` is unseeded."""
 
     def __post_init__(self) -> None:
         _whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)

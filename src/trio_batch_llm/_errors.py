@@ -27,6 +27,7 @@ Cancellation, ``KeyboardInterrupt`` and ``SystemExit`` are never converted.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -128,6 +129,8 @@ class ProviderError(BatchLLMError):
 
     The classifier takes it at its word: ``category`` decides retrying, and
     ``retry_after`` (seconds) a minimum wait before the next attempt.
+    ``token_usage`` reports what a failed but billed attempt consumed (for
+    example a response that failed to parse); the engine counts it.
     """
 
     def __init__(
@@ -137,11 +140,13 @@ class ProviderError(BatchLLMError):
         category: ErrorCategory,
         retry_after: float | None = None,
         status_code: int | None = None,
+        token_usage: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.category = ErrorCategory(category)
         self.retry_after = retry_after
         self.status_code = status_code
+        self.token_usage = dict(token_usage) if token_usage else None
 
 
 class LLMCallError(BatchLLMError, RuntimeError):

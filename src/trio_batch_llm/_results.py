@@ -38,7 +38,7 @@ class TokenUsage(TypedDict, total=False):
     cached_input_tokens: int
 
 
-def usage_total(usage: Mapping[str, int] | None) -> int | None:
+def usage_total(usage: Mapping[str, Any] | None) -> int | None:
     """Total tokens of ``usage``, or ``None`` when unknown (never a silent zero)."""
     if not usage:
         return None
@@ -51,7 +51,7 @@ def usage_total(usage: Mapping[str, int] | None) -> int | None:
     return sum(int(p) for p in parts if p is not None)
 
 
-def add_usage(into: dict[str, int], usage: Mapping[str, int] | None) -> None:
+def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
     """Add ``usage`` into the running sum ``into``, key by key."""
     if not usage:
         return

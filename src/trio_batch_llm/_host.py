@@ -1,0 +1,247 @@
+"""ExecutorHost: the owner of one task group, its quota scopes, strategy leases and cleanup ledger.
+
+Processors and pools build on a host. Runtime tasks (workers, producers, the
+progress task) run in the host's task group and nowhere else, each under its
+own cancel scope so a close can stop them without cancelling the code in the
+host's ``async with`` body.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, final
+
+import anyio
+import anyio.abc
+
+from ._admission import QuotaRegistry, QuotaScope
+from ._config import ProcessorConfig
+from ._errors import AdmissionClosedError
+from ._leases import Lease, lease_registry
+from ._ledger import CleanupLedger, LedgerStatistics
+from ._strategies._base import LLMCallStrategy
+
+__all__ = ["ExecutorHost", "HostStatistics", "RuntimeTasks"]
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class HostStatistics:
+    state: str
+    runtime_tasks: int
+    prepared_strategies: int
+    quota_scopes: int
+    ledger: LedgerStatistics
+
+
+class RuntimeTasks:
+    """A set of runtime tasks, each under its own cancel scope, that can be stopped and awaited together."""
+
+    __slots__ = ("_idle", "_running", "_scopes", "_tg")
+
+    def __init__(self, tg: anyio.abc.TaskGroup) -> None:
+        self._tg = tg
+        self._scopes: set[anyio.CancelScope] = set()
+        self._running = 0
+        self._idle: anyio.Event | None = None
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        self._running += 1
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        self._tg.start_soon(self._run, scope, fn, args, name=name)
+
+    async def _run(
+        self, scope: anyio.CancelScope, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> None:
+        try:
+            with scope:
+                await fn(*args)
+        finally:
+            self._scopes.discard(scope)
+            self._running -= 1
+            if self._running == 0 and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+    def cancel(self, reason: str) -> None:
+        for scope in list(self._scopes):
+            scope.cancel(reason)
+
+    async def wait_idle(self) -> None:
+        """Wait until every task has exited (not by parking in the task group's exit)."""
+        while self._running:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+        await anyio.lowlevel.checkpoint()
+
+
+@final
+class ExecutorHost:
+    """Owns a task group, quota scopes, strategy leases and an ordered cleanup ledger.
+
+    Use as ``async with ExecutorHost(config) as host:``; processors and pools
+    create their own host unless given one to share (``host=``), in which case
+    they share its quota scopes and strategy leases.
+    """
+
+    def __init__(self, config: ProcessorConfig | None = None, *, name: str = "ExecutorHost") -> None:
+        self.config = config if config is not None else ProcessorConfig()
+        self.name = name
+        self._state = _State.UNOPENED
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._runtime: RuntimeTasks | None = None
+        self._quotas = QuotaRegistry()
+        self._scope_cache: dict[int, tuple[LLMCallStrategy[Any], QuotaScope]] = {}
+        self._ready: dict[int, LLMCallStrategy[Any]] = {}
+        self._leases: dict[object, Lease] = {}
+        self._preparing: dict[object, anyio.Event] = {}
+        self.ledger = CleanupLedger(name)
+        self.ledger.add_step("admission", "quota scopes", self._close_quotas)
+        self.ledger.add_phase_provider("strategies", self._lease_steps)
+
+    # --- lifecycle -----------------------------------------------------
+
+    async def __aenter__(self) -> ExecutorHost:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"{self.name} is {self._state.value}; a host can be opened once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        self._runtime = RuntimeTasks(tg)
+        self._state = _State.OPEN
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self.exit_with(exc_type, exc, tb)
+
+    async def exit_with(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Close through the ledger (automatic-exit semantics), then leave the task group."""
+        assert self._tg is not None, "exit_with before __aenter__"
+        try:
+            await self.ledger.aclose(body_exception=exc, automatic=True)
+        except BaseException as close_error:
+            if not self.ledger.finished:
+                # A forced or interrupted close: runtime tasks may still run; take them down with us.
+                self._tg.cancel_scope.cancel("host close was forced")
+            await self._leave_task_group(close_error)
+            raise
+        return await self._leave_task_group(exc)
+
+    async def _leave_task_group(self, exc: BaseException | None) -> bool | None:
+        assert self._tg is not None
+        try:
+            return await self._tg.__aexit__(
+                type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None
+            )
+        finally:
+            self._state = _State.CLOSED if self.ledger.finished else _State.CLOSING
+
+    async def aclose(self) -> None:
+        """Run the ordered close now (explicit close: retries failed steps of an earlier attempt)."""
+        await self.ledger.aclose()
+
+    def force_close(self) -> None:
+        """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
+        self.ledger.force_close()
+
+    def force_close_from_thread(self) -> None:
+        self.ledger.force_close_from_thread()
+
+    @property
+    def state(self) -> str:
+        if self._state is _State.OPEN and self.ledger.state != "open":
+            return self.ledger.state
+        return self._state.value
+
+    # --- runtime -------------------------------------------------------
+
+    @property
+    def runtime(self) -> RuntimeTasks:
+        if self._runtime is None or self._state is not _State.OPEN:
+            raise AdmissionClosedError(f"{self.name} is {self.state}; it runs no new tasks")
+        return self._runtime
+
+    def new_runtime_group(self) -> RuntimeTasks:
+        """A separately stoppable set of runtime tasks in this host's task group (one per processor)."""
+        if self._tg is None or self._state is not _State.OPEN:
+            raise AdmissionClosedError(f"{self.name} is {self.state}; it runs no new tasks")
+        return RuntimeTasks(self._tg)
+
+    # --- admission -----------------------------------------------------
+
+    def quota_scope(self, strategy: LLMCallStrategy[Any]) -> QuotaScope:
+        cached = self._scope_cache.get(id(strategy))
+        if cached is not None and cached[0] is strategy:
+            return cached[1]
+        scope = self._quotas.scope_for(strategy.quota_scope(), self.config)
+        self._scope_cache[id(strategy)] = (strategy, scope)
+        return scope
+
+    async def _close_quotas(self) -> None:
+        self._quotas.close()
+        await anyio.lowlevel.checkpoint()
+
+    # --- strategy leases -----------------------------------------------
+
+    async def ensure_prepared(self, strategy: LLMCallStrategy[Any]) -> None:
+        """Prepare ``strategy`` once per host (shared by identity across hosts of one event loop)."""
+        if id(strategy) in self._ready:
+            return  # noqa: ASYNC910 - hot path: the strategy call that follows checkpoints
+        await self._prepare_slow(strategy)
+
+    async def _prepare_slow(self, strategy: LLMCallStrategy[Any]) -> None:
+        identity = strategy.lease_identity()
+        while identity not in self._leases:
+            if self.ledger.phase_closing("strategies"):
+                raise AdmissionClosedError(f"{self.name} is closing its strategies; no new preparation")
+            pending = self._preparing.get(identity)
+            if pending is not None:
+                await pending.wait()
+                continue
+            done = anyio.Event()
+            self._preparing[identity] = done
+            try:
+                self._leases[identity] = await lease_registry().acquire(strategy)
+            finally:
+                del self._preparing[identity]
+                done.set()
+        self._ready[id(strategy)] = strategy
+        await anyio.lowlevel.checkpoint()
+
+    def _lease_steps(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        return [(f"release strategy {identity!r}", lease.release) for identity, lease in self._leases.items()]
+
+    def statistics(self) -> HostStatistics:
+        return HostStatistics(
+            state=self.state,
+            runtime_tasks=self._runtime.running if self._runtime is not None else 0,
+            prepared_strategies=len(self._leases),
+            quota_scopes=self._quotas.statistics().scopes,
+            ledger=self.ledger.statistics(),
+        )

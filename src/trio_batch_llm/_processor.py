@@ -1,0 +1,563 @@
+"""ParallelBatchProcessor: a host, a bounded input stream, workers, and one result terminal.
+
+Two one-shot modes:
+
+- batch: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult`;
+- streaming: ``start()``, ``add_work()`` as items come, ``finish()``, and read
+  ``results()`` (completion order) until the terminal (CONTRACT C6).
+
+Workers are the only tasks per batch (plus one deadline watcher when a batch
+timeout is set): no task per item.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import TracebackType
+from typing import Any, Generic, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+
+from ._artifacts import ResumePlan, fingerprint, prepare_resume
+from ._config import AbortMode, ProcessorConfig, ResumePolicy
+from ._errors import (
+    AdmissionClosedError,
+    BatchInterruptedError,
+    ErrorCategory,
+    QueueFullError,
+)
+from ._host import ExecutorHost, RuntimeTasks
+from ._ledger import CleanupLedger, unwrap_group
+from ._progress import CallbackProgress, Progress, ProgressTracker, make_progress
+from ._results import BatchResult, BatchTermination, LLMWorkItem, TerminationKind, WorkItemResult
+from ._runner import ItemRunner, ItemTally, UserClassifier
+from ._stats import ProcessorStatistics, RunCounters
+from ._terminal import ResultChannel, ResultChannelStatistics
+
+__all__ = ["ParallelBatchProcessor"]
+
+TOutput = TypeVar("TOutput")
+
+
+class _Mode(enum.Enum):
+    NEW = "new"
+    BATCH = "batch"
+    STREAMING = "streaming"
+    FINISHED = "finished"
+
+
+@final
+class _ChannelIterator(AsyncIterator[WorkItemResult[TOutput]]):
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: ResultChannel[WorkItemResult[TOutput]]) -> None:
+        self._channel = channel
+
+    def __aiter__(self) -> _ChannelIterator[TOutput]:
+        return self
+
+    async def __anext__(self) -> WorkItemResult[TOutput]:
+        try:
+            return await self._channel.get()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+
+@final
+class ParallelBatchProcessor(Generic[TOutput]):
+    """Runs work items concurrently with shared quotas, retries, deadlines and checkpoints."""
+
+    def __init__(
+        self,
+        config: ProcessorConfig | None = None,
+        *,
+        post_processor: Callable[[WorkItemResult[TOutput]], Any] | None = None,
+        error_classifier: UserClassifier | None = None,
+        middlewares: Sequence[Any] | None = None,
+        observers: Sequence[Any] | None = None,
+        progress_callback: Callable[[int, int | None, str], Any] | Progress | None = None,
+        artifact_store: Any = None,
+        resume: ResumePolicy = ResumePolicy.NONE,
+        host: ExecutorHost | None = None,
+    ) -> None:
+        if config is not None and not isinstance(config, ProcessorConfig):
+            raise TypeError(f"config={config!r}: must be a ProcessorConfig")
+        self.config = config if config is not None else (host.config if host else ProcessorConfig())
+        self._owns_host = host is None
+        self._host = host if host is not None else ExecutorHost(self.config, name="ParallelBatchProcessor")
+        self._ledger = self._host.ledger if self._owns_host else CleanupLedger("ParallelBatchProcessor")
+        self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier)
+        self._post_processor = post_processor
+        self._middlewares = list(middlewares or ())
+        self._observers = list(observers or ())
+        self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None
+        self._per_item_progress = isinstance(self._progress, CallbackProgress)
+        self._tracker: ProgressTracker | None = None
+        self._progress_scope: anyio.CancelScope | None = None
+        self._store = artifact_store
+        self._resume = resume
+        self._mode = _Mode.NEW
+        self._opened = False
+        self._runtime: RuntimeTasks | None = None
+        buffer = self.config.max_queue_size or float("inf")
+        self._send, self._recv = anyio.create_memory_object_stream[LLMWorkItem[TOutput]](buffer)
+        self._results: list[WorkItemResult[TOutput]] = []
+        self._input_order: list[str] = []
+        self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
+        self.counters = RunCounters()
+        self._workers_live = 0
+        self._workers_done = anyio.Event()
+        self._interrupted = False
+        self._crash: BaseException | None = None
+        self._stop_kind: TerminationKind | None = None
+        self._stop_reason: str | None = None
+        self._stop_scopes: set[anyio.CancelScope] = set()
+        self._watcher: anyio.CancelScope | None = None
+        self._started_at = 0.0
+        self._wall_time = 0.0
+        guard = self.config.guardrails
+        self._abort_on = guard.abort_on_error_categories
+        self._needs_stop_scope = guard.batch_timeout is not None or (
+            bool(self._abort_on) and guard.abort_mode is AbortMode.CANCEL_ACTIVE
+        )
+        self._ledger.add_step("runtime", "processor workers", self._close_runtime)
+        if self._store is not None:
+            self._ledger.add_step("store", "artifact store", self._close_store)
+
+    # --- lifecycle -----------------------------------------------------
+
+    async def __aenter__(self) -> ParallelBatchProcessor[TOutput]:
+        if self._opened:
+            raise RuntimeError("ParallelBatchProcessor is one-shot; create a new one")
+        self._opened = True
+        if self._owns_host:
+            await self._host.__aenter__()
+        else:
+            await anyio.lowlevel.checkpoint()
+        self._runtime = self._host.new_runtime_group()
+        try:
+            if self._store is not None:
+                await self._open_store()
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        with unwrap_group():
+            if self._owns_host:
+                await self._host.exit_with(exc_type, exc, tb)
+            else:
+                await self._ledger.aclose(body_exception=exc, automatic=True)
+            if exc is None and self._crash is not None and not self._crash_reported:
+                self._crash_reported = True
+                raise self._crash
+        return None
+
+    _crash_reported = False
+
+    async def aclose(self) -> None:
+        """Explicit ordered close (CONTRACT C2); retries steps that failed in an earlier attempt."""
+        with unwrap_group():
+            await self._ledger.aclose()
+
+    def force_close(self) -> None:
+        """Second delivery: abandon the running close step, skip the rest (CONTRACT C3.3)."""
+        self._ledger.force_close()
+
+    def force_close_from_thread(self) -> None:
+        self._ledger.force_close_from_thread()
+
+    @property
+    def state(self) -> str:
+        return self._ledger.state
+
+    @property
+    def host(self) -> ExecutorHost:
+        return self._host
+
+    # --- input ---------------------------------------------------------
+
+    async def add_work(self, item: LLMWorkItem[TOutput]) -> None:
+        """Queue ``item``. In streaming mode this waits while the input queue is full."""
+        self._check_open()
+        if self._mode is _Mode.FINISHED or self._mode is _Mode.BATCH:
+            raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
+        if not isinstance(item, LLMWorkItem):
+            raise TypeError(f"item={item!r}: must be an LLMWorkItem")
+        replay = self._replay_for(item)
+        self._input_order.append(item.item_id)
+        self.counters.accepted += 1
+        if replay is not None:
+            await self._publish(replay, None)
+            return
+        if self._mode is _Mode.NEW:
+            try:
+                self._send.send_nowait(item)
+            except anyio.WouldBlock:
+                self._input_order.pop()
+                self.counters.accepted -= 1
+                raise QueueFullError(
+                    f"input queue is full (max_queue_size={self.config.max_queue_size}); in batch mode "
+                    "workers start only in process_all(): use streaming mode (start()) for backpressure"
+                ) from None
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            await self._send.send(item)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._input_order.pop()
+            self.counters.accepted -= 1
+            raise AdmissionClosedError(
+                f"the batch stopped ({self._stop_kind or 'closed'}); no more work is accepted"
+            ) from None
+
+    def _check_open(self) -> None:
+        if not self._opened:
+            raise RuntimeError("use `async with ParallelBatchProcessor(...) as proc:` first")
+        if self._ledger.state != "open":
+            raise AdmissionClosedError(f"the processor is {self._ledger.state}")
+
+    # --- batch mode ----------------------------------------------------
+
+    async def process_all(self) -> BatchResult[TOutput]:
+        """Run every queued item; returns one result per item (controlled stops included)."""
+        self._check_open()
+        if self._mode is not _Mode.NEW:
+            raise RuntimeError(f"process_all() in {self._mode.value} mode: a processor runs once")
+        self._mode = _Mode.BATCH
+        self._send.close()
+        self._start_workers(self._recv.statistics().current_buffer_used)
+        await self._workers_done.wait()
+        self._finish_run()
+        await self._close_progress()
+        if self._crash is not None:
+            self._crash_reported = True
+            raise self._crash
+        if self._interrupted:
+            raise BatchInterruptedError(
+                f"the batch was interrupted with {self.counters.accepted - self.counters.finished} "
+                "item(s) unfinished (its workers were cancelled, e.g. by a concurrent close)"
+            )
+        return self._batch_result()
+
+    def _batch_result(self) -> BatchResult[TOutput]:
+        termination = BatchTermination(kind=self._stop_kind or "completed", reason=self._stop_reason)
+        return BatchResult.from_results(
+            self._results, termination=termination, wall_time=self._wall_time, input_order=self._input_order
+        )
+
+    @property
+    def termination(self) -> BatchTermination:
+        return BatchTermination(kind=self._stop_kind or "completed", reason=self._stop_reason)
+
+    # --- streaming mode ------------------------------------------------
+
+    def start(self) -> None:
+        """Enter streaming mode: workers start now and results flow to ``results()``."""
+        self._check_open()
+        if self._mode is not _Mode.NEW:
+            raise RuntimeError(f"start() in {self._mode.value} mode: a processor runs once")
+        self._mode = _Mode.STREAMING
+        self._channel = ResultChannel(self.config.max_result_queue_size, self._finalize_stream)
+        for result in self._results:  # replays published before start()
+            self._channel._queue.append(result)
+        self._results = []
+        self._start_workers(self.config.workers)
+
+    async def finish(self) -> None:
+        """No more input: workers drain the queue, then the stream finalizes."""
+        if self._mode is not _Mode.STREAMING:
+            raise RuntimeError(f"finish() in {self._mode.value} mode: call start() first")
+        self._mode = _Mode.FINISHED
+        self._send.close()
+        await anyio.lowlevel.checkpoint()
+
+    def results(self) -> AsyncIterator[WorkItemResult[TOutput]]:
+        """Results in completion order, ending in the stream's one durable terminal.
+
+        Every call returns a new iterator over the same channel: concurrent
+        consumers share the results, and all of them see the same terminal.
+        """
+        channel = self._channel
+        if channel is None:
+            raise RuntimeError("results() before start(): streaming mode starts with start()")
+        return _ChannelIterator(channel)
+
+    def _runtime_group(self) -> RuntimeTasks:
+        assert self._runtime is not None
+        return self._runtime
+
+    def _fail_stream(self, exc: BaseException) -> None:
+        """End the stream with ``exc`` (a failing input source) and stop the workers."""
+        if self._channel is not None:
+            self._channel.decide_failure(exc)
+        self._request_stop("interrupted", f"input failed: {type(exc).__name__}: {exc}", cancel_active=True)
+
+    async def _finalize_stream(self) -> None:
+        # CONTRACT C2.6: the stream's finalization runs the ordered close
+        # before its terminal is decided.
+        await self._workers_done.wait()
+        self._finish_run()
+        await self._close_progress()
+        if self._crash is not None:
+            raise self._crash
+        if self._interrupted:
+            raise BatchInterruptedError("the stream's workers were cancelled before the input drained")
+        await self._ledger.aclose()
+
+    # --- workers -------------------------------------------------------
+
+    def _start_workers(self, queued: int) -> None:
+        assert self._runtime is not None
+        count = (
+            self.config.workers if self._mode is not _Mode.BATCH else max(1, min(self.config.workers, queued))
+        )
+        self._workers_live = count
+        self._started_at = anyio.current_time()
+        for index in range(count):
+            self._runtime.start_soon(self._worker, self._recv.clone(), name=f"worker-{index}")
+        self._recv.close()
+        timeout = self.config.guardrails.batch_timeout
+        if timeout is not None:
+            self._runtime.start_soon(self._watch_deadline, self._started_at + timeout, name="batch-deadline")
+        if self._progress is not None:
+            total = None if self._mode is _Mode.STREAMING else self.counters.accepted
+            self._tracker = ProgressTracker(start=self._started_at, total=total)
+            if not self._per_item_progress:
+                self._runtime.start_soon(self._render_progress, name="progress")
+
+    async def _render_progress(self) -> None:
+        progress, tracker = self._progress, self._tracker
+        assert progress is not None and tracker is not None
+        with anyio.CancelScope() as scope:
+            self._progress_scope = scope
+            while True:
+                await anyio.sleep(self.config.progress_interval)
+                progress.update(tracker.snapshot(anyio.current_time()))
+
+    async def _close_progress(self) -> None:
+        if self._progress_scope is not None:
+            self._progress_scope.cancel("batch finished")
+        progress, tracker = self._progress, self._tracker
+        if progress is not None and tracker is not None:
+            self._tracker = None
+            await progress.aclose(tracker.snapshot(anyio.current_time()))
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    async def _worker(self, recv: Any) -> None:  # noqa: ASYNC910 - `async for` over recv checkpoints
+        runner = self._runner
+        clock = anyio.current_time
+        try:
+            async with recv:
+                async for item in recv:
+                    if self._stop_kind is not None:
+                        await self._publish(self._not_executed(item), item)
+                        continue
+                    tally = ItemTally(clock())
+                    if self._tracker is not None:
+                        self._tracker.item_started()
+                    if self._needs_stop_scope:
+                        with anyio.CancelScope(deadline=self._batch_deadline()) as stop_scope:
+                            self._stop_scopes.add(stop_scope)
+                            try:
+                                result = await runner.run(item, tally)
+                            finally:
+                                self._stop_scopes.discard(stop_scope)
+                        if stop_scope.cancelled_caught:
+                            result = self._cut_short(item, tally)
+                    else:
+                        result = await runner.run(item, tally)
+                    await self._publish(result, item)
+        except Exception as exc:  # noqa: BLE001 - reported through process_all / the terminal
+            self._on_crash(exc)
+        except BaseException as exc:
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                self._on_crash(exc)
+            else:
+                self._interrupted = True
+            raise
+        finally:
+            self._workers_live -= 1
+            if self._workers_live == 0:
+                self._workers_done.set()
+                if self._channel is not None:
+                    self._channel.producers_finished()
+
+    def _batch_deadline(self) -> float:
+        timeout = self.config.guardrails.batch_timeout
+        return self._started_at + timeout if timeout is not None else float("inf")
+
+    async def _watch_deadline(self, deadline: float) -> None:
+        with anyio.CancelScope() as scope:
+            self._watcher = scope
+            await anyio.sleep_until(deadline)
+            self._request_stop(
+                "batch_deadline",
+                f"batch deadline of {self.config.guardrails.batch_timeout} s",
+                cancel_active=True,
+            )
+
+    def _cut_short(self, item: LLMWorkItem[TOutput], tally: ItemTally) -> WorkItemResult[TOutput]:
+        kind = self._stop_kind or "batch_deadline"
+        category = ErrorCategory.DEADLINE if kind == "batch_deadline" else ErrorCategory.ABORTED
+        reason = self._stop_reason or "batch deadline"
+        return self._runner.stopped_result(item, tally, category=category, reason=f"cut short: {reason}")
+
+    def _not_executed(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput]:
+        return self._runner.stopped_result(
+            item,
+            None,
+            category=ErrorCategory.NOT_EXECUTED,
+            reason=f"not executed: {self._stop_reason or self._stop_kind}",
+        )
+
+    def _request_stop(self, kind: TerminationKind, reason: str, *, cancel_active: bool) -> None:
+        if self._stop_kind is not None:
+            return
+        self._stop_kind = kind
+        self._stop_reason = reason
+        if cancel_active:
+            for scope in list(self._stop_scopes):
+                scope.cancel(reason)
+        # Queued items drain as "not executed"; new input is refused.
+        self._send.close()
+
+    def _on_crash(self, exc: BaseException) -> None:
+        if self._crash is None:
+            self._crash = exc
+        if self._channel is not None:
+            self._channel.decide_failure(exc)
+        self._send.close()
+        if self._runtime is not None:
+            self._runtime.cancel("a worker crashed")
+
+    def _finish_run(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel("batch finished")
+        if self._wall_time == 0.0 and self._started_at:
+            self._wall_time = anyio.current_time() - self._started_at
+
+    # --- completion: checkpoint, account, publish ----------------------
+
+    # Hot path: in batch mode publishing is a list append; the worker's next
+    # receive is the checkpoint.
+    async def _publish(  # noqa: ASYNC910
+        self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput] | None
+    ) -> None:
+        if self._store is not None and item is not None:
+            await self._checkpoint(result, item)
+        counters = self.counters
+        counters.finished += 1
+        if result.success:
+            counters.succeeded += 1
+        else:
+            counters.failed += 1
+            if result.error_category in self._abort_on:
+                self._request_stop(
+                    "aborted",
+                    f"{result.error_category.value} failure of item {result.item_id!r}",
+                    cancel_active=self.config.guardrails.abort_mode is AbortMode.CANCEL_ACTIVE,
+                )
+        if result.replayed:
+            counters.replayed += 1
+        elif result.token_usage:
+            self._charge(result)
+        tracker = self._tracker
+        if tracker is not None:
+            if result.replayed:
+                tracker.item_replayed(success=result.success)
+            else:
+                tracker.item_finished(
+                    success=result.success, tokens=result.token_usage.get("total_tokens", 0)
+                )
+            if self._per_item_progress:
+                assert self._progress is not None
+                await self._progress.on_item_async(counters.finished, tracker.total, result.item_id)
+        channel = self._channel
+        if channel is None:
+            self._results.append(result)
+        else:
+            await channel.put(result)
+
+    def _charge(self, result: WorkItemResult[TOutput]) -> None:
+        counters = self.counters
+        usage = result.token_usage
+        counters.add_tokens(usage)
+        guard = self.config.guardrails
+        if guard.max_total_tokens is not None and counters.total_tokens >= guard.max_total_tokens:
+            self._request_stop(
+                "budget_exhausted", f"max_total_tokens={guard.max_total_tokens} reached", cancel_active=False
+            )
+        if guard.cost_function is not None:
+            counters.cost += guard.cost_function(usage)  # type: ignore[arg-type]
+            if guard.max_total_cost is not None and counters.cost >= guard.max_total_cost:
+                self._request_stop(
+                    "budget_exhausted", f"max_total_cost={guard.max_total_cost} reached", cancel_active=False
+                )
+
+    # --- store ---------------------------------------------------------
+
+    async def _open_store(self) -> None:
+        self._resume_plan = await prepare_resume(self._store, self._resume)
+
+    _resume_plan: ResumePlan | None = None
+
+    def _replay_for(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput] | None:
+        plan = self._resume_plan
+        if plan is None:
+            return None
+        return plan.replay(item)
+
+    async def _checkpoint(self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]) -> None:
+        await self._store.append(
+            result, fingerprint=fingerprint(item.prompt, item.context), prompt=item.prompt
+        )
+
+    async def _close_store(self) -> None:
+        await self._store.aclose()
+
+    # --- close steps ---------------------------------------------------
+
+    async def _close_runtime(self) -> None:
+        runtime = self._runtime
+        if runtime is None:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._channel is not None and self._mode is _Mode.STREAMING:
+            self._channel.decide_failure(BatchInterruptedError("the stream was closed before finish()"))
+        self._send.close()
+        if runtime.running:
+            reason = (
+                "result stream left early"
+                if self._mode in (_Mode.STREAMING, _Mode.FINISHED)
+                else "processor closing"
+            )
+            runtime.cancel(reason)
+        await runtime.wait_idle()
+        self._recv.close()
+        await self._close_progress()
+
+    def results_statistics(self) -> ResultChannelStatistics:
+        """The result channel's state (streaming mode)."""
+        if self._channel is None:
+            raise RuntimeError("results_statistics() before start()")
+        return self._channel.statistics()
+
+    def statistics(self) -> ProcessorStatistics:
+        return ProcessorStatistics(
+            mode=self._mode.value,
+            state=self._ledger.state,
+            workers=self._workers_live,
+            queued=self._recv.statistics().current_buffer_used,
+            counters=self.counters.snapshot(),
+            termination=self._stop_kind,
+        )
