@@ -226,6 +226,7 @@ class ExecutorHost:
                 continue
             done = anyio.Event()
             self._preparing[identity] = done
+            strategy.configure_concurrency(self.config.provider_concurrency)
             try:
                 self._leases[identity] = await lease_registry().acquire(strategy)
             finally:

@@ -46,6 +46,12 @@ class LLMCallStrategy(Generic[TOutput]):
         """Close what :meth:`prepare` opened. Must be idempotent."""
         await anyio.lowlevel.checkpoint()
 
+    def configure_concurrency(self, concurrency: int) -> None:
+        """A hint, given before the first :meth:`prepare` of an owner: calls that may run at once.
+
+        Strategies holding connection pools size them from it. The default ignores it.
+        """
+
     def quota_scope(self) -> object:
         """Strategies returning equal scopes share concurrency, RPM/TPM quotas and cooldowns."""
         return self
