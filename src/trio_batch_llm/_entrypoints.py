@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar, final
 
 import anyio
@@ -83,34 +83,43 @@ async def process_prompts(
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
     callback = _progress_callback(progress)
+    proc: ParallelBatchProcessor[TOutput]
+    batch: BatchResult[TOutput] | None = None
     if not is_sized_source(prompts):
-        async with process_stream(
-            strategy,
-            prompts,
-            config=cfg,
-            progress=callback or False,
+        proc = ParallelBatchProcessor(
+            _bounded_input(cfg),
+            progress_callback=callback,
             artifact_store=artifact_store,
             resume=resume,
             **processor_kwargs,
-        ) as stream:
-            started = anyio.current_time()
-            results = [result async for result in stream]
-            batch = BatchResult.from_results(
-                results,
-                termination=stream.termination,
-                wall_time=anyio.current_time() - started,
-                input_order=stream.input_order,
-            )
+        )
+        with _keep_if_only_strategy_cleanup_failed(proc, lambda: batch is not None):
+            async with proc:
+                stream = _start_stream(proc, prompts, strategy)
+                started = anyio.current_time()
+                results = [result async for result in stream]
+                batch = BatchResult.from_results(
+                    results,
+                    termination=stream.termination,
+                    wall_time=anyio.current_time() - started,
+                    input_order=stream.input_order,
+                )
     else:
         items = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
         # The items are in memory already, so the input queue need not bound them.
-        cfg = dataclasses.replace(cfg, max_queue_size=0)
-        async with ParallelBatchProcessor(
-            cfg, progress_callback=callback, artifact_store=artifact_store, resume=resume, **processor_kwargs
-        ) as proc:
-            for item in items:
-                await proc.add_work(item)
-            batch = await proc.process_all()
+        proc = ParallelBatchProcessor(
+            dataclasses.replace(cfg, max_queue_size=0),
+            progress_callback=callback,
+            artifact_store=artifact_store,
+            resume=resume,
+            **processor_kwargs,
+        )
+        with _keep_if_only_strategy_cleanup_failed(proc, lambda: batch is not None):
+            async with proc:
+                for item in items:
+                    await proc.add_work(item)
+                batch = await proc.process_all()
+    assert batch is not None
     if preserve_order:
         batch.results = batch.in_input_order()
     return batch
@@ -168,22 +177,47 @@ async def process_stream(
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
     if is_sized_source(prompts):
-        source: Prompts = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
-    else:
-        source = prompts
-    if cfg.max_queue_size == 0:
-        # Bounded by default so a lazy source of millions is read only as fast as it is processed.
-        cfg = dataclasses.replace(cfg, max_queue_size=max(2 * cfg.workers, 64))
+        prompts = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
     async with ParallelBatchProcessor(
-        cfg,
+        _bounded_input(cfg),
         progress_callback=_progress_callback(progress),
         artifact_store=artifact_store,
         resume=resume,
         **processor_kwargs,
     ) as proc:
-        proc.start()
-        proc._runtime_group().start_soon(_feed, proc, source, strategy, name="process_stream producer")
-        yield ResultStream(proc)
+        yield _start_stream(proc, prompts, strategy)
+
+
+def _bounded_input(cfg: ProcessorConfig) -> ProcessorConfig:
+    if cfg.max_queue_size:
+        return cfg
+    # Bounded by default so a lazy source of millions is read only as fast as it is processed.
+    return dataclasses.replace(cfg, max_queue_size=max(2 * cfg.workers, 64))
+
+
+def _start_stream(
+    proc: ParallelBatchProcessor[TOutput], source: Prompts, strategy: LLMCallStrategy[TOutput]
+) -> ResultStream[TOutput]:
+    proc.start()
+    proc._runtime_group().start_soon(_feed, proc, source, strategy, name="process_stream producer")
+    return ResultStream(proc)
+
+
+@contextmanager
+def _keep_if_only_strategy_cleanup_failed(
+    proc: ParallelBatchProcessor[Any] | LLMCallPool[Any], completed: Callable[[], bool]
+) -> Iterator[None]:
+    """CONTRACT C7.5: a completed result survives a failure of user strategy ``cleanup()`` alone.
+
+    Runtime, admission and store failures (and anything while the work was
+    still running) propagate.
+    """
+    try:
+        yield
+    except Exception:
+        if not completed() or not proc._ledger.only_failed_in("strategies"):
+            raise
+        logger.warning("strategy cleanup failed after the work completed; keeping the result", exc_info=True)
 
 
 async def _feed(  # noqa: ASYNC910 - add_work checkpoints on every path
@@ -221,17 +255,11 @@ async def call_result(
     cfg = config if config is not None else ProcessorConfig(max_workers=1)
     result: WorkItemResult[TOutput] | None = None
     pool = LLMCallPool(strategy, config=cfg, error_classifier=error_classifier)
-    try:
+    with _keep_if_only_strategy_cleanup_failed(pool, lambda: result is not None):
         async with pool:
             result = await pool.submit_result(prompt)
-    except Exception:
-        # CONTRACT C7.5: keep a completed result when the only cleanup failures
-        # came from user strategy cleanup(); everything else propagates.
-        if result is None or not pool._ledger.only_failed_in("strategies"):
-            raise
-        logger.warning("strategy cleanup failed after call_result completed", exc_info=True)
     assert result is not None
-    return result  # noqa: ASYNC910 - leaving the pool checkpointed
+    return result
 
 
 async def call(

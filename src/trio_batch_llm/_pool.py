@@ -107,6 +107,10 @@ class LLMCallPool(Generic[TOutput]):
         return self._ledger.state
 
     @property
+    def host(self) -> ExecutorHost:
+        return self._host
+
+    @property
     def pending(self) -> int:
         """Requests admitted or waiting right now."""
         return self._pending

@@ -29,7 +29,7 @@ from ._errors import (
     QueueFullError,
 )
 from ._host import ExecutorHost, RuntimeTasks
-from ._ledger import CleanupLedger, unwrap_group
+from ._ledger import WORKER_CANCELLATION_TIMEOUT, CleanupLedger, unwrap_group
 from ._progress import CallbackProgress, Progress, ProgressTracker, make_progress
 from ._results import BatchResult, BatchTermination, LLMWorkItem, TerminationKind, WorkItemResult
 from ._runner import ItemRunner, ItemTally, UserClassifier
@@ -119,10 +119,17 @@ class ParallelBatchProcessor(Generic[TOutput]):
         self._wall_time = 0.0
         guard = self.config.guardrails
         self._abort_on = guard.abort_on_error_categories
+        # Per-item stop scopes cost a few µs, so they exist only where something may cut
+        # items short: a batch deadline or a CANCEL_ACTIVE abort.
         self._needs_stop_scope = guard.batch_timeout is not None or (
             bool(self._abort_on) and guard.abort_mode is AbortMode.CANCEL_ACTIVE
         )
-        self._ledger.add_step("runtime", "processor workers", self._close_runtime)
+        self._ledger.add_step(
+            "runtime",
+            "processor workers",
+            self._close_runtime,
+            slow_warning_after=WORKER_CANCELLATION_TIMEOUT,
+        )
         if self._store is not None:
             self._ledger.add_step("store", "artifact store", self._close_store)
 
@@ -156,7 +163,8 @@ class ParallelBatchProcessor(Generic[TOutput]):
                 await self._host.exit_with(exc_type, exc, tb)
             else:
                 await self._ledger.aclose(body_exception=exc, automatic=True)
-            if exc is None and self._crash is not None and not self._crash_reported:
+            delivered = self._channel is not None and self._channel.failure_delivered
+            if exc is None and self._crash is not None and not self._crash_reported and not delivered:
                 self._crash_reported = True
                 raise self._crash
         return None
@@ -419,6 +427,16 @@ class ParallelBatchProcessor(Generic[TOutput]):
             category=ErrorCategory.NOT_EXECUTED,
             reason=f"not executed: {self._stop_reason or self._stop_kind}",
         )
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Stop admitting new items: a controlled stop (``termination.kind == "interrupted"``).
+
+        Calls in flight finish; queued items are reported ``NOT_EXECUTED``;
+        ``add_work`` raises :class:`AdmissionClosedError` from now on. The
+        checkpoint keeps everything that finished, so the run can be resumed.
+        This is what a first Ctrl+C does in the CLI; ``force_close()`` is the second.
+        """
+        self._request_stop("interrupted", reason, cancel_active=False)
 
     def _request_stop(self, kind: TerminationKind, reason: str, *, cancel_active: bool) -> None:
         if self._stop_kind is not None:

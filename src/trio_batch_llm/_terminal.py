@@ -72,6 +72,8 @@ class ResultChannel(Generic[T]):
         self._decided_event = anyio.Event()
         self._readers_waiting = 0
         self._writers_waiting = 0
+        self.failure_delivered = False
+        """Whether some reader has raised the failure terminal (so nobody else must report it)."""
 
     # --- producer side -------------------------------------------------
 
@@ -141,6 +143,7 @@ class ResultChannel(Generic[T]):
                 if self._delivered < self._limit and self._queue:
                     return await self._pop()
                 await anyio.lowlevel.checkpoint()
+                self.failure_delivered = True
                 raise decision.exc
             if self._queue:
                 return await self._pop()
