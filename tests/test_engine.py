@@ -151,7 +151,7 @@ async def test_process_stream_async_source_and_lazy_duplicate() -> None:
         yield ("same", "again")
 
     seen = []
-    with pytest.raises(ValueError, match="duplicate item_id='same'"):  # noqa: PT012
+    with pytest.raises(ValueError, match="duplicate item_id='same'"):
         async with process_stream(FakeStrategy(), source(), concurrency=2) as results:
             async for r in results:
                 seen.append(r.item_id)
@@ -303,3 +303,13 @@ def test_seeded_run_identical_on_both_backends() -> None:
 
     digests = {backend: anyio.run(run, backend=backend) for backend in ("trio", "asyncio")}
     assert digests["trio"] == digests["asyncio"]
+
+
+async def test_progress_true_falls_back_to_log_lines_off_a_terminal(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="trio_batch_llm.progress")
+    batch = await process_prompts(FakeStrategy(), [f"p{i}" for i in range(20)], concurrency=4, progress=True)
+    assert batch.succeeded == 20
+    lines = [r.getMessage() for r in caplog.records if r.name == "trio_batch_llm.progress"]
+    assert lines and "20/20" in lines[-1]

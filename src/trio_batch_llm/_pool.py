@@ -6,12 +6,14 @@ cancelled caller cancels exactly its own work and releases its slot.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar, final
 
 import anyio
 import anyio.lowlevel
 
+from ._admission import QuotaScopeStatistics
 from ._config import ProcessorConfig
 from ._errors import AdmissionClosedError, ConfigurationError, ErrorCategory, LLMCallError, QueueFullError
 from ._host import ExecutorHost
@@ -20,7 +22,7 @@ from ._results import LLMWorkItem, WorkItemResult
 from ._runner import ItemRunner, ItemTally, UserClassifier
 from ._strategies._base import LLMCallStrategy
 
-__all__ = ["LLMCallPool"]
+__all__ = ["LLMCallPool", "PoolStatistics"]
 
 TOutput = TypeVar("TOutput")
 
@@ -183,6 +185,22 @@ class LLMCallPool(Generic[TOutput]):
             await self._idle.wait()
         await anyio.lowlevel.checkpoint()
 
-    def statistics(self) -> dict[str, Any]:
-        scope = self._host.quota_scope(self.strategy)
-        return {"pending": self._pending, "state": self.state, "admission": scope.statistics()}
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            state=str(self.state),
+            pending=self._pending,
+            capacity=self._capacity,
+            admission=self._host.quota_scope(self.strategy).statistics(),
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """A snapshot of a pool: requests admitted or waiting, and its quota scope's state."""
+
+    state: str
+    pending: int
+    capacity: int | None
+    """``concurrency + max_pending``, or ``None`` when unbounded."""
+    admission: QuotaScopeStatistics
