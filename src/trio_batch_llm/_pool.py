@@ -17,7 +17,7 @@ from ._admission import QuotaScopeStatistics
 from ._config import ProcessorConfig
 from ._errors import AdmissionClosedError, ConfigurationError, ErrorCategory, LLMCallError, QueueFullError
 from ._host import ExecutorHost
-from ._ledger import CleanupLedger, unwrap_group
+from ._owner import HostedOwner
 from ._results import LLMWorkItem, WorkItemResult
 from ._runner import ItemRunner, ItemTally, UserClassifier
 from ._strategies._base import LLMCallStrategy
@@ -28,7 +28,7 @@ TOutput = TypeVar("TOutput")
 
 
 @final
-class LLMCallPool(Generic[TOutput]):
+class LLMCallPool(HostedOwner, Generic[TOutput]):
     """Share concurrency, RPM/TPM quotas, cooldowns and a prepared strategy across requests.
 
     ``max_pending`` bounds waiting: at most ``concurrency + max_pending``
@@ -59,9 +59,7 @@ class LLMCallPool(Generic[TOutput]):
             raise ConfigurationError("submit_timeout", submit_timeout, "must be a number > 0")
         self.strategy = strategy
         self.config = config if config is not None else (host.config if host else ProcessorConfig())
-        self._owns_host = host is None
-        self._host = host if host is not None else ExecutorHost(self.config, name="LLMCallPool")
-        self._ledger = self._host.ledger if self._owns_host else CleanupLedger("LLMCallPool")
+        self._init_owner(host, ExecutorHost(self.config, name="LLMCallPool"), "LLMCallPool")
         self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier)
         self._capacity = None if max_pending is None else self.config.provider_concurrency + max_pending
         self._submit_timeout = submit_timeout
@@ -87,30 +85,8 @@ class LLMCallPool(Generic[TOutput]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        with unwrap_group():
-            if self._owns_host:
-                await self._host.exit_with(exc_type, exc, tb)
-            else:
-                await self._ledger.aclose(body_exception=exc, automatic=True)
+        await self._exit_owner(exc_type, exc, tb)
         return None
-
-    async def aclose(self) -> None:
-        with unwrap_group():
-            await self._ledger.aclose()
-
-    def force_close(self) -> None:
-        self._ledger.force_close()
-
-    def force_close_from_thread(self) -> None:
-        self._ledger.force_close_from_thread()
-
-    @property
-    def state(self) -> str:
-        return self._ledger.state
-
-    @property
-    def host(self) -> ExecutorHost:
-        return self._host
 
     @property
     def pending(self) -> int:

@@ -29,7 +29,8 @@ from ._errors import (
     QueueFullError,
 )
 from ._host import ExecutorHost, RuntimeTasks
-from ._ledger import WORKER_CANCELLATION_TIMEOUT, CleanupLedger, unwrap_group
+from ._ledger import WORKER_CANCELLATION_TIMEOUT
+from ._owner import HostedOwner
 from ._progress import CallbackProgress, Progress, ProgressTracker, make_progress
 from ._results import BatchResult, BatchTermination, LLMWorkItem, TerminationKind, WorkItemResult
 from ._runner import ItemRunner, ItemTally, UserClassifier
@@ -66,7 +67,7 @@ class _ChannelIterator(AsyncIterator[WorkItemResult[TOutput]]):
 
 
 @final
-class ParallelBatchProcessor(Generic[TOutput]):
+class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     """Runs work items concurrently with shared quotas, retries, deadlines and checkpoints."""
 
     def __init__(
@@ -85,9 +86,9 @@ class ParallelBatchProcessor(Generic[TOutput]):
         if config is not None and not isinstance(config, ProcessorConfig):
             raise TypeError(f"config={config!r}: must be a ProcessorConfig")
         self.config = config if config is not None else (host.config if host else ProcessorConfig())
-        self._owns_host = host is None
-        self._host = host if host is not None else ExecutorHost(self.config, name="ParallelBatchProcessor")
-        self._ledger = self._host.ledger if self._owns_host else CleanupLedger("ParallelBatchProcessor")
+        self._init_owner(
+            host, ExecutorHost(self.config, name="ParallelBatchProcessor"), "ParallelBatchProcessor"
+        )
         self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier)
         self._post_processor = post_processor
         self._middlewares = list(middlewares or ())
@@ -158,38 +159,15 @@ class ParallelBatchProcessor(Generic[TOutput]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        with unwrap_group():
-            if self._owns_host:
-                await self._host.exit_with(exc_type, exc, tb)
-            else:
-                await self._ledger.aclose(body_exception=exc, automatic=True)
-            delivered = self._channel is not None and self._channel.failure_delivered
-            if exc is None and self._crash is not None and not self._crash_reported and not delivered:
-                self._crash_reported = True
-                raise self._crash
+        await self._exit_owner(exc_type, exc, tb)
+        # A crash nobody has seen yet (no process_all(), no reader of the terminal) surfaces here.
+        delivered = self._channel is not None and self._channel.failure_delivered
+        if exc is None and self._crash is not None and not self._crash_reported and not delivered:
+            self._crash_reported = True
+            raise self._crash
         return None
 
     _crash_reported = False
-
-    async def aclose(self) -> None:
-        """Explicit ordered close (CONTRACT C2); retries steps that failed in an earlier attempt."""
-        with unwrap_group():
-            await self._ledger.aclose()
-
-    def force_close(self) -> None:
-        """Second delivery: abandon the running close step, skip the rest (CONTRACT C3.3)."""
-        self._ledger.force_close()
-
-    def force_close_from_thread(self) -> None:
-        self._ledger.force_close_from_thread()
-
-    @property
-    def state(self) -> str:
-        return self._ledger.state
-
-    @property
-    def host(self) -> ExecutorHost:
-        return self._host
 
     # --- input ---------------------------------------------------------
 

@@ -1,0 +1,58 @@
+"""The close surface shared by the owners built on a host (processor, pool)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from ._host import ExecutorHost
+from ._ledger import CleanupLedger, unwrap_group
+
+__all__ = ["HostedOwner"]
+
+
+class HostedOwner:
+    """An owner that either owns its host (and closes through the host's ledger) or shares one.
+
+    Sharing a host, the owner has a ledger of its own for its own steps; the
+    host's admission and leases close when the host does.
+    """
+
+    _host: ExecutorHost
+    _ledger: CleanupLedger
+    _owns_host: bool
+
+    def _init_owner(self, host: ExecutorHost | None, default_host: ExecutorHost, name: str) -> None:
+        self._owns_host = host is None
+        self._host = host if host is not None else default_host
+        self._ledger = self._host.ledger if self._owns_host else CleanupLedger(name)
+
+    async def _exit_owner(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with unwrap_group():
+            if self._owns_host:
+                await self._host.exit_with(exc_type, exc, tb)
+            else:
+                await self._ledger.aclose(body_exception=exc, automatic=True)
+
+    async def aclose(self) -> None:
+        """Explicit ordered close (CONTRACT C2); retries steps that failed in an earlier attempt."""
+        with unwrap_group():
+            await self._ledger.aclose()
+
+    def force_close(self) -> None:
+        """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
+        self._ledger.force_close()
+
+    def force_close_from_thread(self) -> None:
+        """:meth:`force_close` from another thread; never blocks."""
+        self._ledger.force_close_from_thread()
+
+    @property
+    def state(self) -> str:
+        """``open``, ``closing`` or ``closed``; one way only (CONTRACT C4.7)."""
+        return str(self._ledger.state)
+
+    @property
+    def host(self) -> ExecutorHost:
+        return self._host
