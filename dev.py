@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Bootstrap and run: ``python3 dev.py demo``, ``python3 dev.py test``, ``python3 dev.py lint``.
+"""Bootstrap and run: ``python3 dev.py demo|test|lint|bench|matrix``.
+
+``matrix`` runs the cancellation and cleanup suites on every other supported
+Python found (3.12, 3.13 through pyenv), each in its own ``.venv-X.Y``.
 
 Creates ``.venv`` beside this file on first use (only the standard library is
 needed to start), installs the project with its development extras, and
@@ -37,15 +40,54 @@ def _ensure_env() -> None:
     STAMP.write_text(wanted)
 
 
+MATRIX_TESTS = [
+    "tests/test_with_cleanup.py",
+    "tests/test_cleanup_contract.py",
+    "tests/test_ledger.py",
+    "tests/test_leases.py",
+    "tests/test_engine.py",
+    "tests/test_resilience.py",
+]
+
+
+def _find_python(version: str) -> Path | None:
+    roots = [Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"]
+    for root in roots:
+        for candidate in sorted(root.glob(f"{version}*/bin/python3"), reverse=True):
+            return candidate
+    return None
+
+
+def _matrix(rest: list[str]) -> int:
+    status = 0
+    for version in ("3.12", "3.13"):
+        python = _find_python(version)
+        if python is None:
+            print(f"dev.py matrix: Python {version} not found; skipped", flush=True)
+            continue
+        env_dir = ROOT / f".venv-{version}"
+        env_python = env_dir / "bin" / "python"
+        if not env_python.exists():
+            subprocess.run([str(python), "-m", "venv", str(env_dir)], check=True)
+        print(f"dev.py matrix: Python {version} ({python})", flush=True)
+        pip = [str(env_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+        code = _run([str(env_python), "-m", "pytest", "-q", *MATRIX_TESTS, *rest])
+        status = status or code
+    return status
+
+
 def _run(args: list[str]) -> int:
     return subprocess.run(args, cwd=ROOT).returncode
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"demo", "test", "lint", "bench"}:
+    if not argv or argv[0] not in {"demo", "test", "lint", "bench", "matrix"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
+    if command == "matrix":
+        return _matrix(rest)
     _ensure_env()
     if command == "demo":
         return _run([str(PYTHON), "-m", "trio_batch_llm", "demo", *rest])
@@ -56,12 +98,22 @@ def main(argv: list[str]) -> int:
     checks = [
         [str(PYTHON), "-m", "ruff", "check", "src", "tests", "benchmarks", "docs"],
         [str(PYTHON), "-m", "mypy", "--strict", "src"],
-        [str(PYTHON), "-m", "flake8_async", "--anyio", "--enable=ASYNC1,ASYNC2,ASYNC910,ASYNC911",
-         "--disable=ASYNC102,ASYNC109,ASYNC124,ASYNC120", *sorted(str(p) for p in (ROOT / "src").rglob("*.py"))],
+        [
+            str(PYTHON),
+            "-m",
+            "flake8_async",
+            "--anyio",
+            "--enable=ASYNC1,ASYNC2,ASYNC910,ASYNC911",
+            "--disable=ASYNC102,ASYNC109,ASYNC124,ASYNC120",
+            *sorted(str(p) for p in (ROOT / "src").rglob("*.py")),
+        ],
     ]
     for check in checks:
-        print("dev.py lint:", " ".join(Path(a).name if a.startswith(str(ROOT)) else a for a in check[:4]),
-              flush=True)
+        print(
+            "dev.py lint:",
+            " ".join(Path(a).name if a.startswith(str(ROOT)) else a for a in check[:4]),
+            flush=True,
+        )
         code = _run(check)
         if code:
             return code
