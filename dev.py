@@ -98,6 +98,7 @@ def main(argv: list[str]) -> int:
     checks = [
         [str(PYTHON), "-m", "ruff", "check", "src", "tests", "benchmarks", "docs"],
         [str(PYTHON), "-m", "mypy", "--strict", "src"],
+        [str(PYTHON), "-m", "mypy", "--strict", "docs/examples", "tests/typing"],
         [
             str(PYTHON),
             "-m",

@@ -17,6 +17,10 @@ API_NAMES = {
     "LLMWorkItem", "ProcessorConfig", "ProviderError", "QueueFullError", "RateLimitConfig",
     "ResumePolicy", "RetryConfig", "RetryState", "StreamFinalizationError", "TokenUsage",
     "WorkItemResult", "with_cleanup",
+    # engine, providers, stores (issues 3-7)
+    "ExecutorHost", "JsonlArtifactStore", "LLMCallPool", "OpenAICompatibleStrategy", "OpenAIStrategy",
+    "ParallelBatchProcessor", "SqliteArtifactStore", "call", "call_result", "llm", "process_prompts",
+    "process_stream",
 }
 
 

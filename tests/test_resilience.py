@@ -242,7 +242,7 @@ async def test_token_budget_soft_cap() -> None:
     batch = await process_prompts(fake, [f"p{i}" for i in range(10)], config=cfg)
     assert batch.termination.kind == "budget_exhausted"
     assert batch.succeeded == 3
-    assert sum(1 for r in batch.results if r.error_category is ErrorCategory.NOT_EXECUTED) == 7
+    assert sum(1 for r in batch.results if r.error_category is ErrorCategory.BUDGET) == 7
 
 
 async def test_cost_budget() -> None:

@@ -33,10 +33,24 @@ from ._errors import ProviderError as ProviderError
 from ._errors import QueueFullError as QueueFullError
 from ._errors import StreamFinalizationError as StreamFinalizationError
 from ._host import ExecutorHost as ExecutorHost
+from ._host import HostStatistics as HostStatistics
 from ._ledger import CLEANUP_SLOW_WARNING_SECONDS as CLEANUP_SLOW_WARNING_SECONDS
 from ._ledger import PROGRESS_TASK_CANCELLATION_TIMEOUT as PROGRESS_TASK_CANCELLATION_TIMEOUT
 from ._ledger import WORKER_CANCELLATION_TIMEOUT as WORKER_CANCELLATION_TIMEOUT
+from ._metrics import DEFAULT_LATENCY_BUCKETS as DEFAULT_LATENCY_BUCKETS
+from ._metrics import MetricsObserver as MetricsObserver
+from ._observers import AttemptFailed as AttemptFailed
+from ._observers import BatchFinished as BatchFinished
+from ._observers import BatchStarted as BatchStarted
+from ._observers import ItemCompleted as ItemCompleted
+from ._observers import ItemFailed as ItemFailed
+from ._observers import ItemReplayed as ItemReplayed
+from ._observers import ItemStarted as ItemStarted
+from ._observers import LifecycleEvent as LifecycleEvent
+from ._observers import Middleware as Middleware
+from ._observers import Observer as Observer
 from ._pool import LLMCallPool as LLMCallPool
+from ._pool import PoolStatistics as PoolStatistics
 from ._processor import ParallelBatchProcessor as ParallelBatchProcessor
 from ._results import BatchResult as BatchResult
 from ._results import BatchTermination as BatchTermination
@@ -45,6 +59,8 @@ from ._results import LLMWorkItem as LLMWorkItem
 from ._results import RetryState as RetryState
 from ._results import TokenUsage as TokenUsage
 from ._results import WorkItemResult as WorkItemResult
+from ._stats import CounterSnapshot as CounterSnapshot
+from ._stats import ProcessorStatistics as ProcessorStatistics
 from ._strategies._base import LLMCallStrategy as LLMCallStrategy
 from ._strategies._callable import CallableStrategy as CallableStrategy
 from ._strategies._callable import CallOutcome as CallOutcome
@@ -52,6 +68,7 @@ from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies._openai import OpenAIStrategy as OpenAIStrategy
 from ._strategies._openai_compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
+from ._terminal import ResultChannelStatistics as ResultChannelStatistics
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -62,9 +79,12 @@ __all__ = [
     "ArtifactStore",
     "ArtifactStoreError",
     "AsyncBatchLLMError",
+    "AttemptFailed",
+    "BatchFinished",
     "BatchInterruptedError",
     "BatchLLMError",
     "BatchResult",
+    "BatchStarted",
     "BatchTermination",
     "CLEANUP_FAILED",
     "CLEANUP_SLOW_WARNING_SECONDS",
@@ -73,25 +93,39 @@ __all__ = [
     "CallableStrategy",
     "CleanupInterruptedError",
     "ConfigurationError",
+    "CounterSnapshot",
+    "DEFAULT_LATENCY_BUCKETS",
     "ErrorCategory",
     "ExecutorHost",
     "FakeStrategy",
     "GuardrailConfig",
+    "HostStatistics",
+    "ItemCompleted",
     "ItemDeadlineExceeded",
+    "ItemFailed",
+    "ItemReplayed",
+    "ItemStarted",
     "ItemTiming",
     "JsonlArtifactStore",
     "LLMCallError",
     "LLMCallPool",
     "LLMCallStrategy",
     "LLMWorkItem",
+    "LifecycleEvent",
+    "MetricsObserver",
+    "Middleware",
+    "Observer",
     "OpenAICompatibleStrategy",
     "OpenAIStrategy",
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
     "ParallelBatchProcessor",
+    "PoolStatistics",
     "ProcessorConfig",
+    "ProcessorStatistics",
     "ProviderError",
     "QueueFullError",
     "RateLimitConfig",
+    "ResultChannelStatistics",
     "ResultStream",
     "ResumePolicy",
     "RetryConfig",

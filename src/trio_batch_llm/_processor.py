@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._host import ExecutorHost, RuntimeTasks
 from ._ledger import WORKER_CANCELLATION_TIMEOUT
+from ._observers import BatchFinished, BatchStarted, Hooks, ItemStarted
 from ._owner import HostedOwner
 from ._progress import CallbackProgress, Progress, ProgressTracker, make_progress
 from ._results import BatchResult, BatchTermination, LLMWorkItem, TerminationKind, WorkItemResult
@@ -82,6 +83,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         artifact_store: Any = None,
         resume: ResumePolicy = ResumePolicy.NONE,
         host: ExecutorHost | None = None,
+        post_processor_timeout: float | None = 30.0,
     ) -> None:
         if config is not None and not isinstance(config, ProcessorConfig):
             raise TypeError(f"config={config!r}: must be a ProcessorConfig")
@@ -89,10 +91,18 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._init_owner(
             host, ExecutorHost(self.config, name="ParallelBatchProcessor"), "ParallelBatchProcessor"
         )
-        self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier)
-        self._post_processor = post_processor
-        self._middlewares = list(middlewares or ())
-        self._observers = list(observers or ())
+        self._hooks = Hooks.build(
+            observers=observers,
+            middlewares=middlewares,
+            post_processor=post_processor,
+            post_processor_timeout=post_processor_timeout,
+        )
+        self._runner: ItemRunner[TOutput] = ItemRunner(
+            self._host, self.config, classifier=error_classifier, hooks=self._hooks
+        )
+        self._observing = self._hooks.observing
+        self._early_replays: list[WorkItemResult[TOutput]] = []
+        self._batch_finished_emitted = False
         self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None
         self._per_item_progress = isinstance(self._progress, CallbackProgress)
         self._tracker: ProgressTracker | None = None
@@ -116,8 +126,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._stop_reason: str | None = None
         self._stop_scopes: set[anyio.CancelScope] = set()
         self._watcher: anyio.CancelScope | None = None
-        self._started_at = 0.0
-        self._wall_time = 0.0
+        self._started_at: float | None = None
+        self._wall_time: float | None = None
         guard = self.config.guardrails
         self._abort_on = guard.abort_on_error_categories
         # Per-item stop scopes cost a few µs, so they exist only where something may cut
@@ -237,7 +247,10 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     def _batch_result(self) -> BatchResult[TOutput]:
         termination = BatchTermination(kind=self._stop_kind or "completed", reason=self._stop_reason)
         return BatchResult.from_results(
-            self._results, termination=termination, wall_time=self._wall_time, input_order=self._input_order
+            self._results,
+            termination=termination,
+            wall_time=self._wall_time or 0.0,
+            input_order=self._input_order,
         )
 
     @property
@@ -308,6 +321,12 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         )
         self._workers_live = count
         self._started_at = anyio.current_time()
+        if self._observing:
+            total = None if self._mode is _Mode.STREAMING else self.counters.accepted
+            self._hooks.emit(BatchStarted(total))
+            for replayed in self._early_replays:
+                self._hooks.emit_terminal(replayed)
+            self._early_replays.clear()
         for index in range(count):
             self._runtime.start_soon(self._worker, self._recv.clone(), name=f"worker-{index}")
         self._recv.close()
@@ -341,6 +360,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def _worker(self, recv: Any) -> None:  # noqa: ASYNC910 - `async for` over recv checkpoints
         runner = self._runner
+        hooks = self._hooks if self._hooks.active else None
         clock = anyio.current_time
         try:
             async with recv:
@@ -351,17 +371,25 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                     tally = ItemTally(clock())
                     if self._tracker is not None:
                         self._tracker.item_started()
+                    run_item = item
+                    if hooks is not None:
+                        if self._observing:
+                            hooks.emit(ItemStarted(item.item_id))
+                        run_item = await hooks.before_item(item)
                     if self._needs_stop_scope:
                         with anyio.CancelScope(deadline=self._batch_deadline()) as stop_scope:
                             self._stop_scopes.add(stop_scope)
                             try:
-                                result = await runner.run(item, tally)
+                                result = await runner.run(run_item, tally)
                             finally:
                                 self._stop_scopes.discard(stop_scope)
                         if stop_scope.cancelled_caught:
                             result = self._cut_short(item, tally)
                     else:
-                        result = await runner.run(item, tally)
+                        result = await runner.run(run_item, tally)
+                    if hooks is not None:
+                        result = await hooks.after_item(run_item, result)
+                    # Checkpoint under the original item: resume fingerprints what was added.
                     await self._publish(result, item)
         except Exception as exc:  # noqa: BLE001 - reported through process_all / the terminal
             self._on_crash(exc)
@@ -380,7 +408,9 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     def _batch_deadline(self) -> float:
         timeout = self.config.guardrails.batch_timeout
-        return self._started_at + timeout if timeout is not None else float("inf")
+        if timeout is None or self._started_at is None:
+            return float("inf")
+        return self._started_at + timeout
 
     async def _watch_deadline(self, deadline: float) -> None:
         with anyio.CancelScope() as scope:
@@ -399,11 +429,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         return self._runner.stopped_result(item, tally, category=category, reason=f"cut short: {reason}")
 
     def _not_executed(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput]:
+        category = (
+            ErrorCategory.BUDGET if self._stop_kind == "budget_exhausted" else ErrorCategory.NOT_EXECUTED
+        )
         return self._runner.stopped_result(
-            item,
-            None,
-            category=ErrorCategory.NOT_EXECUTED,
-            reason=f"not executed: {self._stop_reason or self._stop_kind}",
+            item, None, category=category, reason=f"not executed: {self._stop_reason or self._stop_kind}"
         )
 
     def request_stop(self, reason: str = "stop requested") -> None:
@@ -439,8 +469,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     def _finish_run(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel("batch finished")
-        if self._wall_time == 0.0 and self._started_at:
+        if self._wall_time is None and self._started_at is not None:
             self._wall_time = anyio.current_time() - self._started_at
+        if self._observing and not self._batch_finished_emitted:
+            self._batch_finished_emitted = True
+            self._hooks.emit(BatchFinished(self.termination, self.counters.snapshot()))
 
     # --- completion: checkpoint, account, publish ----------------------
 
@@ -451,6 +484,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     ) -> None:
         if self._store is not None and item is not None:
             await self._checkpoint(result, item)
+        if self._observing:
+            if self._started_at is None:
+                self._early_replays.append(result)  # announced after BatchStarted
+            else:
+                self._hooks.emit_terminal(result)
         counters = self.counters
         counters.finished += 1
         if result.success:
@@ -532,15 +570,17 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             self._channel.decide_failure(BatchInterruptedError("the stream was closed before finish()"))
         self._send.close()
         if runtime.running:
-            reason = (
-                "result stream left early"
-                if self._mode in (_Mode.STREAMING, _Mode.FINISHED)
-                else "processor closing"
-            )
+            streaming = self._mode in (_Mode.STREAMING, _Mode.FINISHED)
+            reason = "result stream left early" if streaming else "processor closing"
+            if self._workers_live and self._stop_kind is None:
+                # Work was still outstanding: this batch did not complete.
+                self._stop_kind, self._stop_reason = "interrupted", reason
             runtime.cancel(reason)
         await runtime.wait_idle()
         self._recv.close()
+        self._finish_run()
         await self._close_progress()
+        await self._hooks.aclose()
 
     def results_statistics(self) -> ResultChannelStatistics:
         """The result channel's state (streaming mode)."""

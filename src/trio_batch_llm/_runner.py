@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._admission import Admission, QuotaScope
     from ._config import ProcessorConfig
     from ._host import ExecutorHost
+    from ._observers import Hooks
 
 __all__ = ["AttemptTimedOut", "ItemRunner", "ItemTally", "UserClassifier"]
 
@@ -66,6 +67,7 @@ class ItemRunner(Generic[TOutput]):
         "_classifier",
         "_clock",
         "_config",
+        "_hooks",
         "_host",
         "_item_timeout",
         "_needs_tokens",
@@ -78,7 +80,9 @@ class ItemRunner(Generic[TOutput]):
         config: ProcessorConfig,
         *,
         classifier: UserClassifier | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
+        self._hooks = hooks if hooks is not None and hooks.active else None
         self._host = host
         self._config = config
         self._retry = config.retry
@@ -147,6 +151,8 @@ class ItemRunner(Generic[TOutput]):
                 verdict = self._classify(exc, strategy)
                 tally.last_error = exc
                 tally.last_category = verdict.category
+                if self._hooks is not None:
+                    await self._hooks.on_attempt_error(item, exc, attempt, verdict.category)
                 if verdict.category is ErrorCategory.RATE_LIMIT:
                     # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
                     admission.release_rate_limited(verdict.retry_after, usage_total(failed_usage))
@@ -258,14 +264,26 @@ class ItemRunner(Generic[TOutput]):
     def stopped_result(
         self, item: LLMWorkItem[TOutput], tally: ItemTally | None, *, category: ErrorCategory, reason: str
     ) -> WorkItemResult[TOutput]:
-        """A result for an item the batch stopped: cut short in flight, or never started."""
-        from ._errors import BatchInterruptedError
+        """A result for an item the batch stopped: cut short in flight, or never started.
 
+        A deadline carries an :class:`ItemDeadlineExceeded`; an abort, a spent
+        budget or an item that never ran carries no exception (none happened),
+        only ``error`` saying why.
+        """
         if tally is None:
             tally = ItemTally(self._clock())
-        exc: BaseException
         if category is ErrorCategory.DEADLINE:
-            exc = ItemDeadlineExceeded(f"item {item.item_id!r}: {reason}")
-        else:
-            exc = BatchInterruptedError(f"item {item.item_id!r}: {reason}")
-        return self.failure_result(item, tally, exc, category)
+            return self.failure_result(
+                item, tally, ItemDeadlineExceeded(f"item {item.item_id!r}: {reason}"), category
+            )
+        tally.timing.total = self._clock() - tally.started
+        return WorkItemResult(
+            item_id=item.item_id,
+            success=False,
+            error=reason,
+            error_category=category,
+            attempts=tally.attempts,
+            token_usage=tally.usage,
+            timing=tally.timing,
+            context=item.context,
+        )

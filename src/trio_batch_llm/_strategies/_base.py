@@ -11,7 +11,8 @@ from .._results import RetryState, TokenUsage
 
 __all__ = ["LLMCallStrategy"]
 
-TOutput = TypeVar("TOutput")
+TOutput = TypeVar("TOutput", covariant=True)
+"""Covariant: a strategy of ``str`` outputs is a strategy of ``object`` outputs."""
 
 
 class LLMCallStrategy(Generic[TOutput]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final, overload
 
 from .._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
@@ -34,6 +34,14 @@ class CallableStrategy(LLMCallStrategy[TOutput]):
     ``identity`` decides lease sharing and the default quota scope: callables
     with the same identity share preparation and quotas.
     """
+
+    @overload
+    def __init__(
+        self, fn: Callable[..., Awaitable[CallOutcome[TOutput]]], *, identity: object | None = None
+    ) -> None: ...
+
+    @overload
+    def __init__(self, fn: Callable[..., Awaitable[TOutput]], *, identity: object | None = None) -> None: ...
 
     def __init__(
         self,

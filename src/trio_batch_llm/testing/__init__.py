@@ -1,6 +1,7 @@
 """Helpers for testing pipelines built on trio-batch-llm: the scripted fake, the mock server."""
 
 from .._strategies._fake import FakeStrategy as FakeStrategy
+from ._mock_app import MockOpenAIApp as MockOpenAIApp
 from ._mock_server import MockServer as MockServer
 from ._mock_server import run_mock_server as run_mock_server
 from ._mock_server import serve_mock as serve_mock
@@ -10,6 +11,7 @@ from ._mock_state import RecordedRequest as RecordedRequest
 
 __all__ = [
     "FakeStrategy",
+    "MockOpenAIApp",
     "MockServer",
     "MockServerConfig",
     "MockServerStats",
