@@ -1,0 +1,34 @@
+"""OpenAICompatibleStrategy and llm(): any OpenAI-compatible server, no SDK needed."""
+
+import trio
+
+from trio_batch_llm import OpenAICompatibleStrategy, llm, process_prompts
+from trio_batch_llm.testing import serve_mock
+
+
+async def main() -> None:
+    async with serve_mock() as server:
+        # vLLM, llama.cpp, Ollama, LiteLLM, a gateway...: anything that speaks the OpenAI wire format.
+        strategy = OpenAICompatibleStrategy(
+            "meta-llama/Llama-3.1-8B-Instruct",
+            base_url=server.base_url,  # e.g. "http://localhost:8000/v1"
+            api="chat",  # or "responses"
+            system_prompt="Answer in one word.",
+            temperature=0.0,
+            max_output_tokens=16,
+            extra_body={"top_k": 20},  # merged into every request body, last
+            api_key_env=None,  # this server needs no key: never read OPENAI_API_KEY
+        )
+        print(strategy.request_body("Capital of France?"))  # exactly what will be sent
+
+        batch = await process_prompts(strategy, ["Capital of France?", "Capital of Peru?"], concurrency=8)
+        print([result.output for result in batch.in_input_order()])
+        print("the server received top_k =", server.requests[-1].body["top_k"])
+
+        # The same strategy from a short spec; keyword arguments go to the constructor.
+        short = llm("openai-compatible:meta-llama/Llama-3.1-8B-Instruct", base_url=server.base_url)
+        print(type(short).__name__, short.model_name)
+
+
+if __name__ == "__main__":
+    trio.run(main)
