@@ -100,6 +100,7 @@ EXAMPLES = [
         "two batches, at most 8 calls in flight together", "50 requests, at most 8 in flight",
     )),
     Example("retries", BOTH),
+    Example("with_cleanup", BOTH, ("body error kept: the upload failed; note: True", "value: 42")),
     Example("escalation", BOTH),
     Example("guardrails", BOTH, (
         "item deadline: completed;", "['deadline']",
