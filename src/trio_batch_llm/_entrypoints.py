@@ -229,8 +229,8 @@ async def _feed(  # noqa: ASYNC910 - add_work checkpoints on every path
             try:
                 await proc.add_work(item)
             except AdmissionClosedError:
-                return  # a controlled stop; queued items are reported as not executed
-        await proc.finish()
+                break  # a controlled stop; queued items are reported as not executed
+        await proc.finish()  # a no-op after a controlled stop
     except Exception as exc:  # noqa: BLE001 - ends the stream with this error
         # A bad entry or a failing source ends the stream with that error (CONTRACT C6.2).
         proc._fail_stream(exc)

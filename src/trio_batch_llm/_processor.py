@@ -184,6 +184,9 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     async def add_work(self, item: LLMWorkItem[TOutput]) -> None:
         """Queue ``item``. In streaming mode this waits while the input queue is full."""
         self._check_open()
+        if self._stop_kind is not None:
+            await anyio.lowlevel.checkpoint()
+            raise AdmissionClosedError(f"the batch stopped ({self._stop_kind}); no more work is accepted")
         if self._mode is _Mode.FINISHED or self._mode is _Mode.BATCH:
             raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
         if not isinstance(item, LLMWorkItem):
@@ -272,7 +275,14 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._start_workers(self.config.workers)
 
     async def finish(self) -> None:
-        """No more input: workers drain the queue, then the stream finalizes."""
+        """No more input: workers drain the queue, then the stream finalizes.
+
+        After a controlled stop (``request_stop()``, a deadline, an abort, a
+        spent budget) the input is finished already, and this is a no-op.
+        """
+        if self._mode is _Mode.FINISHED and self._stop_kind is not None:
+            await anyio.lowlevel.checkpoint()
+            return
         if self._mode is not _Mode.STREAMING:
             raise RuntimeError(f"finish() in {self._mode.value} mode: call start() first")
         self._mode = _Mode.FINISHED
@@ -454,8 +464,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         if cancel_active:
             for scope in list(self._stop_scopes):
                 scope.cancel(reason)
-        # Queued items drain as "not executed"; new input is refused.
+        # Queued items drain as "not executed"; new input is refused. The stream's input is
+        # thereby finished too, so its finalization can end it cleanly.
         self._send.close()
+        if self._mode is _Mode.STREAMING:
+            self._mode = _Mode.FINISHED
 
     def _on_crash(self, exc: BaseException) -> None:
         if self._crash is None:
@@ -495,7 +508,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             counters.succeeded += 1
         else:
             counters.failed += 1
-            if result.error_category in self._abort_on:
+            # A replayed failure is history: it must not abort the run that replays it.
+            if result.error_category in self._abort_on and not result.replayed:
                 self._request_stop(
                     "aborted",
                     f"{result.error_category.value} failure of item {result.item_id!r}",
