@@ -21,6 +21,8 @@ API_NAMES = {
     "ExecutorHost", "JsonlArtifactStore", "LLMCallPool", "OpenAICompatibleStrategy", "OpenAIStrategy",
     "ParallelBatchProcessor", "SqliteArtifactStore", "call", "call_result", "llm", "process_prompts",
     "process_stream",
+    # durable runs, live mode (issue 12)
+    "open_run",
 }
 
 

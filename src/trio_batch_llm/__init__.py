@@ -31,6 +31,8 @@ from ._errors import ItemDeadlineExceeded as ItemDeadlineExceeded
 from ._errors import LLMCallError as LLMCallError
 from ._errors import ProviderError as ProviderError
 from ._errors import QueueFullError as QueueFullError
+from ._errors import RunSourceError as RunSourceError
+from ._errors import RunStateError as RunStateError
 from ._errors import StreamFinalizationError as StreamFinalizationError
 from ._host import ExecutorHost as ExecutorHost
 from ._host import HostStatistics as HostStatistics
@@ -59,6 +61,16 @@ from ._results import LLMWorkItem as LLMWorkItem
 from ._results import RetryState as RetryState
 from ._results import TokenUsage as TokenUsage
 from ._results import WorkItemResult as WorkItemResult
+from ._runs import Run as Run
+from ._runs import RunRepository as RunRepository
+from ._runs import RunResult as RunResult
+from ._runs import RunSnapshot as RunSnapshot
+from ._runs import RunTermination as RunTermination
+from ._runs import SourceCheckpoint as SourceCheckpoint
+from ._runs import SqliteRunRepository as SqliteRunRepository
+from ._runs import iter_run_results as iter_run_results
+from ._runs import open_run as open_run
+from ._runs import read_run_snapshot as read_run_snapshot
 from ._stats import CounterSnapshot as CounterSnapshot
 from ._stats import ProcessorStatistics as ProcessorStatistics
 from ._strategies._base import LLMCallStrategy as LLMCallStrategy
@@ -130,7 +142,16 @@ __all__ = [
     "ResumePolicy",
     "RetryConfig",
     "RetryState",
+    "Run",
+    "RunRepository",
+    "RunResult",
+    "RunSnapshot",
+    "RunSourceError",
+    "RunStateError",
+    "RunTermination",
+    "SourceCheckpoint",
     "SqliteArtifactStore",
+    "SqliteRunRepository",
     "StreamFinalizationError",
     "TokenUsage",
     "WORKER_CANCELLATION_TIMEOUT",
@@ -138,8 +159,11 @@ __all__ = [
     "__version__",
     "call",
     "call_result",
+    "iter_run_results",
     "llm",
+    "open_run",
     "process_prompts",
     "process_stream",
+    "read_run_snapshot",
     "with_cleanup",
 ]

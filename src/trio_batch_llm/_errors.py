@@ -16,8 +16,10 @@ built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
         ├── BatchInterruptedError          (also RuntimeError) workers cancelled early
         ├── CleanupInterruptedError        (also RuntimeError) a close was interrupted
         ├── StreamFinalizationError        (also RuntimeError) stream finalizer cancelled
-        └── ArtifactStoreError             (also RuntimeError) checkpoint I/O failed
-            └── ArtifactMismatchError      stored identity or records do not match
+        ├── ArtifactStoreError             (also RuntimeError) checkpoint I/O failed
+        │   └── ArtifactMismatchError      stored identity or records do not match
+        ├── RunStateError                  (also RuntimeError) a durable run's status forbids it
+        └── RunSourceError                 (also ValueError) a run's source cannot continue it
 
 Provider SDK exceptions and exceptions raised by user strategies are never
 wrapped: they reach the caller (or ``WorkItemResult.exception``) as themselves.
@@ -47,6 +49,8 @@ __all__ = [
     "LLMCallError",
     "ProviderError",
     "QueueFullError",
+    "RunSourceError",
+    "RunStateError",
     "StreamFinalizationError",
 ]
 
@@ -187,3 +191,11 @@ class ArtifactStoreError(BatchLLMError, RuntimeError):
 
 class ArtifactMismatchError(ArtifactStoreError):
     """A store was written under a different identity, or its records conflict."""
+
+
+class RunStateError(BatchLLMError, RuntimeError):
+    """A durable run's status (or this handle's state) does not allow the operation."""
+
+
+class RunSourceError(BatchLLMError, ValueError):
+    """A durable run's source cannot continue it: missing, changed since the checkpoint, or spent."""

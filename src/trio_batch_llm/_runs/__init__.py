@@ -1,0 +1,32 @@
+"""Durable runs (issue 12): named, resumable jobs whose state lives in the store.
+
+Live mode only so far; ``mode="provider-batch"`` raises NotImplementedError.
+"""
+
+from ._reader import iter_run_results as iter_run_results
+from ._reader import read_run_snapshot as read_run_snapshot
+from ._run import Run as Run
+from ._run import open_run as open_run
+from ._schema import RunRepository as RunRepository
+from ._schema import RunResult as RunResult
+from ._schema import RunSnapshot as RunSnapshot
+from ._schema import RunSourceError as RunSourceError
+from ._schema import RunStateError as RunStateError
+from ._schema import RunTermination as RunTermination
+from ._schema import SourceCheckpoint as SourceCheckpoint
+from ._sqlite_repo import SqliteRunRepository as SqliteRunRepository
+
+__all__ = [
+    "Run",
+    "RunRepository",
+    "RunResult",
+    "RunSnapshot",
+    "RunSourceError",
+    "RunStateError",
+    "RunTermination",
+    "SourceCheckpoint",
+    "SqliteRunRepository",
+    "iter_run_results",
+    "open_run",
+    "read_run_snapshot",
+]

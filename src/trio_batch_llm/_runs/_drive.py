@@ -1,0 +1,340 @@
+"""One *drive segment* of a live run: a streaming ParallelBatchProcessor fed from the run.
+
+A segment runs while its process holds the run's claim, inside the caller's
+``wait()`` (which owns every task here). Three tasks:
+
+* the **feeder** hands the processor the run's pending items (ingested by an
+  earlier segment or process, in ingestion order), then each newly committed
+  ingestion slice, then calls ``finish()``;
+* the **recorder** (the segment's own body) reads the processor's results
+  and records the terminal ones in groups (``repository.record``: items done
+  and results sequenced in one transaction); an item's result is never
+  recorded twice, and an item stopped by the engine stays pending;
+* the **watcher** polls the stored status, so a pause or cancel made in
+  another process reaches this one within a poll interval (each record call
+  also returns the status, so a busy run notices sooner).
+
+A pause asks the processor to stop admitting (``request_stop``): calls in
+flight finish and are recorded, queued items come back ``NOT_EXECUTED`` and
+stay pending. A cancel (or the end of ``wait()``'s time) cancels the segment:
+calls in flight are abandoned and their items stay pending. The
+:class:`DeadlineGate` keeps any call from *starting* once ``wait()``'s
+deadline has passed, whatever the scheduling order at that instant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Final, Literal, final
+
+import anyio
+import anyio.lowlevel
+
+from .._artifacts._protocol import encode_result
+from .._config import ProcessorConfig
+from .._deliveries import unwrap_group
+from .._errors import AdmissionClosedError, ArtifactStoreError, BatchInterruptedError, ErrorCategory
+from .._processor import ParallelBatchProcessor
+from .._results import BatchTermination, LLMWorkItem, RetryState, TokenUsage, WorkItemResult
+from .._strategies._base import LLMCallStrategy
+from ._client import RepositoryClient
+from ._ingest import Ingestor, decode_context
+from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
+
+__all__ = ["DeadlineGate", "Segment", "SegmentDriver"]
+
+# Results the engine gives items it stopped: not the item's outcome, so it stays pending.
+_NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
+_PENDING_PAGE: Final = 512
+_RECORD_GROUP: Final = 256
+
+StopKind = Literal["paused", "cancelled", "detached"]
+
+
+@final
+class DeadlineGate(LLMCallStrategy[Any]):
+    """Delegates to the run's strategy, but never starts a call at or after ``deadline``."""
+
+    def __init__(self, inner: LLMCallStrategy[Any], deadline: float) -> None:
+        self._inner = inner
+        self._deadline = deadline
+
+    async def prepare(self) -> None:
+        await self._inner.prepare()
+
+    async def execute(
+        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+    ) -> tuple[Any, TokenUsage | None, Any]:
+        if anyio.current_time() >= self._deadline:
+            # wait()'s cancel scope fires at this deadline: park until it does.
+            await anyio.sleep_forever()
+        return await self._inner.execute(prompt, attempt, timeout, state)
+
+    async def on_error(self, exception: Exception, attempt: int, state: RetryState | None) -> None:
+        await self._inner.on_error(exception, attempt, state)
+
+    async def cleanup(self) -> None:
+        await self._inner.cleanup()
+
+    def configure_concurrency(self, concurrency: int) -> None:
+        self._inner.configure_concurrency(concurrency)
+
+    def quota_scope(self) -> object:
+        return self._inner.quota_scope()
+
+    def lease_identity(self) -> object:
+        return self._inner.lease_identity()
+
+    def classify_error(self, exception: Exception) -> tuple[ErrorCategory, float | None] | None:
+        return self._inner.classify_error(exception)
+
+    @property
+    def model_name(self) -> str | None:
+        return self._inner.model_name
+
+
+@final
+class Segment:
+    """The control surface of one drive: stop requests arrive here, from this process or the watcher."""
+
+    def __init__(self) -> None:
+        self.ended = anyio.Event()
+        self.stop: StopKind | None = None
+        self.stop_reason = ""
+        self.failure: BaseException | None = None
+        self.failure_kind = "error"
+        self.progress = 0
+        self._proc: ParallelBatchProcessor[Any] | None = None
+        self._scope: anyio.CancelScope | None = None
+        self.feeder_scope = anyio.CancelScope()
+
+    def request(self, kind: StopKind, reason: str) -> None:
+        # A cancel or detach overrides a pause (it is stronger); nothing overrides them.
+        if self.stop is not None and (self.stop != "paused" or kind == "paused"):
+            return
+        self.stop, self.stop_reason = kind, reason
+        self._apply()
+
+    def bind(self, proc: ParallelBatchProcessor[Any], scope: anyio.CancelScope) -> None:
+        self._proc, self._scope = proc, scope
+        self._apply()
+
+    def _apply(self) -> None:
+        if self.stop is None:
+            return
+        if self._proc is not None:
+            self._proc.request_stop(self.stop_reason)
+        # The feeder stops reading and calls finish() at once, so the stream ends as finished.
+        self.feeder_scope.cancel(self.stop_reason)
+        if self.stop != "paused" and self._scope is not None:
+            self._scope.cancel(self.stop_reason)
+
+    def fail(self, exc: BaseException, kind: str) -> None:
+        """Ingestion failed: what was fed still runs; the driver raises ``exc`` once it has."""
+        if self.failure is None:
+            self.failure, self.failure_kind = exc, kind
+
+    def observe(self, snapshot: RunSnapshot) -> None:
+        """React to the stored status (changed by another handle or process)."""
+        if snapshot.status == "paused":
+            self.request("paused", "paused from another handle")
+        elif snapshot.status == "cancelled":
+            self.request("cancelled", "cancelled from another handle")
+
+
+@final
+class SegmentDriver:
+    """Runs drive segments for one run handle."""
+
+    def __init__(
+        self,
+        *,
+        db: RepositoryClient,
+        run_id: str,
+        strategy: LLMCallStrategy[Any],
+        config: ProcessorConfig,
+        ingestor: Ingestor | None,
+        poll_interval: float,
+    ) -> None:
+        self._db = db
+        self._repo = db.repository
+        self._run_id = run_id
+        self._strategy = strategy
+        self._config = config
+        self._ingestor = ingestor
+        self._poll_interval = poll_interval
+
+    async def drive(self, seg: Segment, snap: RunSnapshot, deadline: float) -> None:
+        """Run one segment of a ``running`` run; afterwards the stored status says how it ended.
+
+        Raises what failed the run (after storing ``failed``); a cancellation
+        (``wait()``'s deadline, or the caller) leaves the status ``running``.
+        """
+        if not snap.checkpoint.exhausted:
+            if self._ingestor is None:
+                raise RunSourceError(
+                    f"run {self._run_id!r}: its ingestion is incomplete (at entry "
+                    f"{snap.checkpoint.position}) and this handle was opened without a source"
+                )
+            await self._ingestor.prepare(snap.checkpoint)
+        config = self._segment_config(snap)
+        if config is None:
+            budget = self._config.guardrails.max_total_tokens
+            await self._fail(RunTermination("budget_exhausted", f"max_total_tokens={budget} reached"))
+            return
+        gate = DeadlineGate(self._strategy, deadline)
+        proc = ParallelBatchProcessor[Any](config)
+        try:
+            with unwrap_group():
+                async with proc:
+                    proc.start()
+                    async with anyio.create_task_group() as tg:
+                        seg.bind(proc, tg.cancel_scope)
+                        tg.start_soon(self._feed, seg, proc, gate, snap.checkpoint.exhausted)
+                        tg.start_soon(self._watch, seg)
+                        await self._record(seg, proc)
+                        tg.cancel_scope.cancel("segment finished")
+        except Exception as exc:
+            await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
+            raise
+        await self._conclude(seg, proc.termination)
+
+    def _segment_config(self, snap: RunSnapshot) -> ProcessorConfig | None:
+        config = self._config
+        if not config.max_queue_size:
+            # A bounded input queue: a pause then reports few items NOT_EXECUTED.
+            config = dataclasses.replace(config, max_queue_size=max(2 * config.workers, 16))
+        if not config.max_result_queue_size:
+            # Bounded results: workers never run far ahead of what is recorded.
+            config = dataclasses.replace(config, max_result_queue_size=max(2 * config.workers, 64))
+        budget = config.guardrails.max_total_tokens
+        if budget is not None:
+            # The token budget covers the whole run, not each segment.
+            remaining = budget - snap.total_tokens
+            if remaining <= 0:
+                return None
+            guardrails = dataclasses.replace(config.guardrails, max_total_tokens=remaining)
+            config = dataclasses.replace(config, guardrails=guardrails)
+        return config
+
+    async def _conclude(self, seg: Segment, termination: BatchTermination) -> None:
+        if seg.stop is not None:
+            await anyio.lowlevel.checkpoint()
+            return  # paused or cancelled: the status was stored by whoever asked
+        if seg.failure is not None:
+            await self._fail(RunTermination(seg.failure_kind, f"{type(seg.failure).__name__}: {seg.failure}"))
+            raise seg.failure
+        if termination.kind != "completed":
+            await self._fail(RunTermination(termination.kind, termination.reason))
+            return
+        completed, snap = await self._db.call(self._repo.complete, self._run_id)
+        if not completed and snap.status == "running" and seg.progress == 0:
+            # Defensive: a segment that neither ingested nor recorded anything would loop forever.
+            raise RuntimeError(
+                f"run {self._run_id!r}: a drive segment made no progress "
+                f"({snap.pending} pending, ingestion complete: {snap.ingestion_complete})"
+            )
+
+    async def _fail(self, termination: RunTermination) -> None:
+        await self._db.call(
+            self._repo.transition, self._run_id, from_statuses=frozenset({"running"}), to="failed",
+            termination=termination,
+        )
+
+    # --- the three tasks ---------------------------------------------------------
+
+    async def _feed(
+        self, seg: Segment, proc: ParallelBatchProcessor[Any], gate: DeadlineGate, exhausted: bool
+    ) -> None:
+        try:
+            with seg.feeder_scope:
+                after = 0
+                while page := await self._db.call(
+                    self._repo.pending, self._run_id, after_ingest_seq=after, limit=_PENDING_PAGE
+                ):
+                    for pending in page:
+                        context = decode_context(pending.context_json)
+                        await proc.add_work(LLMWorkItem(pending.item_id, gate, pending.prompt, context))
+                    after = page[-1].ingest_seq
+                if not exhausted:
+                    assert self._ingestor is not None
+                    await self._ingest(seg, proc, gate, self._ingestor)
+        except AdmissionClosedError:
+            pass  # a stop was requested; what was not fed stays pending
+        except ArtifactStoreError as exc:
+            seg.fail(exc, "error")
+        except Exception as exc:  # noqa: BLE001 - a bad entry or a failing source fails the run, drained
+            seg.fail(exc, "ingestion_failed")
+        await proc.finish()
+
+    async def _ingest(
+        self, seg: Segment, proc: ParallelBatchProcessor[Any], gate: DeadlineGate, ingestor: Ingestor
+    ) -> None:
+        with unwrap_group():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ingestor.read_ahead, name="run source reader")
+                try:
+                    while (items := await ingestor.next_slice()) is not None:
+                        seg.progress += len(items)
+                        for item_id, prompt, context in items:
+                            await proc.add_work(LLMWorkItem(item_id, gate, prompt, context))
+                finally:
+                    tg.cancel_scope.cancel("ingestion stopped")
+
+    async def _watch(self, seg: Segment) -> None:
+        while True:
+            await anyio.sleep(self._poll_interval)
+            seg.observe(await self._db.call(self._repo.snapshot, self._run_id))
+
+    async def _record(self, seg: Segment, proc: ParallelBatchProcessor[Any]) -> None:
+        await anyio.lowlevel.checkpoint()
+        group: list[NewResult] = []
+        try:
+            async for result in proc.results():
+                if result.error_category not in _NOT_TERMINAL:
+                    group.append(self._encode(result))
+                if group and (len(group) >= _RECORD_GROUP or proc.results_statistics().queued == 0):
+                    await self._flush(seg, group)
+                    group = []
+        except BatchInterruptedError:
+            # After request_stop() the workers may drain, and the stream finalize, before the
+            # feeder's finish(): the engine then ends the stream "closed before finish()". Every
+            # result was delivered before that terminal (CONTRACT C6.3), so for a requested
+            # stop it is a clean end. See the report: the engine should not decide that failure.
+            if seg.stop is None:
+                raise
+        if group:
+            await self._flush(seg, group)
+
+    async def _flush(self, seg: Segment, group: list[NewResult]) -> None:
+        snapshot = await self._db.call(self._repo.record, self._run_id, group)
+        seg.progress += len(group)
+        seg.observe(snapshot)
+
+    def _encode(self, result: WorkItemResult[Any]) -> NewResult:
+        try:
+            text = encode_result(result, lambda payload: payload).decode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ArtifactStoreError(
+                f"{self._repo.location}: the result of item {result.item_id!r} cannot be stored: {exc}"
+            ) from exc
+        usage = result.token_usage
+        inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+        return NewResult(
+            item_id=result.item_id,
+            success=result.success,
+            error_category=result.error_category.value if result.error_category else None,
+            result_json=text,
+            input_tokens=inp,
+            output_tokens=out,
+            total_tokens=usage.get("total_tokens", inp + out),
+        )
+
+
+def deadline_after(timeout: float | None) -> float:
+    if timeout is None:
+        return math.inf
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout={timeout!r}: must be a number >= 0, or None")
+    return anyio.current_time() + timeout

@@ -1,0 +1,335 @@
+"""Durable runs: ``open_run`` and the :class:`Run` handle.
+
+A run is driven by ``await run.wait()``: while a ``wait()`` is running and its
+process holds the run's claim, the run makes progress (one *drive segment*
+at a time, see :mod:`._drive`); the handle owns no task outside those calls.
+So any number of processes may open the same run: the one that claims it
+drives, the others poll its stored status, and when the driving process dies
+its claim dies with it and a waiting process takes over.
+
+``wait(timeout)``'s deadline is a cancel scope around all of that: it caps
+every idle sleep and status poll, and at the deadline the segment is
+cancelled (calls in flight are abandoned; their items stay pending) and no new
+call starts. ``pause()`` drains instead: no new call starts, calls in flight
+finish and are recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import AsyncIterable, Iterable
+from types import TracebackType
+from typing import Any, Final, Self, final
+
+import anyio
+import anyio.lowlevel
+
+from .._artifacts._fingerprint import jsonable_or_repr
+from .._artifacts._sqlite import SqliteArtifactStore
+from .._config import ArtifactIdentity, ProcessorConfig
+from .._deliveries import unwrap_group
+from .._errors import ConfigurationError
+from .._strategies._base import LLMCallStrategy
+from ._client import RepositoryClient
+from ._drive import Segment, SegmentDriver, deadline_after
+from ._ingest import Ingestor
+from ._reader import export_results_jsonl, load_results
+from ._schema import RunRepository, RunResult, RunSnapshot, RunSpec, RunStateError, RunTermination
+from ._source import make_source
+from ._sqlite_repo import SqliteRunRepository
+
+__all__ = ["Run", "open_run"]
+
+PROVIDER_BATCH_ISSUE: Final = (
+    'mode="provider-batch" (the OpenAI Batch API) is not implemented yet; see issue 12 '
+    '("Durable runs"). Use mode="live".'
+)
+
+RunStore = str | os.PathLike[str] | SqliteArtifactStore | RunRepository
+
+
+def _default_identity(strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
+    return ArtifactIdentity(provider=type(strategy).__name__, model=strategy.model_name or "unknown")
+
+
+def _config_summary(config: ProcessorConfig) -> dict[str, Any]:
+    return {field.name: jsonable_or_repr(getattr(config, field.name)) for field in dataclasses.fields(config)}
+
+
+def _positive(name: str, value: float, *, whole: bool = False) -> None:
+    kind = int if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or value == math.inf:
+        raise ConfigurationError(name, value, "must be a positive " + ("whole number" if whole else "number"))
+
+
+async def open_run(
+    store: RunStore,
+    run_id: str,
+    strategy: LLMCallStrategy[Any],
+    source: Iterable[Any] | AsyncIterable[Any] | str | os.PathLike[str] | None,
+    *,
+    config: ProcessorConfig | None = None,
+    mode: str = "live",
+    identity: ArtifactIdentity | None = None,
+    poll_interval: float = 1.0,
+    slice_items: int = 256,
+    slice_seconds: float = 1.0,
+) -> Run:
+    """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
+
+    ``store`` is a database path, a :class:`SqliteArtifactStore` (its file and
+    identity are used; the run has its own tables there), or a
+    ``RunRepository``. ``source`` is an iterable of prompts (as for
+    ``process_prompts``), an async iterable, a JSONL file (a ``pathlib.Path``
+    or a ``.jsonl`` path), or ``None`` for a handle that only watches or
+    finishes a run whose ingestion is complete. On reattach the same source
+    must be passed again: it is continued from the stored checkpoint.
+
+    ``identity`` (default: from the store, else the strategy's class and model)
+    must match the run's stored identity. Ingestion commits slices of at most
+    ``slice_items`` entries, and waits at most ``slice_seconds`` after a
+    slice's first entry. Status polls happen every ``poll_interval`` seconds.
+    The handle is an async context manager; or call ``aclose()``.
+    """
+    if mode == "provider-batch":
+        raise NotImplementedError(PROVIDER_BATCH_ISSUE)
+    if mode != "live":
+        raise ConfigurationError("mode", mode, 'must be "live" or "provider-batch"')
+    if not isinstance(run_id, str) or not run_id:
+        raise ConfigurationError("run_id", run_id, "must be a non-empty string")
+    if not isinstance(strategy, LLMCallStrategy):
+        raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy (see CallableStrategy)")
+    config = config if config is not None else ProcessorConfig()
+    if not isinstance(config, ProcessorConfig):
+        raise TypeError(f"config={config!r}: must be a ProcessorConfig")
+    if config.guardrails.batch_timeout is not None:
+        raise ConfigurationError(
+            "guardrails.batch_timeout", config.guardrails.batch_timeout,
+            "is not used by runs: bound a run's time with run.wait(timeout=...)",
+        )
+    _positive("poll_interval", poll_interval)
+    _positive("slice_items", slice_items, whole=True)
+    _positive("slice_seconds", slice_seconds)
+    repository: RunRepository
+    if isinstance(store, SqliteArtifactStore):
+        identity = identity if identity is not None else store.identity
+        repository = SqliteRunRepository(store.path, identity=identity)
+    elif isinstance(store, (str, os.PathLike)):
+        identity = identity if identity is not None else _default_identity(strategy)
+        repository = SqliteRunRepository(store, identity=identity)
+    elif isinstance(store, RunRepository):
+        repository = store
+    else:
+        raise TypeError(f"store={store!r}: must be a path, a SqliteArtifactStore or a RunRepository")
+    identity = identity if identity is not None else _default_identity(strategy)
+    run_source = make_source(source, strategy)
+    db = RepositoryClient(repository)
+    try:
+        await db.call(repository.open)
+        spec = RunSpec(run_id=run_id, mode="live", identity=identity, config=_config_summary(config))
+        await db.call(repository.attach, spec)
+    except BaseException:
+        await db.aclose()
+        raise
+    ingestor = None
+    if run_source is not None:
+        ingestor = Ingestor(
+            run_source, strategy, run_id=run_id, db=db, slice_items=slice_items, slice_seconds=slice_seconds
+        )
+    driver = SegmentDriver(
+        db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor, poll_interval=poll_interval
+    )
+    return Run(db=db, run_id=run_id, driver=driver, poll_interval=poll_interval)
+
+
+@final
+class Run:
+    """A handle on one durable run; see :func:`open_run` and the module docstring."""
+
+    def __init__(
+        self, *, db: RepositoryClient, run_id: str, driver: SegmentDriver, poll_interval: float
+    ) -> None:
+        self._db = db
+        self._repo = db.repository
+        self._run_id = run_id
+        self._driver = driver
+        self._poll_interval = poll_interval
+        self._segment: Segment | None = None
+        self._changed = anyio.Event()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Run({self._run_id!r}, store={self._repo.location!r})"
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    async def __aenter__(self) -> Self:
+        await anyio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the handle (idempotent; closes even when cancelled).
+
+        A segment this handle is driving is abandoned first, as at a
+        ``wait()`` deadline: its calls are cancelled, their items stay
+        pending, and the run's status is unchanged.
+        """
+        self._closed = True
+        self._notify()  # idle wait() calls on this handle wake and raise RunStateError
+        segment = self._segment
+        if segment is not None:
+            segment.request("detached", "run handle closed")
+            with anyio.CancelScope(shield=True):
+                await segment.ended.wait()
+        await self._db.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RunStateError(f"run {self._run_id!r}: this handle is closed")
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # --- reading ---------------------------------------------------------------------
+
+    async def snapshot(self) -> RunSnapshot:
+        """The run as stored now (counts, tokens, status, termination)."""
+        self._check_open()
+        return await self._db.call(self._repo.snapshot, self._run_id)
+
+    async def read_results(self, after_sequence: int = 0, limit: int | None = None) -> list[RunResult]:
+        """Terminal results with a sequence above ``after_sequence``, in sequence order.
+
+        Sequences are stable and gapless (1, 2, 3, …), so a consumer that
+        stores the last sequence it handled can resume from it after a failure
+        without skipping or counting anything twice.
+        """
+        self._check_open()
+        if isinstance(after_sequence, bool) or not isinstance(after_sequence, int) or after_sequence < 0:
+            raise ValueError(f"after_sequence={after_sequence!r}: must be a whole number >= 0")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit={limit!r}: must be a whole number >= 1, or None")
+        return await self._db.call(load_results, self._repo, self._run_id, after_sequence, limit)
+
+    async def export_jsonl(self, path: str | os.PathLike[str], *, after_sequence: int = 0) -> int:
+        """Write results after ``after_sequence`` to ``path`` (replacing it), one
+        ``{"sequence": n, "result": {...}}`` per line; returns how many were written."""
+        self._check_open()
+        return await export_results_jsonl(self._db, self._run_id, os.fspath(path), after_sequence)
+
+    # --- control ---------------------------------------------------------------------
+
+    async def pause(self, reason: str = "paused") -> RunSnapshot:
+        """Stop admitting work, let calls in flight finish and be recorded; the run stays resumable.
+
+        When this handle drives the run, returns once it has drained. When
+        another process drives it, that process drains within its poll interval.
+        """
+        self._check_open()
+        changed, snap = await self._transition({"running"}, "paused", RunTermination("paused", reason))
+        if not changed and snap.status != "paused":
+            raise RunStateError(f"run {self._run_id!r} is {snap.status}; only a running run can be paused")
+        await self._stop_segment("paused", reason)
+        return await self.snapshot()
+
+    async def resume(self) -> RunSnapshot:
+        """Make a paused (or failed) run ``running`` again; ``wait()`` drives it."""
+        self._check_open()
+        changed, snap = await self._transition({"paused", "failed"}, "running", None)
+        if not changed and snap.status != "running":
+            raise RunStateError(f"run {self._run_id!r} is {snap.status}; it cannot be resumed")
+        self._notify()
+        return snap
+
+    async def cancel(self, reason: str = "cancelled") -> RunSnapshot:
+        """End the run for good: calls in flight are cancelled, pending items are never run."""
+        self._check_open()
+        changed, snap = await self._transition(
+            {"running", "paused", "failed"}, "cancelled", RunTermination("cancelled", reason)
+        )
+        if not changed and snap.status != "cancelled":
+            raise RunStateError(f"run {self._run_id!r} is {snap.status}; it cannot be cancelled")
+        await self._stop_segment("cancelled", reason)
+        return await self.snapshot()
+
+    def resolve_submission(self, *, created: bool, batch_id: str | None = None) -> None:
+        """Provider Batch API mode only (not implemented yet)."""
+        raise NotImplementedError(PROVIDER_BATCH_ISSUE)
+
+    async def _transition(
+        self, from_statuses: set[str], to: Any, termination: RunTermination | None
+    ) -> tuple[bool, RunSnapshot]:
+        return await self._db.call(
+            self._repo.transition, self._run_id, from_statuses=frozenset(from_statuses), to=to,
+            termination=termination,
+        )
+
+    async def _stop_segment(self, kind: Any, reason: str) -> None:
+        segment = self._segment
+        if segment is not None:
+            segment.request(kind, reason)
+            await segment.ended.wait()
+        else:
+            await anyio.lowlevel.checkpoint()
+        self._notify()
+
+    # --- waiting and driving ---------------------------------------------------------
+
+    async def wait(self, timeout: float | None = None) -> RunSnapshot:
+        """Drive (or watch) the run until it is terminal; returns its final snapshot.
+
+        Raises ``TimeoutError`` at the deadline (``timeout`` seconds from now);
+        see the module docstring for what happens to work in flight then. If
+        the run fails while this call drives it, the failure is stored and the
+        original exception raised.
+        """
+        self._check_open()
+        deadline = deadline_after(timeout)
+        with unwrap_group(), anyio.CancelScope(deadline=deadline):
+            return await self._wait_terminal(deadline)
+        raise TimeoutError(f"run {self._run_id!r} was not terminal after {timeout} s")
+
+    async def _wait_terminal(self, deadline: float) -> RunSnapshot:
+        while True:
+            self._check_open()
+            snap = await self._db.call(self._repo.snapshot, self._run_id)
+            if snap.terminal:
+                return snap
+            if snap.status == "running" and self._segment is None and await self._drive_once(deadline):
+                continue
+            changed = self._changed
+            with anyio.move_on_after(self._poll_interval):
+                await changed.wait()
+
+    async def _drive_once(self, deadline: float) -> bool:
+        """Claim and drive one segment; ``False`` if another driver holds the claim."""
+        segment = self._segment = Segment()
+        claimed = False
+        try:
+            claimed = await self._db.call(self._repo.try_claim, self._run_id)
+            if not claimed:
+                return False
+            try:
+                snap = await self._db.call(self._repo.snapshot, self._run_id)  # fresh, under the claim
+                if snap.status == "running":
+                    await self._driver.drive(segment, snap, deadline)
+            finally:
+                with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor
+                    if not self._db.closed:  # (closing the repository released it already)
+                        await self._db.call(self._repo.release, self._run_id)
+            return True
+        finally:
+            self._segment = None
+            segment.ended.set()
+            if claimed:
+                self._notify()  # other wait() calls on this handle look again

@@ -1,0 +1,243 @@
+"""The records of a durable run, and the narrow repository protocol that stores them.
+
+A *run* is a named, resumable job: its status, its items (ingested from a
+source, each ``pending`` until its one terminal result is recorded), a
+per-run result sequence, and the source checkpoint. The engine side
+(:mod:`._run`) talks to storage only through :class:`RunRepository`, a
+synchronous protocol called from one worker thread at a time (never on the
+event loop). Each method is one transaction, which is what a future
+PostgreSQL repository has to provide too:
+
+* ``ingest`` commits a slice of new items *and* the source checkpoint that
+  follows them, together;
+* ``record`` marks items done and appends their results with the next
+  sequence numbers, together; an item that is not pending is skipped, so a
+  result is never recorded twice;
+* ``transition`` is a compare-and-set on the status; ``complete`` succeeds only
+  when the source is exhausted and nothing is pending;
+* ``try_claim``/``release`` give one process at a time the right to drive a
+  run; the claim must die with its process (SQLite: ``flock`` on a lock file;
+  PostgreSQL: a session advisory lock).
+
+Sequences must become visible to readers in order (a reader that saw ``n``
+never later sees a new result numbered below ``n``); SQLite's single writer
+gives that for free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol, final, runtime_checkable
+
+from .._config import ArtifactIdentity
+from .._errors import RunSourceError, RunStateError
+from .._results import WorkItemResult
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "NewItem",
+    "NewResult",
+    "PendingItem",
+    "RunMode",
+    "RunRepository",
+    "RunResult",
+    "RunSnapshot",
+    "RunSourceError",
+    "RunSpec",
+    "RunStateError",
+    "RunStatus",
+    "RunTermination",
+    "SourceCheckpoint",
+    "StoredResult",
+]
+
+RunStatus = Literal["running", "paused", "cancelled", "completed", "failed"]
+RunMode = Literal["live", "provider-batch"]
+TERMINAL_STATUSES: Final[frozenset[str]] = frozenset({"cancelled", "completed", "failed"})
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunTermination:
+    """Why a run stopped: ``completed``, ``cancelled``, ``paused``, ``aborted``,
+    ``budget_exhausted``, ``ingestion_failed`` or ``error``."""
+
+    kind: str
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {"kind": self.kind, "reason": self.reason}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SourceCheckpoint:
+    """Where ingestion stands: everything before it is committed as items."""
+
+    position: int = 0
+    """Entries consumed from the source (blank JSONL lines are not entries)."""
+    cursor: int | None = None
+    """Source-defined: for a JSONL file, the byte offset after the last consumed line."""
+    fingerprint: str | None = None
+    """For a JSONL file: a digest of its head, checked before continuing from ``cursor``."""
+    last_item_id: str | None = None
+    """The id of the last consumed entry, checked when an iterable is fast-forwarded."""
+    exhausted: bool = False
+    """The source has no more entries: ingestion is complete."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """A frozen record of one run as stored; readable from any process."""
+
+    run_id: str
+    status: RunStatus
+    mode: RunMode
+    identity: ArtifactIdentity
+    config: dict[str, Any] = field(repr=False)
+    """A JSON summary of the ProcessorConfig the run was created with."""
+    termination: RunTermination | None
+    checkpoint: SourceCheckpoint
+    items: int
+    """Items ingested so far."""
+    done: int
+    """Items with their terminal result recorded."""
+    succeeded: int
+    failed: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    last_sequence: int
+    """The sequence number of the newest result (0: none yet)."""
+    created_at: str
+    updated_at: str
+
+    @property
+    def pending(self) -> int:
+        return self.items - self.done
+
+    @property
+    def ingestion_complete(self) -> bool:
+        return self.checkpoint.exhausted
+
+    @property
+    def terminal(self) -> bool:
+        """``completed``, ``cancelled`` or ``failed`` (``failed`` may still be resumed explicitly)."""
+        return self.status in TERMINAL_STATUSES
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """One terminal result and its place in the run's result sequence."""
+
+    sequence: int
+    result: WorkItemResult[Any]
+
+    @property
+    def item_id(self) -> str:
+        return self.result.item_id
+
+
+# --- what crosses the repository boundary -------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    run_id: str
+    mode: RunMode
+    identity: ArtifactIdentity
+    config: dict[str, Any]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    item_id: str
+    prompt: str
+    context_json: str | None
+    """Canonical JSON of the context (``None`` for no context)."""
+    fingerprint: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PendingItem:
+    ingest_seq: int
+    item_id: str
+    prompt: str
+    context_json: str | None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class NewResult:
+    item_id: str
+    success: bool
+    error_category: str | None
+    result_json: str
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StoredResult:
+    sequence: int
+    item_id: str
+    result_json: str
+
+
+@runtime_checkable
+class RunRepository(Protocol):
+    """Synchronous run storage; see the module docstring. One call at a time, off the event loop."""
+
+    @property
+    def location(self) -> str:
+        """Where the runs live (a path or a URL without credentials), for messages."""
+
+    def open(self) -> None: ...
+
+    def close(self) -> None:
+        """Release every claim and close; idempotent."""
+
+    def attach(self, spec: RunSpec) -> RunSnapshot:
+        """Create the run (status ``running``), or return it; a different identity or mode
+        raises ArtifactMismatchError / RunStateError."""
+
+    def snapshot(self, run_id: str) -> RunSnapshot: ...
+
+    def transition(
+        self,
+        run_id: str,
+        *,
+        from_statuses: frozenset[str],
+        to: RunStatus,
+        termination: RunTermination | None,
+    ) -> tuple[bool, RunSnapshot]:
+        """Set ``to`` if the status is one of ``from_statuses``; ``(changed, snapshot after)``."""
+
+    def complete(self, run_id: str) -> tuple[bool, RunSnapshot]:
+        """``running`` -> ``completed`` only if the source is exhausted and nothing is pending."""
+
+    def ingest(self, run_id: str, items: Sequence[NewItem], checkpoint: SourceCheckpoint) -> RunSnapshot:
+        """Add ``items`` (pending) and move the checkpoint, in one transaction.
+        A repeated item id raises ValueError and commits nothing."""
+
+    def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[PendingItem]:
+        """Pending items in ingestion order, after ``after_ingest_seq``."""
+
+    def record(self, run_id: str, results: Sequence[NewResult]) -> RunSnapshot:
+        """Mark the items done and append their results in order, in one transaction;
+        results for items that are not pending are skipped."""
+
+    def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]: ...
+
+    def try_claim(self, run_id: str) -> bool:
+        """Take the exclusive right to drive ``run_id`` (False if held, here or elsewhere)."""
+
+    def release(self, run_id: str) -> None: ...
