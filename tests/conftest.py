@@ -7,8 +7,6 @@ fixtures). Modules that assert exact times override it with
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,11 +26,3 @@ def trio_virtual_clock() -> Any:
     import trio.testing
 
     return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
-
-
-@pytest.fixture(autouse=True)
-def _no_unraisable_leaks() -> Iterator[None]:
-    # A coroutine never awaited or a task destroyed while pending shows up as
-    # an unraisable warning at collection; with filterwarnings=error the test fails.
-    yield
-    gc.collect()
