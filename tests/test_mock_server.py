@@ -73,7 +73,7 @@ def test_sliding_window_never_admits_over_the_limit(
             # the promised wait is enough (up to float rounding of now + wait)
             assert window.wait_for_room(now + wait, weight, limit) <= 1e-9
     for start, _ in admitted:  # every 60 s window ending at an admission holds at most `limit`
-        assert sum(w for t, w in admitted if start - 60.0 < t <= start) <= limit
+        assert sum(w for t, w in admitted if t + 60.0 > start >= t) <= limit  # the window's own arithmetic
     assert window.max_total <= limit
 
 

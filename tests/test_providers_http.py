@@ -6,14 +6,17 @@ counters (``server.wait_for``), and deadlines only bound hangs that never end.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import openai
 import pytest
 
-from trio_batch_llm import ErrorCategory, ProviderError
+from trio_batch_llm import BatchLLMError, ErrorCategory, ProviderError
+from trio_batch_llm._classify import Classification, classify
 from trio_batch_llm._http import pool_statistics
 from trio_batch_llm._strategies._openai import OpenAIStrategy
 from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
@@ -45,10 +48,20 @@ def http_client_of(strategy: Strategy) -> Any:
     return client if isinstance(strategy, OpenAICompatibleStrategy) else client._client
 
 
-async def failure(strategy: Strategy, prompt: str) -> ProviderError:
-    with pytest.raises(ProviderError) as info:
-        await strategy.execute(prompt, 1, None)
-    return info.value
+async def failure(
+    strategy: Strategy, prompt: str, timeout: float | None = None
+) -> tuple[Exception, Classification]:
+    """The exception ``execute`` raised, and the engine's verdict on it (with the strategy's classifier).
+
+    The direct client raises :class:`ProviderError`; the SDK strategy raises the
+    SDK's own exceptions (or ``json.JSONDecodeError``), never wrapped (CONTRACT C7.2).
+    """
+    compatible = isinstance(strategy, OpenAICompatibleStrategy)
+    expected = ProviderError if compatible else (openai.OpenAIError, json.JSONDecodeError)
+    with pytest.raises(expected) as info:
+        await strategy.execute(prompt, 1, timeout)
+    assert compatible or not isinstance(info.value, BatchLLMError)
+    return info.value, classify(info.value, strategy_classifier=strategy.classify_error)
 
 
 KINDS = ["compatible", "sdk"]
@@ -80,18 +93,18 @@ async def test_success_with_usage(server: MockServer, kind: str, api: str) -> No
 
 
 ERROR_PROMPTS = [
-    # (prompt, category, status_code, retry_after)
-    ("[[fail:429]] a", ErrorCategory.RATE_LIMIT, 429, 0.5),
-    ("[[fail:500]] b", ErrorCategory.SERVER, 500, None),
-    ("[[fail:503]] [[retry_after:2]] c", ErrorCategory.SERVER, 503, 2.0),
-    ("[[fail:402]] d", ErrorCategory.INSUFFICIENT_BALANCE, 402, None),
-    ("[[fail:403]] e", ErrorCategory.AUTHENTICATION, 403, None),
-    ("[[fail:422]] f", ErrorCategory.INVALID_REQUEST, 422, None),
-    ("[[fail:408]] g", ErrorCategory.TIMEOUT, 408, None),
-    ("[[context_length]] h", ErrorCategory.CONTEXT_LENGTH, 400, None),
-    ("[[content_policy]] i", ErrorCategory.CONTENT_POLICY, 400, None),
-    ("[[malformed]] j", ErrorCategory.PARSE, None, None),
-    ("[[reset]] k", ErrorCategory.TRANSIENT, None, None),
+    # (prompt, category, status_code, retry_after, the SDK's exception type)
+    ("[[fail:429]] a", ErrorCategory.RATE_LIMIT, 429, 0.5, openai.RateLimitError),
+    ("[[fail:500]] b", ErrorCategory.SERVER, 500, None, openai.InternalServerError),
+    ("[[fail:503]] [[retry_after:2]] c", ErrorCategory.SERVER, 503, 2.0, openai.InternalServerError),
+    ("[[fail:402]] d", ErrorCategory.INSUFFICIENT_BALANCE, 402, None, openai.APIStatusError),
+    ("[[fail:403]] e", ErrorCategory.AUTHENTICATION, 403, None, openai.PermissionDeniedError),
+    ("[[fail:422]] f", ErrorCategory.INVALID_REQUEST, 422, None, openai.UnprocessableEntityError),
+    ("[[fail:408]] g", ErrorCategory.TIMEOUT, 408, None, openai.APIStatusError),
+    ("[[context_length]] h", ErrorCategory.CONTEXT_LENGTH, 400, None, openai.BadRequestError),
+    ("[[content_policy]] i", ErrorCategory.CONTENT_POLICY, 400, None, openai.BadRequestError),
+    ("[[malformed]] j", ErrorCategory.PARSE, None, None, json.JSONDecodeError),
+    ("[[reset]] k", ErrorCategory.TRANSIENT, None, None, openai.APIConnectionError),
 ]
 
 
@@ -100,10 +113,12 @@ async def test_each_error_mapping_over_http(server: MockServer, kind: str) -> No
     strategy = build(kind, server)
     await strategy.prepare()
     try:
-        for prompt, category, status, retry_after in ERROR_PROMPTS:
-            error = await failure(strategy, prompt)
-            got = (error.category, error.status_code, error.retry_after)
+        for prompt, category, status, retry_after, sdk_type in ERROR_PROMPTS:
+            error, verdict = await failure(strategy, prompt)
+            got = (verdict.category, verdict.status_code, verdict.retry_after)
             assert got == (category, status, retry_after), prompt
+            if kind == "sdk":
+                assert type(error) is sdk_type, prompt
             assert KEY not in str(error), prompt
         assert (await strategy.execute("still fine after all that", 1, None))[0].startswith("echo:")
     finally:
@@ -117,10 +132,11 @@ async def test_wrong_key_is_authentication(server: MockServer, kind: str) -> Non
     strategy = build(kind, server, api_key="sk-wrong-key-123")
     await strategy.prepare()
     try:
-        error = await failure(strategy, "hi")
+        error, verdict = await failure(strategy, "hi")
     finally:
         await strategy.cleanup()
-    assert (error.category, error.status_code) == (ErrorCategory.AUTHENTICATION, 401)
+    assert (verdict.category, verdict.status_code) == (ErrorCategory.AUTHENTICATION, 401)
+    assert kind == "compatible" or isinstance(error, openai.AuthenticationError)
     assert "sk-wrong-key-123" not in str(error)
 
 
@@ -171,10 +187,10 @@ async def test_read_timeout_is_timeout(server: MockServer) -> None:
     await strategy.prepare()
     await informational.prepare()
     try:
-        assert (await failure(strategy, "[[hang]] a")).category is ErrorCategory.TIMEOUT
-        with pytest.raises(ProviderError) as info:
-            await informational.execute("[[hang]] b", 1, 0.2)  # the engine's informational timeout
-        assert info.value.category is ErrorCategory.TIMEOUT
+        assert (await failure(strategy, "[[hang]] a"))[1].category is ErrorCategory.TIMEOUT
+        error, verdict = await failure(informational, "[[hang]] b", 0.2)  # the engine's informational timeout
+        assert isinstance(error, openai.APITimeoutError)
+        assert verdict.category is ErrorCategory.TIMEOUT
     finally:
         await strategy.cleanup()
         await informational.cleanup()
@@ -188,9 +204,11 @@ async def test_connection_refused_is_transient(kind: str) -> None:
     strategy = build(kind, stopped)
     await strategy.prepare()
     try:
-        assert (await failure(strategy, "anyone there?")).category is ErrorCategory.TRANSIENT
+        error, verdict = await failure(strategy, "anyone there?")
     finally:
         await strategy.cleanup()
+    assert verdict.category is ErrorCategory.TRANSIENT
+    assert kind == "compatible" or isinstance(error, openai.APIConnectionError)
 
 
 async def test_server_enforced_rpm_gives_rate_limit_with_retry_after() -> None:
@@ -200,13 +218,13 @@ async def test_server_enforced_rpm_gives_rate_limit_with_retry_after() -> None:
         try:
             for i in range(2):
                 await strategy.execute(f"p{i}", 1, None)
-            error = await failure(strategy, "p2")
+            _, verdict = await failure(strategy, "p2")
         finally:
             await strategy.cleanup()
         stats = server.stats
-    assert (error.category, error.status_code) == (ErrorCategory.RATE_LIMIT, 429)
-    assert error.retry_after is not None
-    assert 59.0 < error.retry_after <= 60.0  # retry-after-ms: the exact wait, rounded up to a millisecond
+    assert (verdict.category, verdict.status_code) == (ErrorCategory.RATE_LIMIT, 429)
+    assert verdict.retry_after is not None
+    assert 59.0 < verdict.retry_after <= 60.0  # retry-after-ms: the exact wait, rounded up to a millisecond
     assert (stats.rate_limited_enforced, stats.max_served_per_window) == (1, 2)
 
 

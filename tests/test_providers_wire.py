@@ -21,7 +21,8 @@ import httpx2
 import openai
 import pytest
 
-from trio_batch_llm import ConfigurationError, ErrorCategory, ProviderError
+from trio_batch_llm import BatchLLMError, ConfigurationError, ErrorCategory, ProviderError
+from trio_batch_llm._classify import Classification, classify
 from trio_batch_llm._strategies._factory import llm
 from trio_batch_llm._strategies._openai import OpenAIStrategy
 from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
@@ -85,10 +86,22 @@ def sdk(recorder: Recorder, **kwargs: Any) -> tuple[OpenAIStrategy, httpx2.Async
     return OpenAIStrategy("m", client=client, **kwargs), http
 
 
-async def failure(strategy: OpenAICompatibleStrategy | OpenAIStrategy, prompt: str = "p") -> ProviderError:
+async def failure(strategy: OpenAICompatibleStrategy, prompt: str = "p") -> ProviderError:
     with pytest.raises(ProviderError) as info:
         await strategy.execute(prompt, 1, None)
     return info.value
+
+
+async def sdk_failure(strategy: OpenAIStrategy, prompt: str = "p") -> tuple[Exception, Classification]:
+    """The SDK's own exception (never wrapped, CONTRACT C7.2) and the engine's verdict on it."""
+    with pytest.raises((openai.OpenAIError, json.JSONDecodeError)) as info:
+        await strategy.execute(prompt, 1, None)
+    assert not isinstance(info.value, BatchLLMError), repr(info.value)
+    return info.value, classify(info.value, strategy_classifier=strategy.classify_error)
+
+
+def verdict_of(error: Exception, strategy: OpenAICompatibleStrategy | OpenAIStrategy) -> Classification:
+    return classify(error, strategy_classifier=strategy.classify_error)
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -169,10 +182,10 @@ async def test_sdk_sends_exact_request_without_retrying(api: str) -> None:
     strategy, http = sdk(rec, api=api, system_prompt="sys", temperature=0.0, max_output_tokens=9,
                          extra_body={"store": False}, headers={"X-Trace": "t-2"})
     async with http:
-        error = await failure(strategy)
+        error, verdict = await sdk_failure(strategy)
         assert len(rec.requests) == 1  # the user's client had max_retries=4; retries belong to the engine
-        assert error.category is ErrorCategory.SERVER
-        assert error.status_code == 500
+        assert isinstance(error, openai.InternalServerError)
+        assert (verdict.category, verdict.status_code) == (ErrorCategory.SERVER, 500)
         text, usage, metadata = await strategy.execute("hello", 1, 3.0)
     body = rec.bodies[1]
     if api == "chat":
@@ -273,17 +286,29 @@ STATUS_CASES = [
     (400, {}, {"error": {"message": "filtered by our content management policy"}},
      ErrorCategory.CONTENT_POLICY, None),
     (302, {}, "", ErrorCategory.UNKNOWN, None),
+    # OpenAI's codes that only the wire table knows (see DEFAULT_CLASSIFIER_GAPS)
+    (400, {}, {"error": {"message": "string too long", "code": "string_above_max_length"}},
+     ErrorCategory.CONTEXT_LENGTH, None),
+    (400, {}, {"error": {"message": "Please reduce your prompt: too many input tokens"}},
+     ErrorCategory.CONTEXT_LENGTH, None),
+    (400, {}, {"error": {"message": "Billing hard limit has been reached", "type": "invalid_request_error",
+                         "code": "billing_hard_limit_reached"}}, ErrorCategory.INSUFFICIENT_BALANCE, None),
+    (400, {}, {"error": {"message": "Your request was rejected as a result of our safety system.",
+                         "code": "moderation_blocked"}}, ErrorCategory.CONTENT_POLICY, None),
+    (400, {}, {"error": {"message": "Invalid prompt: your prompt was flagged as potentially violating "
+                                    "our usage policy.", "code": "invalid_prompt"}},
+     ErrorCategory.CONTENT_POLICY, None),
 ]
 
 
-@pytest.mark.parametrize("via", ["compatible", "sdk"])
-async def test_status_error_mapping(via: str) -> None:
+def status_response(status: int, headers: dict[str, str], body: Any) -> httpx2.Response:
+    content = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
+    return httpx2.Response(status, headers=headers, content=content)
+
+
+async def test_status_error_mapping_compatible() -> None:
     for status, headers, body, category, retry_after in STATUS_CASES:
-        if via == "sdk" and status < 400:
-            continue  # the SDK treats a 3xx as a response, not an error
-        content = json.dumps(body).encode() if not isinstance(body, str) else body.encode()
-        rec = Recorder(httpx2.Response(status, headers=headers, content=content))
-        strategy, client = (compat if via == "compatible" else sdk)(rec)  # type: ignore[operator]
+        strategy, client = compat(Recorder(status_response(status, headers, body)))
         async with client:
             error = await failure(strategy)
         case = (status, headers, body)
@@ -291,13 +316,56 @@ async def test_status_error_mapping(via: str) -> None:
         assert str(error).startswith(f"HTTP {status}"), case
 
 
+async def test_status_error_mapping_sdk_unwrapped() -> None:
+    """The SDK's own exception reaches the engine, which files it exactly as the direct client's error."""
+    for status, headers, body, category, retry_after in STATUS_CASES:
+        if status < 400:
+            continue  # the SDK treats a 3xx as a response, not an error
+        rec = Recorder(status_response(status, headers, body))
+        strategy, http = sdk(rec)
+        async with http:
+            error, verdict = await sdk_failure(strategy)
+        case = (status, headers, body)
+        assert isinstance(error, openai.APIStatusError), case
+        assert error.status_code == status, case
+        assert verdict == Classification(category, retry_after, status), case
+        assert str(error).startswith(f"Error code: {status}"), case
+
+
+# The default classifier (``_classify.py``, no strategy classifier: e.g. a user
+# calling the SDK through CallableStrategy) must file real SDK exceptions exactly
+# as the wire table does; this once listed the codes where they differed.
+DEFAULT_CLASSIFIER_GAPS: dict[str, ErrorCategory] = {}
+
+
+def _gap_of(body: Any) -> str | None:
+    text = json.dumps(body)
+    return next((marker for marker in DEFAULT_CLASSIFIER_GAPS if marker in text), None)
+
+
+async def test_default_classifier_on_real_sdk_exceptions() -> None:
+    """``classify()`` alone (duck typing: class names, status, retry-after headers) on real SDK exceptions."""
+    for status, headers, body, category, retry_after in STATUS_CASES:
+        if status < 400:
+            continue
+        strategy, http = sdk(Recorder(status_response(status, headers, body)))
+        async with http:
+            error, _ = await sdk_failure(strategy)
+        gap = _gap_of(body)
+        expected = DEFAULT_CLASSIFIER_GAPS[gap] if gap is not None else category
+        assert classify(error) == Classification(expected, retry_after, status), (status, headers, body)
+
+
 async def test_retry_after_http_date_through_a_strategy() -> None:
     when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=120), usegmt=True)
     strategy, client = compat(Recorder(httpx2.Response(429, headers={"retry-after": when}, json=ERR)))
-    async with client:
+    through_sdk, http = sdk(Recorder(httpx2.Response(429, headers={"retry-after": when}, json=ERR)))
+    async with client, http:
         error = await failure(strategy)
-    assert error.retry_after is not None
-    assert 117.0 <= error.retry_after <= 120.0
+        sdk_error, verdict = await sdk_failure(through_sdk)
+    for seconds in (error.retry_after, verdict.retry_after, classify(sdk_error).retry_after):
+        assert seconds is not None
+        assert 117.0 <= seconds <= 120.0
 
 
 RETRY_AFTER_FORMS = [
@@ -333,22 +401,27 @@ TRANSPORT_FAILURES = [
 ]
 
 
-@pytest.mark.parametrize("via", ["compatible", "sdk"])
-async def test_transport_error_mapping(via: str) -> None:
+async def test_transport_error_mapping_compatible() -> None:
     for raised, category in TRANSPORT_FAILURES:
-        rec = Recorder(raised)
-        strategy, client = (compat if via == "compatible" else sdk)(rec)  # type: ignore[operator]
+        strategy, client = compat(Recorder(raised))
         async with client:
             error = await failure(strategy)
-        expected = category
-        if via == "sdk" and category in (ErrorCategory.INVALID_REQUEST, ErrorCategory.PARSE):
-            # the SDK folds every transport failure into APIConnectionError
-            expected = ErrorCategory.TRANSIENT
-        assert error.category is expected, raised
-        assert error.status_code is None
-        assert error.retry_after is None
-        chain = [error.__cause__, getattr(error.__cause__, "__cause__", None)]
-        assert raised in chain, raised  # the original is reachable through `from`
+        assert (error.category, error.status_code, error.retry_after) == (category, None, None), raised
+        assert error.__cause__ is raised  # the original is reachable through `from`
+
+
+async def test_transport_error_mapping_sdk() -> None:
+    for raised, _ in TRANSPORT_FAILURES:
+        strategy, http = sdk(Recorder(raised))
+        async with http:
+            error, verdict = await sdk_failure(strategy)
+        # the SDK folds every transport failure into APIConnectionError (APITimeoutError for timeouts)
+        timed_out = isinstance(raised, httpx2.TimeoutException)
+        assert type(error) is (openai.APITimeoutError if timed_out else openai.APIConnectionError), raised
+        expected = ErrorCategory.TIMEOUT if timed_out else ErrorCategory.TRANSIENT
+        assert verdict == Classification(expected, None, None), raised
+        assert classify(error) == verdict, raised
+        assert error.__cause__ is raised, raised
 
 
 async def test_sdk_malformed_json_is_parse() -> None:
@@ -356,16 +429,18 @@ async def test_sdk_malformed_json_is_parse() -> None:
     rec = Recorder(httpx2.Response(200, content=b'{"id": "x", "choi', headers=json_type))
     strategy, http = sdk(rec, api="chat")
     async with http:
-        error = await failure(strategy)
-    assert error.category is ErrorCategory.PARSE
-    assert isinstance(error.__cause__, json.JSONDecodeError)
+        error, verdict = await sdk_failure(strategy)
+    assert isinstance(error, json.JSONDecodeError)
+    assert verdict.category is ErrorCategory.PARSE
 
 
-async def test_sdk_leaves_unknown_exceptions_alone() -> None:
+async def test_sdk_classifier_files_only_status_errors() -> None:
     strategy, http = sdk(Recorder(httpx2.Response(200, json=CHAT_OK)))
+    request = httpx2.Request("POST", BASE)
     async with http:
-        assert strategy._map_error(KeyError("x")) is None
-        assert strategy._map_error(ValueError("not json")) is None
+        for other in (KeyError("x"), ValueError("not json"), openai.APIConnectionError(request=request),
+                      ProviderError("mine", category=ErrorCategory.PARSE)):
+            assert strategy.classify_error(other) is None, other
 
 
 # -- secrets -----------------------------------------------------------------------------------
@@ -378,9 +453,13 @@ async def test_key_never_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     compatible, client = compat(rec)
     through_sdk, http = sdk(Recorder(httpx2.Response(401, json=echo)))
     async with client, http:
-        errors = [await failure(compatible), await failure(compatible), await failure(through_sdk)]
-    assert [e.category for e in errors] == [ErrorCategory.AUTHENTICATION, ErrorCategory.TRANSIENT,
-                                            ErrorCategory.AUTHENTICATION]
+        sdk_error, verdict = await sdk_failure(through_sdk)
+        errors: list[Exception] = [await failure(compatible), await failure(compatible), sdk_error]
+    categories = [verdict_of(errors[0], compatible).category, verdict_of(errors[1], compatible).category,
+                  verdict.category]
+    assert categories == [ErrorCategory.AUTHENTICATION, ErrorCategory.TRANSIENT, ErrorCategory.AUTHENTICATION]
+    assert isinstance(sdk_error, openai.AuthenticationError)  # scrubbed in place, not wrapped
+    assert sdk_error.message == "Error code: 401 - Incorrect API key provided: <redacted>"
     for error in errors:
         assert KEY not in str(error)
         assert KEY not in repr(error)
@@ -402,6 +481,10 @@ def test_error_from_status_redacts_and_truncates() -> None:
     error = error_from_status(400, {}, {"error": {"message": KEY + "x" * 2000}}, secret=Secret(KEY))
     assert KEY not in str(error)
     assert len(str(error)) < 600
+    # placeholder keys of local servers ("EMPTY", "none") hide nothing: ordinary words stay intact
+    body = {"error": {"message": "none of the models"}}
+    placeholder = error_from_status(400, {}, body, secret=Secret("none"))
+    assert str(placeholder) == "HTTP 400: none of the models"
 
 
 # -- identities, sharing, construction -----------------------------------------------------------
@@ -484,6 +567,39 @@ async def test_sdk_client_built_by_us(monkeypatch: pytest.MonkeyPatch) -> None:
     await sized.cleanup()
     await default.cleanup()
     assert client._client.is_closed
+
+
+def _pool_limits(strategy: OpenAICompatibleStrategy | OpenAIStrategy) -> tuple[int, int]:
+    """``(max_connections, max_keepalive_connections)`` of the strategy's pool."""
+    client = strategy._client_for_call()
+    pool = (client if isinstance(strategy, OpenAICompatibleStrategy) else client._client)._transport._pool
+    return pool._max_connections, pool._max_keepalive_connections
+
+
+async def test_concurrency_hint_sizes_the_pool_explicit_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    built: list[OpenAICompatibleStrategy | OpenAIStrategy] = []
+    for cls in (OpenAICompatibleStrategy, OpenAIStrategy):
+        hinted = cls("hinted", base_url=BASE, api_key="k")
+        explicit = cls("explicit", base_url=BASE, api_key="k", concurrency=7)
+        for strategy in (hinted, explicit):
+            strategy.configure_concurrency(3)
+            await strategy.prepare()
+            built.append(strategy)
+        assert (hinted.pool_size, explicit.pool_size) == (3, 7)
+        # the hint sizes what is kept alive but caps nothing (the client is shared); concurrency= caps
+        assert (_pool_limits(hinted), _pool_limits(explicit)) == ((sys.maxsize, 3), (7, 7))
+    for strategy in built:
+        await strategy.cleanup()
+    # a user's client keeps its own pool: the hint changes nothing about it
+    rec = Recorder(httpx2.Response(200, json=CHAT_OK))
+    strategy, client = compat(rec)
+    strategy.configure_concurrency(2)
+    async with client:
+        await strategy.prepare()
+        assert strategy._client_for_call() is client
+        await strategy.cleanup()
+        assert not client.is_closed
 
 
 def test_construction_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,6 +94,8 @@ _CONTEXT_LENGTH_MARKERS: Final = (
     "prompt is too long",
     "input is too long",
     "too many tokens",
+    "too many input tokens",
+    "string_above_max_length",
     "reduce the length",
 )
 _CONTENT_POLICY_MARKERS: Final = (
@@ -102,10 +104,18 @@ _CONTENT_POLICY_MARKERS: Final = (
     "content policy",
     "content management policy",
     "responsibleaipolicyviolation",
+    "moderation_blocked",
+    "invalid_prompt",
+    "safety system",
 )
 # OpenAI answers 429 with code "insufficient_quota" when the account is out of
 # credit: retrying that twenty times would only waste the rate-limit budget.
-_BALANCE_MARKERS: Final = ("insufficient_quota", "exceeded your current quota", "insufficient balance")
+_BALANCE_MARKERS: Final = (
+    "insufficient_quota",
+    "exceeded your current quota",
+    "insufficient balance",
+    "billing_hard_limit_reached",
+)
 _TEXT_SCAN_LIMIT: Final = 4096
 _CLASS_NAME_CACHE_SIZE: Final = 1024
 _class_name_cache: dict[type[Exception], ErrorCategory | None] = {}
@@ -227,6 +237,8 @@ def _refine(category: ErrorCategory, exc: Exception) -> ErrorCategory:
             return ErrorCategory.CONTEXT_LENGTH
         if any(marker in text for marker in _CONTENT_POLICY_MARKERS):
             return ErrorCategory.CONTENT_POLICY
+        if any(marker in text for marker in _BALANCE_MARKERS):
+            return ErrorCategory.INSUFFICIENT_BALANCE
     elif category is ErrorCategory.RATE_LIMIT:
         text = _error_text(exc)
         if any(marker in text for marker in _BALANCE_MARKERS):

@@ -64,16 +64,17 @@ def _timeout(seconds: float | None) -> httpx2.Timeout:
 
 
 def create_client(
-    *, concurrency: int | None = None, timeout: float | None = DEFAULT_TIMEOUT
+    *, concurrency: int | None = None, keepalive: int | None = None, timeout: float | None = DEFAULT_TIMEOUT
 ) -> httpx2.AsyncClient:
     """A client whose pool holds up to ``concurrency`` connections, and keeps that many alive.
 
     Without ``concurrency`` the pool is not a second, hidden limiter (the engine's
-    admission bounds calls) and keeps up to ``_IDLE_WITHOUT_LIMIT`` idle
-    connections, so a busy batch reuses connections instead of churning them.
+    admission bounds calls): it keeps ``keepalive`` idle connections (by default
+    ``_IDLE_WITHOUT_LIMIT``), so a busy batch reuses connections instead of
+    churning them, and opens more when more calls are admitted.
     """
     limits = (
-        httpx2.Limits(max_connections=None, max_keepalive_connections=_IDLE_WITHOUT_LIMIT)
+        httpx2.Limits(max_connections=None, max_keepalive_connections=keepalive or _IDLE_WITHOUT_LIMIT)
         if concurrency is None
         else httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     )

@@ -3,22 +3,35 @@
 The SDK is imported when a strategy is constructed, never by ``import
 trio_batch_llm``. Clients are built with ``max_retries=0`` (retries belong to
 the engine) and shared per event loop by lease identity, like
-:class:`OpenAICompatibleStrategy`. SDK failures are mapped to
-:class:`ProviderError` through the same table (``_wire.error_from_status``),
-with the SDK exception chained as ``__cause__``.
+:class:`OpenAICompatibleStrategy`.
+
+SDK failures are not wrapped (CONTRACT C7.2): ``openai.RateLimitError`` and
+friends reach the engine, and ``WorkItemResult.exception``, as themselves.
+:meth:`OpenAIStrategy.classify_error` files status errors with the same table
+the direct client uses (``_wire.status_category``), so both strategies give a
+response the same category; everything else (timeouts, connection errors, a
+body that is not JSON) is left to the default classifier. The one thing done
+to an SDK exception on its way out is scrubbing the API key from its message,
+in place, in case a server echoed it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, final
 
-from .._errors import ConfigurationError, ErrorCategory, ProviderError
+from .._errors import ConfigurationError, ErrorCategory
 from .._results import RetryState, TokenUsage
 from ._openai_compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
-from ._wire import Secret, build_request_body, error_from_status, parse_response_body, resolve_api_key
+from ._wire import (
+    Secret,
+    build_request_body,
+    parse_response_body,
+    parse_retry_after,
+    resolve_api_key,
+    status_category,
+)
 
 __all__ = ["OpenAIStrategy"]
 
@@ -35,7 +48,9 @@ class OpenAIStrategy(_EndpointStrategy):
     used through ``with_options(max_retries=0)`` and never closed by us. Without
     one, the key comes from ``api_key`` or ``OPENAI_API_KEY`` and ``base_url``
     from the argument, ``OPENAI_BASE_URL`` or the public endpoint.
-    ``concurrency`` sizes the SDK's httpx2 connection pool.
+    ``concurrency`` sizes and caps the SDK's httpx2 connection pool (by default
+    the engine's concurrency sizes it, through :meth:`configure_concurrency`).
+    Failures raise the SDK's own exceptions.
     """
 
     _label = "openai"
@@ -90,8 +105,10 @@ class OpenAIStrategy(_EndpointStrategy):
 
         assert self._secret is not None  # checked in __init__ for SDK clients we build
         http_client = None
-        if self.concurrency is not None:
-            http_client = _http.create_client(concurrency=self.concurrency, timeout=self.timeout)
+        if self.pool_size is not None:
+            http_client = _http.create_client(
+                concurrency=self.concurrency, keepalive=self._concurrency_hint, timeout=self.timeout
+            )
         return self._openai.AsyncOpenAI(
             api_key=self._secret.reveal(), base_url=self.base_url, max_retries=0,
             timeout=self.timeout, http_client=http_client,
@@ -122,37 +139,26 @@ class OpenAIStrategy(_EndpointStrategy):
         create = client.chat.completions.create if self.api == "chat" else client.responses.create
         try:
             response = await create(**self.request_body(prompt), **options)
-            payload = response.to_dict(mode="json")
-        except Exception as exc:
-            mapped = self._map_error(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
-        text, usage, metadata = parse_response_body(self.api, payload)
+        except Exception as exc:  # re-raised as itself (CONTRACT C7.2), only scrubbed of the key
+            _scrub_key(exc, self._secret)
+            raise
+        text, usage, metadata = parse_response_body(self.api, response.to_dict(mode="json"))
         metadata["api"] = self.api
         return text, usage, metadata
 
-    def _map_error(self, exc: Exception) -> ProviderError | None:
-        """The :class:`ProviderError` for an SDK (or raw httpx2) failure; ``None`` leaves it alone."""
-        openai = self._openai
-        secret = self._secret
-        if isinstance(exc, openai.APIStatusError):
-            return error_from_status(exc.status_code, dict(exc.response.headers), exc.body, secret=secret)
-        if isinstance(exc, openai.APITimeoutError):
-            return ProviderError("request timed out", category=ErrorCategory.TIMEOUT)
-        if isinstance(exc, openai.APIConnectionError):
-            return ProviderError(_redacted(exc, secret), category=ErrorCategory.TRANSIENT)
-        if isinstance(exc, (openai.APIResponseValidationError, json.JSONDecodeError)):
-            message = f"malformed response: {_redacted(exc, secret)}"
-            return ProviderError(message, category=ErrorCategory.PARSE)
-        from .. import _http
-
-        if _http.is_transport_error(exc):
-            return _http.transport_error(exc, secret=secret)
+    def classify_error(self, exception: Exception) -> tuple[ErrorCategory, float | None] | None:
+        """File an SDK status error by the wire table; ``None`` leaves the rest to the default classifier."""
+        if isinstance(exception, self._openai.APIStatusError):
+            category = status_category(exception.status_code, exception.body)
+            return category, parse_retry_after(exception.response.headers)
         return None
 
 
-def _redacted(exc: BaseException, secret: Secret | None) -> str:
-    cause = exc.__cause__
-    text = f"{exc} ({type(cause).__name__}: {cause})" if cause is not None else str(exc)
-    return secret.redact(text) if secret is not None else text
+def _scrub_key(exc: BaseException, secret: Secret | None) -> None:
+    """Remove the API key from an SDK exception's message in place; its type and identity stay."""
+    if secret is None or secret.redact(text := str(exc)) == text:
+        return
+    exc.args = tuple(secret.redact(arg) if isinstance(arg, str) else arg for arg in exc.args)
+    message = getattr(exc, "message", None)
+    if isinstance(message, str):
+        exc.message = secret.redact(message)  # type: ignore[attr-defined]

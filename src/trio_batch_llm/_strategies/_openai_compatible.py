@@ -60,6 +60,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
     _identity_client: Any = None  # the client object the user passed (the SDK strategy wraps a copy)
     _secret: Secret | None
     _label: ClassVar[str]
+    _concurrency_hint: int | None = None
 
     def __init__(self, model: str, *, base_url: str, api: str, concurrency: int | None,
                  extra_body: Mapping[str, Any] | None, system_prompt: str | None,
@@ -87,6 +88,25 @@ class _EndpointStrategy(LLMCallStrategy[str]):
     @property
     def model_name(self) -> str:
         return self.model
+
+    def configure_concurrency(self, concurrency: int) -> None:
+        """The engine's hint (calls that may run at once), given before an owner's first :meth:`prepare`.
+
+        It sizes the connection pool of a client we open: that many connections
+        are kept alive for reuse. Unlike an explicit ``concurrency=`` (which
+        wins, and also caps connections) the hint caps nothing: a client is
+        shared by every owner of this identity in the event loop, and the one
+        that opened it must not throttle a later owner admitting more calls
+        (the engine's admission already bounds each owner's calls). A client
+        passed in by the user keeps its own pool.
+        """
+        if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
+            self._concurrency_hint = concurrency
+
+    @property
+    def pool_size(self) -> int | None:
+        """Connections a client we open keeps alive: ``concurrency=``, else the engine's hint."""
+        return self.concurrency if self.concurrency is not None else self._concurrency_hint
 
     def _fingerprint(self) -> str | None:
         return self._secret.fingerprint() if self._secret is not None else None
@@ -157,7 +177,8 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
     into every request body last. The key comes from ``api_key`` or the
     environment variable ``api_key_env`` (``None`` to never read one); without
     a key no ``Authorization`` header is sent. ``concurrency`` sizes the
-    connection pool. ``timeout`` bounds each HTTP phase; the engine's cancel
+    connection pool and caps it (by default the engine's concurrency sizes
+    it, through :meth:`configure_concurrency`). ``timeout`` bounds each HTTP phase; the engine's cancel
     scopes bound whole attempts. ``client`` may be your own ``httpx2.AsyncClient``
     (its pool and timeouts apply; we never close it). ``execute`` returns
     ``(text, usage, metadata)``.
@@ -197,7 +218,9 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         self._url = self.base_url + API_PATHS[self.api]
 
     def _open_client(self) -> Any:
-        return self._http.create_client(concurrency=self.concurrency, timeout=self.timeout)
+        return self._http.create_client(
+            concurrency=self.concurrency, keepalive=self._concurrency_hint, timeout=self.timeout
+        )
 
     async def _close_client(self, client: Any) -> None:
         await client.aclose()

@@ -1,10 +1,11 @@
 """The OpenAI wire format, both directions, without I/O.
 
 One table for everyone who speaks it: :class:`OpenAICompatibleStrategy` builds
-request bodies and parses responses with it, :class:`OpenAIStrategy` maps the
-SDK's status errors through the same :func:`error_from_status`, and the mock
-server builds its responses with the ``*_payload`` functions, so a change to
-the format is made once and round-trip tested.
+request bodies and parses responses with it (its HTTP errors become
+:func:`error_from_status`), :class:`OpenAIStrategy` classifies the SDK's own
+status errors with the same :func:`status_category` (without wrapping them), and
+the mock server builds its responses with the ``*_payload`` functions, so a
+change to the format is made once and round-trip tested.
 
 Nothing here imports an HTTP client: headers arrive as plain mappings.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "prompt_text_of_request",
     "resolve_api_key",
     "responses_payload",
+    "status_category",
 ]
 
 Api = Literal["chat", "responses"]
@@ -54,6 +56,7 @@ _CONTEXT_LENGTH_TEXT = re.compile(
 )
 _CONTENT_POLICY_TEXT = re.compile(r"content[ _](management )?polic|content[ _]filter|safety system", re.I)
 _MESSAGE_LIMIT = 500
+_MIN_SECRET_LENGTH = 8
 
 
 @final
@@ -73,7 +76,9 @@ class Secret:
         return hashlib.sha256(self._value.encode()).hexdigest()[:16]
 
     def redact(self, text: str) -> str:
-        return text.replace(self._value, "<redacted>") if self._value else text
+        """``text`` without the key. Placeholder keys (``"EMPTY"``, ``"none"``) are too short to hide and
+        would mangle ordinary words, so keys under eight characters are left alone."""
+        return text.replace(self._value, "<redacted>") if len(self._value) >= _MIN_SECRET_LENGTH else text
 
     def __repr__(self) -> str:
         return "Secret('<redacted>')"
@@ -306,11 +311,7 @@ def error_from_status(
     ``body`` is the decoded JSON (``{"error": {...}}`` or the inner object, as the
     openai SDK keeps it), or text. The key in ``secret`` is scrubbed from the message.
     """
-    error = body.get("error", body) if isinstance(body, Mapping) else None
-    error = error if isinstance(error, Mapping) else {}
-    code = str(error.get("code") or "")
-    kind = str(error.get("type") or "")
-    text = str(error.get("message") or "") if error else (body if isinstance(body, str) else "")
+    code, kind, text = _error_fields(body)
     category = _category(status, code, kind, text)
     detail = f": {text[:_MESSAGE_LIMIT]}" if text else ""
     label = f" ({code})" if code else ""
@@ -320,6 +321,22 @@ def error_from_status(
     return ProviderError(
         message, category=category, retry_after=parse_retry_after(headers), status_code=status
     )
+
+
+def status_category(status: int, body: Any) -> ErrorCategory:
+    """The category of an HTTP error response with decoded ``body``, as :func:`error_from_status` files it."""
+    code, kind, text = _error_fields(body)
+    return _category(status, code, kind, text)
+
+
+def _error_fields(body: Any) -> tuple[str, str, str]:
+    """``(code, type, message)`` of an error body in any shape :func:`error_from_status` accepts."""
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    error = error if isinstance(error, Mapping) else {}
+    code = str(error.get("code") or "")
+    kind = str(error.get("type") or "")
+    text = str(error.get("message") or "") if error else (body if isinstance(body, str) else "")
+    return code, kind, text
 
 
 def _category(status: int, code: str, kind: str, text: str) -> ErrorCategory:

@@ -340,6 +340,7 @@ class MockOpenAIApp:
         return " ".join(rng.choice(_WORDS) for _ in range(count)), count
 
     async def _perform(self, plan: _Plan, body: dict[str, Any], exchange: _Exchange, send: Send) -> None:
+        exchange.record.answered = self._clock()
         if plan.kind == "ok":
             self._counts.succeeded += 1
             usage = body["usage"]
@@ -362,6 +363,7 @@ class MockOpenAIApp:
                           code: str | None = None, *, retry_after: float | None = None) -> None:
         if exchange.record.outcome == "pending":
             exchange.record.outcome = f"error:{status}"
+        exchange.record.answered = self._clock()
         if status == 429:
             self._counts.rate_limited += 1
         elif status >= 500:

@@ -87,10 +87,12 @@ def _check_range(name: str, value: float | tuple[float, float], *, minimum: floa
 class RecordedRequest:
     """One completion request as the server received it (``Authorization`` and api-key headers dropped).
 
-    ``arrival`` is ``anyio.current_time()`` in the serving event loop. ``outcome``
-    is the server's decision: ``ok``, ``hang``, ``reset``, ``malformed``,
-    ``error:STATUS`` or ``rate_limited_enforced`` (``pending`` until decided).
-    ``client_disconnected`` is set when the client gave up before an answer.
+    ``arrival`` is ``anyio.current_time()`` in the serving event loop, and
+    ``answered`` the same clock when the response (or a reset) began, ``None``
+    while there is none. ``outcome`` is the server's decision: ``ok``, ``hang``,
+    ``reset``, ``malformed``, ``error:STATUS`` or ``rate_limited_enforced``
+    (``pending`` until decided). ``client_disconnected`` is set when the client
+    gave up before an answer.
     """
 
     method: str
@@ -101,6 +103,7 @@ class RecordedRequest:
     prompt: str | None
     outcome: str = "pending"
     client_disconnected: bool = False
+    answered: float | None = None
 
 
 @final
@@ -145,6 +148,7 @@ class SlidingWindow:
     def __init__(self, length: float) -> None:
         self.length = length
         self._events: deque[tuple[float, int]] = deque()
+        self._held = 0  # the weight in _events, kept as it changes: add() stays O(1) amortized
         self.max_total = 0
 
     def _live(self, now: float) -> list[tuple[float, int]]:
@@ -154,10 +158,12 @@ class SlidingWindow:
         return sum(weight for _, weight in self._live(now))
 
     def add(self, now: float, weight: int = 1) -> None:
-        while self._events and self._events[0][0] + self.length <= now:
-            self._events.popleft()
-        self._events.append((now, weight))
-        self.max_total = max(self.max_total, sum(w for _, w in self._events))
+        events = self._events
+        while events and events[0][0] + self.length <= now:
+            self._held -= events.popleft()[1]
+        events.append((now, weight))
+        self._held += weight
+        self.max_total = max(self.max_total, self._held)
 
     def wait_for_room(self, now: float, weight: int, limit: int) -> float:
         """Seconds until ``weight`` more fits under ``limit`` (0 if it fits now)."""
