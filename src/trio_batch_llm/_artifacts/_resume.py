@@ -85,6 +85,9 @@ class ResumeDecision:
         return self.replay is not None
 
 
+_NOT_STORED: Final = ResumeDecision(None, RerunReason.NOT_STORED)
+
+
 def replayable_failure(category: ErrorCategory | str | None) -> bool:
     """Whether ``REUSE_ALL`` replays a failure of ``category`` (see the module docstring)."""
     if category is None:
@@ -165,12 +168,14 @@ class ResumePlan:
         return len(self._records)
 
     def decide(self, item_id: str, prompt: str, context: Any = None) -> ResumeDecision:
-        decision = decide_resume(
-            self._records.pop(item_id, None),
-            policy=self._policy,
-            fingerprint=fingerprint(prompt, context),
-            context=context,
-        )
+        stored = self._records.pop(item_id, None)
+        if stored is None:
+            # Hot path of every fresh run: nothing to compare, so no fingerprint to compute.
+            decision = _NOT_STORED
+        else:
+            decision = decide_resume(
+                stored, policy=self._policy, fingerprint=fingerprint(prompt, context), context=context
+            )
         if decision.rerun_reason is None:
             self.replayed += 1
         else:
