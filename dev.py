@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bootstrap and run: ``python3 dev.py demo|test|lint|bench|matrix``.
+"""Bootstrap and run: ``python3 dev.py demo|test|lint|docs|bench|matrix``.
 
 ``matrix`` runs the cancellation and cleanup suites on every other supported
 Python found (3.12, 3.13 through pyenv), each in its own ``.venv-X.Y``.
@@ -82,7 +82,7 @@ def _run(args: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"demo", "test", "lint", "bench", "matrix"}:
+    if not argv or argv[0] not in {"demo", "test", "lint", "bench", "matrix", "docs"}:
         print(__doc__)
         return 2
     command, rest = argv[0], argv[1:]
@@ -93,6 +93,11 @@ def main(argv: list[str]) -> int:
         return _run([str(PYTHON), "-m", "trio_batch_llm", "demo", *rest])
     if command == "test":
         return _run([str(PYTHON), "-m", "pytest", *rest])
+    if command == "docs":
+        pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "-e", f"{ROOT}[docs]"], check=True)
+        env_site = ROOT / "site"
+        return _run([str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(env_site), *rest])
     if command == "bench":
         return _run([str(PYTHON), "benchmarks/run_all.py", *rest])
     checks = [
