@@ -74,3 +74,56 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     payload = {"machine": machine(), "argv": sys.argv, **payload}
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
     return path
+
+
+# --- added for drain.py / throughput.py (issue 9) ------------------------------
+
+BACKENDS = ("trio", "asyncio", "uvloop")
+"""Backends our engine runs on here: Trio, asyncio through anyio, and asyncio on uvloop."""
+
+
+def uvloop_available() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run_on(backend: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``anyio.run(fn, *args)`` on ``trio``, ``asyncio`` or ``uvloop`` (asyncio with uvloop's loop)."""
+    import anyio
+
+    if backend == "uvloop":
+        return anyio.run(fn, *args, backend="asyncio", backend_options={"use_uvloop": True})
+    return anyio.run(fn, *args, backend=backend)
+
+
+def run_native_asyncio(fn: Callable[..., Any], *args: Any, uvloop: bool = False) -> Any:
+    """Plain ``asyncio.run`` (async-batch-llm is asyncio-only and never touches anyio)."""
+    import asyncio
+
+    if uvloop:
+        import uvloop as _uvloop
+
+        return _uvloop.run(fn(*args))
+    return asyncio.run(fn(*args))
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """p50 / p95 / max / reps of a sample (``percentile``'s nearest-rank convention)."""
+    return {
+        "p50": percentile(values, 0.50),
+        "p95": percentile(values, 0.95),
+        "max": max(values) if values else float("nan"),
+        "reps": len(values),
+    }
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def results_path(name: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / name

@@ -1,0 +1,64 @@
+"""Run every benchmark in one go: ``python3 dev.py bench`` (or ``python benchmarks/run_all.py``).
+
+    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint]
+
+Runs drain.py, throughput.py, overhead.py, store_throughput.py and
+checkpoint_throughput.py, each in its
+own process (so one benchmark's heap and event-loop state never leak into the
+next), in that order. Every script prints its tables and writes JSON (and PNG
+plots where it has them) into benchmarks/results/. ``--quick`` is a smoke run
+with small sizes and few repetitions that finishes in under two minutes; its
+figures are not for publication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# (name, script, full-run args, quick-run args)
+SCRIPTS: list[tuple[str, str, list[str], list[str]]] = [
+    ("drain", "drain.py", [], ["--quick"]),
+    ("throughput", "throughput.py", [], ["--quick"]),
+    ("overhead", "overhead.py", [], ["--items", "2000", "--repeat", "1"]),
+    ("store", "store_throughput.py", [], ["--records", "2000", "--repeat", "1"]),
+    ("checkpoint", "checkpoint_throughput.py", [], ["--items", "2000", "--repeat", "1"]),
+]
+# crash_fuzz.py is a fuzz test of the stores (pass/fail), not a benchmark: run it on its own.
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes), not for publication")
+    parser.add_argument("--only", default="", help="comma-separated subset of: " + ",".join(s[0] for s in SCRIPTS))
+    args = parser.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
+    failures = []
+    started = time.perf_counter()
+    for name, script, full, quick in SCRIPTS:
+        if only and name not in only:
+            continue
+        path = HERE / script
+        if not path.exists():
+            print(f"== {name}: {script} not found, skipped", flush=True)
+            continue
+        extra = quick if args.quick else full
+        print(f"\n== {name}: {script} {' '.join(extra)}", flush=True)
+        t0 = time.perf_counter()
+        code = subprocess.run([sys.executable, str(path), *extra], cwd=HERE).returncode
+        print(f"== {name}: exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
+        if code:
+            failures.append(name)
+    print(f"\nall benchmarks: {time.perf_counter() - started:.0f} s; results in {HERE / 'results'}")
+    if failures:
+        print(f"FAILED: {', '.join(failures)}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
