@@ -313,3 +313,18 @@ async def test_progress_true_falls_back_to_log_lines_off_a_terminal(caplog: pyte
     assert batch.succeeded == 20
     lines = [r.getMessage() for r in caplog.records if r.name == "trio_batch_llm.progress"]
     assert lines and "20/20" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "prompts",
+    [["a", ("item-0", "b")], [("item-1", "b"), "x", "y"], [("k", "a"), ("k", "b")]],
+    ids=["explicit-after-generated", "generated-after-explicit", "explicit-twice"],
+)
+async def test_duplicates_between_generated_and_explicit_ids(prompts: list[Any]) -> None:
+    with pytest.raises(ValueError, match="duplicate item_id"):
+        await process_prompts(FakeStrategy(), prompts)
+
+
+async def test_explicit_ids_that_only_look_generated_are_fine() -> None:
+    batch = await process_prompts(FakeStrategy(), ["a", ("item-01", "b"), ("item-7", "c")])
+    assert sorted(r.item_id for r in batch.results) == ["item-0", "item-01", "item-7"]

@@ -185,6 +185,7 @@ async def process_stream(
         resume=resume,
         **processor_kwargs,
     ) as proc:
+        proc._record_order = False
         yield _start_stream(proc, prompts, strategy)
 
 

@@ -50,17 +50,35 @@ def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LL
 
 
 class DuplicateTracker:
-    """Remembers ids seen so far and rejects a repeat with ``ValueError`` naming it."""
+    """Rejects a repeated id with ``ValueError`` naming it.
 
-    __slots__ = ("_seen",)
+    Generated ids (``item-N`` for the N-th entry) are unique by construction,
+    so only explicit ids are remembered: a stream of a million bare prompts
+    keeps no per-item state here. An explicit id that spells a generated one
+    is checked against the generated range.
+    """
+
+    __slots__ = ("_explicit", "_generated_below")
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        self._explicit: set[str] = set()
+        self._generated_below = 0  # ids item-0 .. item-(n-1) may have been generated
 
-    def check(self, item_id: str) -> None:
-        if item_id in self._seen:
+    def check(self, item_id: str, *, generated: bool = False, index: int = 0) -> None:
+        if generated:
+            if item_id in self._explicit:
+                raise ValueError(f"duplicate item_id={item_id!r}: every item needs a unique id")
+            self._generated_below = max(self._generated_below, index + 1)
+            return
+        if item_id in self._explicit or self._spells_generated(item_id):
             raise ValueError(f"duplicate item_id={item_id!r}: every item needs a unique id")
-        self._seen.add(item_id)
+        self._explicit.add(item_id)
+
+    def _spells_generated(self, item_id: str) -> bool:
+        if not item_id.startswith("item-"):
+            return False
+        digits = item_id[5:]
+        return digits.isdigit() and str(int(digits)) == digits and int(digits) < self._generated_below
 
 
 def items_from_sequence(
@@ -71,7 +89,7 @@ def items_from_sequence(
     items = []
     for index, entry in enumerate(prompts):
         item = to_item(entry, index, strategy)
-        tracker.check(item.item_id)
+        tracker.check(item.item_id, generated=isinstance(entry, str), index=index)
         items.append(item)
     return items
 
@@ -108,6 +126,6 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
             except StopIteration:
                 raise StopAsyncIteration from None
         item = to_item(entry, self._index, self._strategy)
-        self._tracker.check(item.item_id)
+        self._tracker.check(item.item_id, generated=isinstance(entry, str), index=self._index)
         self._index += 1
         return item  # noqa: ASYNC910

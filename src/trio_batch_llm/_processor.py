@@ -116,6 +116,9 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._send, self._recv = anyio.create_memory_object_stream[LLMWorkItem[TOutput]](buffer)
         self._results: list[WorkItemResult[TOutput]] = []
         self._input_order: list[str] = []
+        # Only batch results need the input order (in_input_order, preserve_order); a stream of
+        # millions keeps no per-item state.
+        self._record_order = True
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self.counters = RunCounters()
         self._workers_live = 0
@@ -192,7 +195,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         if not isinstance(item, LLMWorkItem):
             raise TypeError(f"item={item!r}: must be an LLMWorkItem")
         replay = self._replay_for(item)
-        self._input_order.append(item.item_id)
+        if self._record_order:
+            self._input_order.append(item.item_id)
         self.counters.accepted += 1
         if replay is not None:
             await self._publish(replay, None)
@@ -201,7 +205,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             try:
                 self._send.send_nowait(item)
             except anyio.WouldBlock:
-                self._input_order.pop()
+                if self._record_order:
+                    self._input_order.pop()
                 self.counters.accepted -= 1
                 raise QueueFullError(
                     f"input queue is full (max_queue_size={self.config.max_queue_size}); in batch mode "
@@ -212,7 +217,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         try:
             await self._send.send(item)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._input_order.pop()
+            if self._record_order:
+                self._input_order.pop()
             self.counters.accepted -= 1
             raise AdmissionClosedError(
                 f"the batch stopped ({self._stop_kind or 'closed'}); no more work is accepted"
