@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -11,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(os.environ.get("BENCH_RESULTS_DIR") or Path(__file__).parent / "results")
+"""Where results go; smoke runs (``--quick``) point BENCH_RESULTS_DIR elsewhere (see ``quick_results_dir``)."""
 
 
 def machine() -> dict[str, Any]:
@@ -127,3 +129,18 @@ def ratio(a: float, b: float) -> float:
 def results_path(name: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / name
+
+
+def quick_results_dir() -> Path:
+    """Where smoke runs write, so that they never overwrite the published figures in results/."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "trio-batch-llm-bench-quick"
+
+
+def use_quick_results() -> Path:
+    """Send this process's results (and its children's, through the environment) to ``quick_results_dir()``."""
+    global RESULTS
+    RESULTS = quick_results_dir()
+    os.environ["BENCH_RESULTS_DIR"] = str(RESULTS)
+    return RESULTS

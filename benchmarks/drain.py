@@ -25,7 +25,17 @@ from typing import Any
 
 import _drain_http as http
 import _drain_inproc as inproc
-from _common import BACKENDS, ratio, run_native_asyncio, run_on, spread, table, uvloop_available, write_json
+from _common import (
+    BACKENDS,
+    ratio,
+    run_native_asyncio,
+    run_on,
+    spread,
+    table,
+    use_quick_results,
+    uvloop_available,
+    write_json,
+)
 
 GRACEFUL_REMAINING = 0.05
 """Seconds every in-flight call still has to run when the graceful stop is requested."""
@@ -232,6 +242,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-plot", dest="plot", action="store_false")
     args = parser.parse_args(argv)
     if args.quick:
+        use_quick_results()  # a smoke run never overwrites the published figures
         args.ns, args.reps, args.http_reps, args.http_reps_1000 = "10,100", 2, 1, 1
         args.http_ns = args.http_ns or "10"
     args.ns = [int(x) for x in args.ns.split(",")]

@@ -8,7 +8,8 @@ own process (so one benchmark's heap and event-loop state never leak into the
 next), in that order. Every script prints its tables and writes JSON (and PNG
 plots where it has them) into benchmarks/results/. ``--quick`` is a smoke run
 with small sizes and few repetitions that finishes in under two minutes; its
-figures are not for publication.
+figures are not for publication and go to a scratch folder
+(``_common.quick_results_dir()``), never over benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import use_quick_results
+
 HERE = Path(__file__).resolve().parent
 
 # (name, script, full-run args, quick-run args)
@@ -26,7 +29,7 @@ SCRIPTS: list[tuple[str, str, list[str], list[str]]] = [
     ("drain", "drain.py", [], ["--quick"]),
     ("throughput", "throughput.py", [], ["--quick"]),
     ("overhead", "overhead.py", [], ["--items", "2000", "--repeat", "1"]),
-    ("store", "store_throughput.py", [], ["--records", "2000", "--repeat", "1"]),
+    ("store", "store_throughput.py", [], ["--records", "2000", "--repeat", "1", "--output", "QUICK/store_throughput.json"]),
     ("checkpoint", "checkpoint_throughput.py", [], ["--items", "2000", "--repeat", "1"]),
 ]
 # crash_fuzz.py is a fuzz test of the stores (pass/fail), not a benchmark: run it on its own.
@@ -40,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     only = set(filter(None, args.only.split(",")))
     failures = []
     started = time.perf_counter()
+    if args.quick:
+        # Smoke figures go to a scratch folder (children inherit BENCH_RESULTS_DIR), never over results/.
+        quick_dir = use_quick_results()
+        print(f"quick run: results go to {quick_dir}", flush=True)
     for name, script, full, quick in SCRIPTS:
         if only and name not in only:
             continue
@@ -47,14 +54,15 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             print(f"== {name}: {script} not found, skipped", flush=True)
             continue
-        extra = quick if args.quick else full
+        extra = [a.replace("QUICK", str(quick_dir)) for a in quick] if args.quick else full
         print(f"\n== {name}: {script} {' '.join(extra)}", flush=True)
         t0 = time.perf_counter()
         code = subprocess.run([sys.executable, str(path), *extra], cwd=HERE).returncode
         print(f"== {name}: exit {code} after {time.perf_counter() - t0:.0f} s", flush=True)
         if code:
             failures.append(name)
-    print(f"\nall benchmarks: {time.perf_counter() - started:.0f} s; results in {HERE / 'results'}")
+    where = quick_dir if args.quick else HERE / "results"
+    print(f"\nall benchmarks: {time.perf_counter() - started:.0f} s; results in {where}")
     if failures:
         print(f"FAILED: {', '.join(failures)}")
     return 1 if failures else 0

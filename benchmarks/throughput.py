@@ -34,6 +34,7 @@ from _common import (
     run_native_asyncio,
     run_on,
     table,
+    use_quick_results,
     uvloop_available,
     write_json,
 )
@@ -252,6 +253,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, one repetition")
     args = parser.parse_args(argv)
     if args.quick:
+        use_quick_results()  # a smoke run never overwrites the published figures
         args.items, args.repeat, args.http_items, args.http_repeat = 1_000, 1, 400, 1
         args.memory_sizes, args.memory_backends, args.import_runs = "10000,50000", "trio", 3
     args.sections = args.sections.split(",")
