@@ -26,3 +26,24 @@ def trio_virtual_clock() -> Any:
     import trio.testing
 
     return ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)})
+
+
+ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+"""For clauses that exist only on asyncio (native ``Task.cancel()``)."""
+
+
+async def raise_foreign_cancellation() -> None:
+    """Raise a backend cancellation that belongs to none of the caller's scopes (a 'third party')."""
+    import anyio
+    import anyio.lowlevel
+
+    captured: BaseException | None = None
+    with anyio.CancelScope() as inner:
+        inner.cancel()
+        try:
+            await anyio.lowlevel.checkpoint()
+        except anyio.get_cancelled_exc_class() as exc:
+            captured = exc
+            raise
+    assert captured is not None
+    raise captured

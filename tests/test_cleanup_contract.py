@@ -46,11 +46,10 @@ from trio_batch_llm import (
 )
 from trio_batch_llm._leases import lease_registry
 
-from .conftest import trio_virtual_clock
+from .conftest import ASYNCIO_ONLY, raise_foreign_cancellation, trio_virtual_clock
 
 pytestmark = pytest.mark.anyio
 
-ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 TRIO_VIRTUAL = pytest.mark.parametrize(
     "anyio_backend", [pytest.param(trio_virtual_clock(), id="trio-virtual")]
 )
@@ -147,7 +146,7 @@ class Scripted(LLMCallStrategy[str]):
             if mode == "slow":
                 await anyio.sleep(self.slow)
             if mode == "interrupt":
-                await _raise_foreign_cancellation()
+                await raise_foreign_cancellation()
             if mode == "keyboard_interrupt":
                 await anyio.lowlevel.checkpoint()
                 raise KeyboardInterrupt
@@ -163,19 +162,6 @@ class Scripted(LLMCallStrategy[str]):
 
 class CleanupBoom(RuntimeError):
     """A user cleanup failure (a subclass, so a weak reference can watch it die)."""
-
-
-async def _raise_foreign_cancellation() -> None:
-    captured: BaseException | None = None
-    with anyio.CancelScope() as inner:
-        inner.cancel()
-        try:
-            await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class() as exc:
-            captured = exc
-            raise
-    assert captured is not None
-    raise captured
 
 
 class RecordingStore:

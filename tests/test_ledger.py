@@ -36,26 +36,9 @@ from trio_batch_llm._ledger import (
 )
 from trio_batch_llm._ledger import logger as cleanup_logger
 
-from .conftest import trio_virtual_clock
+from .conftest import ASYNCIO_ONLY, raise_foreign_cancellation, trio_virtual_clock
 
 pytestmark = pytest.mark.anyio
-
-ASYNCIO_ONLY = pytest.mark.parametrize("anyio_backend", ["asyncio"])
-
-
-async def raise_foreign_cancellation() -> None:
-    """Raise a backend cancellation that belongs to no scope of the ledger's (a 'third party')."""
-    captured: BaseException | None = None
-    with anyio.CancelScope() as inner:
-        inner.cancel()
-        try:
-            await anyio.lowlevel.checkpoint()
-        except anyio.get_cancelled_exc_class() as exc:
-            captured = exc
-            raise
-    assert captured is not None
-    raise captured
-
 
 async def let_others_run(checkpoints: int) -> None:
     """Give every other task many chances to run (a linked cancellation would land meanwhile)."""
