@@ -47,27 +47,52 @@ RATE_LIMIT = RateLimitConfig(
 )
 
 
-def max_in_window(stamps: list[float], window: float) -> int:
-    """The most stamps in any half-open window ``[s, s + window)``."""
-    stamps = sorted(stamps)
-    best, lo = 0, 0
-    for hi, t in enumerate(stamps):
-        while stamps[lo] + window <= t:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
-
-
 # -- requests per minute ----------------------------------------------------
 
 
+def max_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most half-open spans ``[start, stop)`` that share one instant."""
+    # At equal times a span that stops is counted out before one that starts.
+    events = sorted([(start, 1) for start, _ in spans] + [(stop, -1) for _, stop in spans])
+    best = count = 0
+    for _, delta in events:
+        count += delta
+        best = max(best, count)
+    return best
+
+
+class RequestCall:
+    """The model of one admitted request: admitted at ``start``, its call ended at ``end``."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.end: float | None = None  # None while the call is open
+
+
+def charged_spans(calls: list[RequestCall], window: float, now: float) -> list[tuple[float, float]]:
+    # A request is charged from its admission until a window after its call
+    # ended; an open call, until at least a window after now.
+    return [(c.start, (now if c.end is None else c.end) + window) for c in calls]
+
+
+def max_arrivals_in_window(calls: list[RequestCall], window: float, now: float) -> int:
+    """The most arrivals any window ``[s, s + window)`` can have seen, however transit times fell.
+
+    A request arrives at some ``a`` in ``[start, end]``. If ``k`` arrivals fall
+    in one window ``[s, s + window)``, all ``k`` charged spans contain the last
+    of them (each starts before it and stops at ``end + window >= s + window``),
+    so the most spans sharing an instant bounds the arrivals in any window.
+    """
+    return max_overlap(charged_spans(calls, window, now))
+
+
 class RequestRateMachine(RuleBasedStateMachine):
-    stamps = Bundle("stamps")
+    calls = Bundle("calls")
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 1000.0
-        self.history: list[float] = []  # every admission not refunded
+        self.history: list[RequestCall] = []  # every admission not refunded
 
     @initialize(rpm=st.sampled_from([0.5, 1, 2, 2.5, 3, 7.9, 12]), burst=st.sampled_from([None, 1, 2]))
     def configure(self, rpm: float, burst: int | None) -> None:
@@ -78,49 +103,68 @@ class RequestRateMachine(RuleBasedStateMachine):
     def advance(self, step: float) -> None:
         self.now += step
 
-    def live(self) -> list[float]:
-        return [s for s in self.history if s + self.core.window > self.now]
+    def charged(self) -> list[RequestCall]:
+        window = self.core.window
+        return [c for c in self.history if c.end is None or c.end + window > self.now]
+
+    def open_calls(self) -> int:
+        return sum(c.end is None for c in self.history)
 
     def fits_in_model(self) -> bool:
-        live = self.live()
-        if len(live) >= self.core.limit:
+        if len(self.charged()) >= self.core.limit:
             return False
         if self.burst is not None and self.burst < self.core.limit:
             burst_window = self.core.window * self.burst / self.core.limit
-            if len([s for s in live if s + burst_window > self.now]) >= self.burst:
+            if len([c for c in self.history if c.start + burst_window > self.now]) >= self.burst:
                 return False
         return True
 
-    @rule(target=stamps)
-    def admit(self) -> float:
+    @rule(target=calls)
+    def admit(self) -> RequestCall:
         expected = self.fits_in_model()
         try:
             stamp = self.core.try_admit_nowait(self.now)
         except anyio.WouldBlock:
             assert not expected
             ready = self.core.ready_at(self.now)
-            assert self.now < ready < math.inf
+            assert self.now < ready
+            if self.open_calls() >= self.core.limit:
+                # Every unit is held by a call still running: only its end can help.
+                assert ready == math.inf
+                return multiple()
+            assert ready < math.inf
             # Exactly at the ready time it fits (nothing else changed meanwhile).
             self.now = ready
             stamp = self.core.try_admit_nowait(self.now)
         else:
             assert expected
-        self.history.append(stamp)
-        return stamp
+        assert stamp == self.now
+        call = RequestCall(stamp)
+        self.history.append(call)
+        return call
 
-    @rule(stamp=consumes(stamps))
-    def refund(self, stamp: float) -> None:
-        if stamp + self.core.window > self.now:
-            self.history.remove(stamp)
-        self.core.refund(stamp, self.now)
+    @rule(call=consumes(calls))
+    def end(self, call: RequestCall) -> None:
+        call.end = self.now
+        self.core.end(self.now)
+
+    @rule(call=consumes(calls))
+    def refund(self, call: RequestCall) -> None:
+        self.history.remove(call)
+        self.core.refund(call.start, self.now)
 
     @invariant()
     def window_holds(self) -> None:
-        assert self.core.requests_in_window(self.now) == len(self.live())
-        assert max_in_window(self.history, self.core.window) <= self.core.limit
+        assert self.core.requests_in_window(self.now) == len(self.charged())
+        assert max_arrivals_in_window(self.history, self.core.window, self.now) <= self.core.limit
         if self.rpm >= 1:
-            # The promise in its plain form: never more than rpm in any 60 s.
-            assert max_in_window(self.history, 60.0) <= self.rpm
+            # The promise in its plain form: never more than rpm arrivals in any 60 s.
+            assert max_arrivals_in_window(self.history, 60.0, self.now) <= self.rpm
+
+    def teardown(self) -> None:
+        # Ended calls leave the window; only open calls are still charged.
+        self.now += 2 * self.core.window
+        assert self.core.requests_in_window(self.now) == self.open_calls()
 
 
 # -- tokens per minute ------------------------------------------------------
@@ -291,7 +335,8 @@ class ScopeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 1000.0
-        self.request_stamps: list[float] = []  # every RPM unit not refunded
+        # Every RPM unit not refunded, by id of its admission (kept alive, so ids stay unique).
+        self.request_calls: dict[int, tuple[Admission, RequestCall]] = {}
         self.outstanding: dict[int, Admission] = {}  # admissions a caller holds
         self.waiting: dict[int, Ticket] = {}  # tickets in arrival order, not yet returned or withdrawn
         self.arrival: dict[int, int] = {}
@@ -321,20 +366,25 @@ class ScopeMachine(RuleBasedStateMachine):
         for ticket in newly:
             self.granted_order.append(self.arrival[id(ticket)])
             assert ticket.admission is not None
-            if ticket.admission._request_stamp is not None:
-                self.request_stamps.append(ticket.admission._request_stamp)
+            self.record_call(ticket.admission)
         if newly:
             self.check_admitted_now()
         if core.queue and not core.closed:
             # Nobody is left waiting at the head who could go now.
             assert core.ready_at(core.queue[0].tokens, self.now) > self.now
 
+    def record_call(self, admission: Admission) -> None:
+        if admission._request_stamp is not None:
+            assert admission._request_stamp == self.now
+            self.request_calls[id(admission)] = (admission, RequestCall(self.now))
+
     def unstamp(self, admission: Admission) -> None:
-        core, stamp = self.core, admission._request_stamp
-        if stamp is not None and not admission.released:
-            assert core.requests is not None
-            if stamp + core.requests.window > self.now:
-                self.request_stamps.remove(stamp)
+        if not admission.released:
+            self.request_calls.pop(id(admission), None)
+
+    def end_call(self, admission: Admission) -> None:
+        if not admission.released and id(admission) in self.request_calls:
+            self.request_calls[id(admission)][1].end = self.now
 
     @rule(step=STEPS)
     def advance(self, step: float) -> None:
@@ -363,8 +413,7 @@ class ScopeMachine(RuleBasedStateMachine):
             assert waiting or core.ready_at(tokens, self.now) > self.now
             return multiple()
         assert not waiting  # FIFO: nobody jumps the queue
-        if admission._request_stamp is not None:
-            self.request_stamps.append(admission._request_stamp)
+        self.record_call(admission)
         self.check_admitted_now()
         self.outstanding[id(admission)] = admission
         return admission
@@ -422,6 +471,7 @@ class ScopeMachine(RuleBasedStateMachine):
     def release(self, admission: Admission, ratio: float | None) -> None:
         actual = None if ratio is None else int(admission.tokens_reserved * ratio)
         del self.outstanding[id(admission)]
+        self.end_call(admission)
         self.core.release(admission, actual, self.now)
         self.core.release(admission, 0, self.now)  # idempotent
         self.after_grants()
@@ -451,9 +501,11 @@ class ScopeMachine(RuleBasedStateMachine):
         assert core.in_flight == held
         assert 0 <= core.in_flight <= core.bound
         if core.requests is not None:
-            assert max_in_window(self.request_stamps, 60.0) <= core.requests.requests_per_minute
-            live = [s for s in self.request_stamps if s + core.requests.window > self.now]
-            assert core.requests.requests_in_window(self.now) == len(live)
+            calls = [call for _, call in self.request_calls.values()]
+            assert max_arrivals_in_window(calls, 60.0, self.now) <= core.requests.requests_per_minute
+            window = core.requests.window
+            charged = [c for c in calls if c.end is None or c.end + window > self.now]
+            assert core.requests.requests_in_window(self.now) == len(charged)
         # FIFO: waiters were admitted in the order they arrived.
         assert self.granted_order == sorted(self.granted_order)
         assert [id(t) for t in core.queue] == [

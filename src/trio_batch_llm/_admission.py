@@ -20,6 +20,11 @@ The engine's calling pattern, per attempt::
     except anyio.WouldBlock:
         admission = await scope.admit(tokens)
     try:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+    except BaseException:
+        admission.release_unused()                       # cancelled before the call: refund
+        raise
+    try:
         ... = await strategy.execute(...)
     except RateLimited as exc:
         admission.release_rate_limited(exc.retry_after, actual_tokens)
@@ -206,8 +211,13 @@ class QuotaScope:
         if admission._scope is not self:
             raise ValueError("admission belongs to another quota scope")
         if core.tokens is None and not core.queue:
+            # Nobody to wake and no tokens to settle: free the slot here. An RPM
+            # scope must still see the end, which starts the request's last window.
             admission.released = True
             core.in_flight -= 1
+            requests = core.requests
+            if requests is not None and admission._request_stamp is not None:
+                requests.end(self._clock())
             return
         _wake(core.release(admission, actual_tokens, self._clock()))
 

@@ -45,11 +45,14 @@ class Admission:
 
     - :meth:`release` after the call, with the real total tokens when known
       (``None`` keeps the reservation: unknown usage is never taken for zero);
+      the RPM unit keeps counting for a window from now, the call's end;
     - :meth:`release_rate_limited` when the call was rate limited (a 429):
       it starts or joins the scope's cooldown *before* freeing the slot, so
-      the slot cannot go to a waiter ahead of the cooldown;
-    - :meth:`release_unused` when the call never reached the provider: the
-      RPM unit and every reserved token are refunded.
+      the slot cannot go to a waiter ahead of the cooldown; the 429 did reach
+      the provider, so its RPM unit counts as after :meth:`release`;
+    - :meth:`release_unused` when the call never reached the provider
+      (refused or cancelled before it started): the RPM unit and every
+      reserved token are refunded at once.
     """
 
     __slots__ = ("_request_stamp", "_scope", "_token_reservation", "generation", "released")
@@ -261,6 +264,8 @@ class QuotaCore:
             return _NOTHING_TO_WAKE
         admission.released = True
         self.in_flight -= 1
+        if admission._request_stamp is not None and self.requests is not None:
+            self.requests.end(now)  # it reached the provider (a 429 too): counts a window on from here
         reservation = admission._token_reservation
         if reservation is not None and self.tokens is not None:
             self.tokens.reconcile(reservation, actual_tokens, now)

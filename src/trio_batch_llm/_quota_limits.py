@@ -9,8 +9,10 @@ Deriving the check from the ready time (rather than writing both) is what keeps
 a waiter that sleeps until its ready time from waking to a failed check and
 spinning on float rounding.
 
-Windows are half-open: an admission at ``t`` counts in every window
+Windows are half-open: a charge at ``t`` counts in every window
 ``[s, s + 60)`` with ``s <= t < s + 60``, and stops counting at ``t + 60``.
+A request is charged from its admission until a window after its call *ended*
+(see :class:`RequestRateCore`).
 """
 
 from __future__ import annotations
@@ -35,21 +37,34 @@ NOW: Final = -math.inf
 
 @final
 class RequestRateCore:
-    """Requests per minute as a sliding-window log of admission times.
+    """Requests per minute, counted as the provider counts them: from arrival, for a window.
 
-    ``limit = max(1, floor(rpm))`` admissions are allowed in any window of
+    A request reaches the provider at some moment between its admission and the
+    end of its call, and is counted there for 60 s from that moment. Counting
+    it here from admission to 60 s after admission is not enough: transit times
+    vary, so a burst admitted as old stamps expire can land in one provider
+    window together with the stragglers of the burst before it. So a request
+    counts from its admission until ``window`` seconds after its call *ended*
+    (:meth:`end`); one that never reached the provider stops counting at once
+    (:meth:`refund`). Since every arrival lies inside that span, the provider
+    never sees more than ``limit`` arrivals in any window. The price is each
+    call's own duration per window of quota.
+
+    ``limit = max(1, floor(rpm))`` requests in any window of
     ``window = max(60, 60 / rpm)`` seconds. For ``rpm >= 1`` that is the exact
     invariant "at most rpm requests in any 60 s window": no schedule can admit
     a fractional request, so a fractional part above 1 is unusable without
     breaking it (2.5 rpm runs as 2 per minute). Below 1 rpm it is one request
     per ``60 / rpm`` seconds, the nearest thing to 0.5 requests a minute.
 
-    ``burst`` (optional) smooths the window: at most ``burst`` admissions in
+    ``burst`` (optional) smooths admissions: at most ``burst`` admissions in
     any ``window * burst / limit`` seconds, so ``burst=1`` paces requests evenly
     instead of letting the whole minute's quota go at once.
     """
 
-    __slots__ = ("_burst", "_burst_window", "_log", "limit", "requests_per_minute", "window")
+    __slots__ = (
+        "_admitted", "_burst", "_burst_window", "_ended", "_open", "limit", "requests_per_minute", "window",
+    )
 
     def __init__(self, requests_per_minute: float, *, burst: int | None = None) -> None:
         if isinstance(requests_per_minute, bool) or not isinstance(requests_per_minute, (int, float)):
@@ -63,24 +78,27 @@ class RequestRateCore:
         self.window: float = max(WINDOW_SECONDS, WINDOW_SECONDS * self.limit / requests_per_minute)
         self._burst = burst if burst is not None and burst < self.limit else None
         self._burst_window = self.window * (self._burst or 1) / self.limit
-        # Only admissions still inside the window are kept, so the log never
-        # holds more than `limit` stamps and its head is the oldest live one.
-        self._log: deque[float] = deque()
+        self._open = 0  # admitted, call not ended: counts however long it takes
+        # End times of calls that ended less than a window ago: non-decreasing
+        # (appended at the clock's now), so the head is the next to leave.
+        self._ended: deque[float] = deque()
+        self._admitted: deque[float] = deque(maxlen=self._burst)  # recent admissions, for the burst pace
 
     def _prune(self, now: float) -> None:
-        log, window = self._log, self.window
-        while log and log[0] + window <= now:
-            log.popleft()
+        ended, window = self._ended, self.window
+        while ended and ended[0] + window <= now:
+            ended.popleft()
 
     def ready_at(self, now: float) -> float:
         self._prune(now)
-        log = self._log
         ready = NOW
-        if len(log) >= self.limit:
-            ready = log[0] + self.window
+        excess = self._open + len(self._ended) + 1 - self.limit
+        if excess > 0:
+            # Enough ended calls must leave the window; calls still open leave only by ending.
+            ready = self._ended[excess - 1] + self.window if excess <= len(self._ended) else NEVER
         burst = self._burst
-        if burst is not None and len(log) >= burst:
-            ready = max(ready, log[-burst] + self._burst_window)
+        if burst is not None and len(self._admitted) >= burst:
+            ready = max(ready, self._admitted[0] + self._burst_window)
         return ready
 
     def try_admit_nowait(self, now: float) -> float:
@@ -91,23 +109,33 @@ class RequestRateCore:
 
     def commit(self, now: float) -> float:
         """Record an admission the caller has already checked with :meth:`ready_at`."""
-        self._log.append(now)
+        self._open += 1
+        if self._burst is not None:
+            self._admitted.append(now)
         return now
 
+    def end(self, now: float) -> None:
+        """A call ended, whatever its outcome (a 429 too): it counts until a window from ``now``."""
+        self._open -= 1
+        self._ended.append(now)
+
     def refund(self, stamp: float, now: float) -> None:
-        """Forget an admission whose request never reached the provider."""
-        self._prune(now)
-        if stamp + self.window > now:
-            # Stamps with equal values are interchangeable, so removing the
-            # first equal one leaves exactly the log we would have had.
+        """Forget the open admission made at ``stamp``: its request never reached the provider."""
+        self._open -= 1
+        if self._burst is not None:
+            # Equal stamps are interchangeable. A stamp the bounded log already
+            # pushed out is older than all it keeps, and the admission that
+            # pushed it out waited until it was a burst window old: forgetting
+            # it loosens nothing.
             try:
-                self._log.remove(stamp)
+                self._admitted.remove(stamp)
             except ValueError:
                 pass
 
     def requests_in_window(self, now: float) -> int:
+        """Requests the provider may be counting now: calls open, and calls ended within a window."""
         self._prune(now)
-        return len(self._log)
+        return self._open + len(self._ended)
 
 
 @final
