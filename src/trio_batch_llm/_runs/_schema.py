@@ -22,6 +22,25 @@ PostgreSQL repository has to provide too:
 Sequences must become visible to readers in order (a reader that saw ``n``
 never later sees a new result numbered below ``n``); SQLite's single writer
 gives that for free.
+
+Provider Batch API mode adds *submissions*: a group of a run's items sent to
+the provider as one batch. While a submission is live (``reserved``,
+``creating``, ``unknown`` or ``submitted``) its items are ``batched`` (neither
+pending nor done) and its estimated tokens count against its *scope*'s
+enqueued-token capacity, which every run in the same store shares:
+
+* ``reserve_submission`` checks the scope's capacity, takes the items and
+  inserts the submission, together; the check and the insert are one write
+  transaction, so two repositories on one store (threads or processes) never
+  reserve past the limit between them;
+* ``update_submission`` is a compare-and-set on the submission's state (the
+  ``creating`` state is the durable *intent* to create the batch, written
+  before the create call is sent, so a crash leaves evidence to reconcile);
+* ``abandon_submission`` and ``finish_submission`` end a live submission and
+  release its capacity together with what happens to its items: back to
+  pending, or done with their results sequenced exactly as ``record`` does.
+  Both act only on a live (resp. ``submitted``) submission, so repeating
+  them after a crash changes nothing.
 """
 
 from __future__ import annotations
@@ -35,8 +54,11 @@ from .._errors import RunSourceError, RunStateError
 from .._results import WorkItemResult
 
 __all__ = [
+    "LIVE_SUBMISSION_STATES",
     "TERMINAL_STATUSES",
+    "UNRESOLVED_SUBMISSION_STATES",
     "NewItem",
+    "NewSubmission",
     "NewResult",
     "PendingItem",
     "RunMode",
@@ -50,11 +72,21 @@ __all__ = [
     "RunTermination",
     "SourceCheckpoint",
     "StoredResult",
+    "SubmissionRecord",
+    "SubmissionState",
 ]
 
 RunStatus = Literal["running", "paused", "cancelled", "completed", "failed"]
 RunMode = Literal["live", "provider-batch"]
 TERMINAL_STATUSES: Final[frozenset[str]] = frozenset({"cancelled", "completed", "failed"})
+
+SubmissionState = Literal[
+    "reserved", "creating", "unknown", "submitted", "finished", "abandoned", "cancelled"
+]
+LIVE_SUBMISSION_STATES: Final[frozenset[str]] = frozenset({"reserved", "creating", "unknown", "submitted"})
+"""States that hold their items (``batched``) and their tokens of the scope's capacity."""
+UNRESOLVED_SUBMISSION_STATES: Final[frozenset[str]] = frozenset({"creating", "unknown"})
+"""A create call may have been sent but no batch id is known: reconcile before anything else."""
 
 
 @final
@@ -113,9 +145,16 @@ class RunSnapshot:
     """The sequence number of the newest result (0: none yet)."""
     created_at: str
     updated_at: str
+    batched: int = 0
+    """Items inside live submissions (provider-batch mode); counted in ``pending`` too."""
+    open_submissions: int = 0
+    """This run's submissions in a live state (``LIVE_SUBMISSION_STATES``)."""
+    unresolved_submission: str | None = None
+    """The id of this run's oldest submission in state ``creating`` or ``unknown``."""
 
     @property
     def pending(self) -> int:
+        """Items without a result yet (including ``batched`` ones)."""
         return self.items - self.done
 
     @property
@@ -170,6 +209,8 @@ class PendingItem:
     item_id: str
     prompt: str
     context_json: str | None
+    attempts: int = 0
+    """Provider batches this item came back from without a result (``finish_submission``)."""
 
 
 @final
@@ -190,6 +231,37 @@ class StoredResult:
     sequence: int
     item_id: str
     result_json: str
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class NewSubmission:
+    submission_id: str
+    """A uuid hex; also sent to the provider as batch metadata, to find the batch again."""
+    scope: str
+    """The capacity scope key (e.g. ``"batch|https://api…|keyfp|model"``)."""
+    item_ids: tuple[str, ...]
+    """Pending items of the run, in the order they go into the input file."""
+    tokens: int
+    """Estimated enqueued tokens (>= 0)."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class SubmissionRecord:
+    """A submission as stored."""
+
+    submission_id: str
+    run_id: str
+    scope: str
+    state: SubmissionState
+    items: int
+    tokens: int
+    input_file_id: str | None
+    batch_id: str | None
+    detail: str | None
+    created_at: str
+    updated_at: str
 
 
 @runtime_checkable
@@ -241,3 +313,70 @@ class RunRepository(Protocol):
         """Take the exclusive right to drive ``run_id`` (False if held, here or elsewhere)."""
 
     def release(self, run_id: str) -> None: ...
+
+    # -- provider-batch submissions (each method one transaction) -------------
+
+    def reserve_submission(
+        self, run_id: str, submission: NewSubmission, *, capacity_limit: int | None
+    ) -> bool:
+        """Take capacity and items for a new submission (state ``reserved``), atomically.
+
+        False, writing nothing, if ``capacity_limit`` is set and the scope's
+        ``held_tokens`` plus ``submission.tokens`` would exceed it (a submission
+        bigger than the limit on its own is refused too). Otherwise every listed
+        item must be ``pending`` in this run (ValueError naming the first that is
+        not, and its state; nothing written); they become ``batched`` in this
+        submission. The capacity check and the insert are one write transaction,
+        so concurrent reservations on one store (any number of repository
+        objects, threads or processes) never hold more than the limit."""
+
+    def update_submission(
+        self,
+        run_id: str,
+        submission_id: str,
+        *,
+        from_states: frozenset[str],
+        to: SubmissionState,
+        input_file_id: str | None = None,
+        batch_id: str | None = None,
+        detail: str | None = None,
+    ) -> bool:
+        """Compare-and-set: move to ``to`` (a live state) only if the state is in
+        ``from_states``, setting the given non-None fields too; False (nothing
+        changed) otherwise, or if there is no such submission. Ending a
+        submission goes through ``abandon_submission`` or ``finish_submission``."""
+
+    def abandon_submission(
+        self, run_id: str, submission_id: str, *, to: Literal["abandoned", "cancelled"], detail: str | None
+    ) -> int:
+        """End a live submission without results: its ``batched`` items go back to
+        pending (attempts unchanged) and its capacity is released, together.
+        Returns the items returned; 0 and no change if it was not live."""
+
+    def finish_submission(
+        self,
+        run_id: str,
+        submission_id: str,
+        results: Sequence[NewResult],
+        retry_item_ids: Sequence[str],
+        *,
+        detail: str | None = None,
+    ) -> RunSnapshot:
+        """End a ``submitted`` submission with its results, in one transaction.
+
+        Results for items still ``batched`` in this submission become done with
+        the next sequences exactly as ``record`` does; results for any other item
+        are skipped. Then the ``retry_item_ids`` and every other item still
+        ``batched`` in it go back to pending with ``attempts + 1``, and the
+        submission becomes ``finished`` (capacity released). Exactly once: if the
+        submission is not ``submitted`` nothing changes (a repeat after a crash
+        is a no-op). Returns the snapshot after."""
+
+    def submissions(self, run_id: str, *, states: frozenset[str] | None = None) -> list[SubmissionRecord]:
+        """The run's submissions (those in ``states``, if given), in creation order."""
+
+    def submission_items(self, run_id: str, submission_id: str) -> list[PendingItem]:
+        """The items still ``batched`` in the submission, in ingestion order, with attempts."""
+
+    def held_tokens(self, scope: str) -> int:
+        """Tokens held by the scope's live submissions, across every run in the store."""

@@ -1,4 +1,5 @@
-"""``SqliteRunRepository``: run state in the tables ``runs``, ``run_items`` and ``run_results``.
+"""``SqliteRunRepository``: run state in the tables ``runs``, ``run_items``, ``run_results``
+and ``run_submissions``.
 
 The tables live in the same database file as a :class:`SqliteArtifactStore`
 (the file keeps the artifact store's ``application_id`` and header, so either
@@ -7,6 +8,13 @@ worker thread behind a ``CapacityLimiter(1)``. Each public method is one
 ``BEGIN IMMEDIATE … COMMIT`` (or one read), see :mod:`._schema`.
 
 The right to drive a run is a :class:`FileClaims` lock in ``<database>.run-locks/``.
+
+Schema version 2 added provider-batch submissions (``run_submissions``, and
+``attempts``/``submission`` on ``run_items``). A version-1 file is migrated in
+place when a writer opens it (``ALTER TABLE … ADD COLUMN``, ``CREATE … IF NOT
+EXISTS``, then the stored ``runs_schema_version`` is bumped), in the opening
+transaction; a read-only open of a version-1 file reads it as having no
+submissions. A file written by a newer schema is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 from .._artifacts._fingerprint import canonical_json, identity_fingerprint
 from .._artifacts._sqlite import APPLICATION_ID, SqliteArtifactStore
@@ -26,8 +34,11 @@ from .._config import ArtifactIdentity
 from .._errors import ArtifactMismatchError, ArtifactStoreError
 from ._claims import FileClaims
 from ._schema import (
+    LIVE_SUBMISSION_STATES,
+    UNRESOLVED_SUBMISSION_STATES,
     NewItem,
     NewResult,
+    NewSubmission,
     PendingItem,
     RunSnapshot,
     RunSpec,
@@ -35,14 +46,16 @@ from ._schema import (
     RunTermination,
     SourceCheckpoint,
     StoredResult,
+    SubmissionRecord,
+    SubmissionState,
 )
 
 __all__ = ["SqliteRunRepository"]
 
 _BUSY_TIMEOUT_SECONDS: Final = 30.0
-RUNS_SCHEMA_VERSION: Final = 1
+RUNS_SCHEMA_VERSION: Final = 2
 
-_SCHEMA: Final = (
+_TABLES: Final = (
     """CREATE TABLE IF NOT EXISTS runs (
         run_id TEXT PRIMARY KEY,
         mode TEXT NOT NULL,
@@ -77,9 +90,10 @@ _SCHEMA: Final = (
         context TEXT,
         state TEXT NOT NULL,
         result_sequence INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        submission TEXT,
         PRIMARY KEY (run_id, item_id)
     ) WITHOUT ROWID""",
-    "CREATE INDEX IF NOT EXISTS run_items_by_state ON run_items (run_id, state, ingest_seq)",
     """CREATE TABLE IF NOT EXISTS run_results (
         run_id TEXT NOT NULL,
         sequence INTEGER NOT NULL,
@@ -89,11 +103,58 @@ _SCHEMA: Final = (
         result TEXT NOT NULL,
         PRIMARY KEY (run_id, sequence)
     ) WITHOUT ROWID""",
+    # seq: creation order across the store (a rowid is not stable under VACUUM).
+    """CREATE TABLE IF NOT EXISTS run_submissions (
+        submission_id TEXT PRIMARY KEY,
+        seq INTEGER NOT NULL UNIQUE,
+        run_id TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        state TEXT NOT NULL,
+        items INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        input_file_id TEXT,
+        batch_id TEXT,
+        detail TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    )""",
+)
+# Version 1 -> 2: columns a version-1 run_items lacks (CREATE TABLE IF NOT EXISTS keeps the old table).
+_ADDED_COLUMNS: Final = (
+    ("run_items", "attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ("run_items", "submission", "TEXT"),
+)
+_INDEXES: Final = (
+    "CREATE INDEX IF NOT EXISTS run_items_by_state ON run_items (run_id, state, ingest_seq)",
+    # Partial: only batched items carry a submission, so the index stays as small as the open batches.
+    "CREATE INDEX IF NOT EXISTS run_items_by_submission ON run_items (run_id, submission, ingest_seq)"
+    " WHERE submission IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS run_submissions_by_scope ON run_submissions (scope, state)",
+    "CREATE INDEX IF NOT EXISTS run_submissions_by_run ON run_submissions (run_id, state)",
 )
 _RUN_COLUMNS: Final = (
     "run_id, mode, identity, config, status, termination, source_position, source_cursor,"
     " source_fingerprint, source_last_item, source_exhausted, items, done, succeeded, failed,"
     " input_tokens, output_tokens, total_tokens, last_sequence, created_at, updated_at"
+)
+_LIVE: Final = ", ".join(f"'{state}'" for state in sorted(LIVE_SUBMISSION_STATES))
+_UNRESOLVED: Final = ", ".join(f"'{state}'" for state in sorted(UNRESOLVED_SUBMISSION_STATES))
+_ALL_SUBMISSION_STATES: Final = LIVE_SUBMISSION_STATES | {"finished", "abandoned", "cancelled"}
+# One statement, so the submission fields are read from the same snapshot as the run's counters.
+_SNAPSHOT: Final = (
+    f"SELECT {_RUN_COLUMNS},"
+    f" (SELECT COALESCE(SUM(s.items), 0) FROM run_submissions s"
+    f"  WHERE s.run_id = runs.run_id AND s.state IN ({_LIVE})),"
+    f" (SELECT COUNT(*) FROM run_submissions s WHERE s.run_id = runs.run_id AND s.state IN ({_LIVE})),"
+    f" (SELECT s.submission_id FROM run_submissions s"
+    f"  WHERE s.run_id = runs.run_id AND s.state IN ({_UNRESOLVED}) ORDER BY s.seq LIMIT 1)"
+    " FROM runs WHERE run_id = ?"
+)
+# A read-only reader of a version-1 file: no submissions there.
+_SNAPSHOT_V1: Final = f"SELECT {_RUN_COLUMNS}, 0, 0, NULL FROM runs WHERE run_id = ?"
+_SUBMISSION_COLUMNS: Final = (
+    "submission_id, run_id, scope, state, items, tokens, input_file_id, batch_id, detail,"
+    " created_at, updated_at"
 )
 
 
@@ -103,7 +164,8 @@ def _now() -> str:
 
 def _snapshot(row: tuple[Any, ...]) -> RunSnapshot:
     (run_id, mode, identity, config, status, termination, position, cursor, fingerprint, last_item,
-     exhausted, items, done, succeeded, failed, inp, out, total, last_seq, created, updated) = row
+     exhausted, items, done, succeeded, failed, inp, out, total, last_seq, created, updated,
+     batched, open_submissions, unresolved) = row
     term = json.loads(termination) if termination else None
     return RunSnapshot(
         run_id=run_id,
@@ -119,7 +181,32 @@ def _snapshot(row: tuple[Any, ...]) -> RunSnapshot:
         items=items, done=done, succeeded=succeeded, failed=failed,
         input_tokens=inp, output_tokens=out, total_tokens=total, last_sequence=last_seq,
         created_at=created, updated_at=updated,
+        batched=batched, open_submissions=open_submissions, unresolved_submission=unresolved,
     )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_new_submission(submission: NewSubmission, capacity_limit: int | None) -> None:
+    sid = submission.submission_id
+    if not _is_count(submission.tokens):
+        raise ValueError(f"submission {sid!r}: tokens must be an int >= 0, not {submission.tokens!r}")
+    if capacity_limit is not None and not _is_count(capacity_limit):
+        raise ValueError(f"capacity_limit must be None or an int >= 0, not {capacity_limit!r}")
+    if not submission.item_ids:
+        raise ValueError(f"submission {sid!r} lists no items")
+    seen: set[str] = set()
+    for item_id in submission.item_ids:
+        if item_id in seen:
+            raise ValueError(f"submission {sid!r} lists item {item_id!r} twice")
+        seen.add(item_id)
+
+
+def _check_states(states: frozenset[str], allowed: frozenset[str], what: str) -> None:
+    if not states <= allowed:
+        raise ValueError(f"{what} must be among {sorted(allowed)}, not {sorted(states - allowed)}")
 
 
 @final
@@ -140,6 +227,8 @@ class SqliteRunRepository:
         self._read_only = read_only
         self._fsync = fsync
         self._conn: sqlite3.Connection | None = None
+        # False only for a read-only open of a version-1 file (it cannot be migrated from here).
+        self._has_submissions = True
         self._claims = FileClaims(Path(f"{self._path}.run-locks"))
 
     @property
@@ -183,6 +272,8 @@ class SqliteRunRepository:
             if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
                 raise ArtifactStoreError(f"{self._path} is not a trio-batch-llm database")
             header_store._read_header(conn)
+            self._stored_schema_version(conn)
+            self._has_submissions = "submission" in self._columns(conn, "run_items")
             return
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -197,12 +288,35 @@ class SqliteRunRepository:
                 header_store._read_header(conn)
             else:
                 raise ArtifactStoreError(f"{self._path} is a SQLite database not written by trio-batch-llm")
-            for statement in _SCHEMA:
+            meta = self._stored_schema_version(conn)
+            for statement in _TABLES:
                 conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('runs', ?)",
-                (json.dumps({"runs_schema_version": RUNS_SCHEMA_VERSION}),),
+            for table, column, declaration in _ADDED_COLUMNS:
+                if column not in self._columns(conn, table):
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+            for statement in _INDEXES:
+                conn.execute(statement)
+            if meta.get("runs_schema_version") != RUNS_SCHEMA_VERSION:
+                meta["runs_schema_version"] = RUNS_SCHEMA_VERSION
+                conn.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('runs', ?)", (json.dumps(meta),)
+                )
+
+    def _stored_schema_version(self, conn: sqlite3.Connection) -> dict[str, Any]:
+        """The 'runs' meta entry ({} if none yet); refuses a file written by a newer schema."""
+        row = conn.execute("SELECT value FROM meta WHERE key = 'runs'").fetchone()
+        meta = json.loads(row[0]) if row else {}
+        version = meta.get("runs_schema_version") if isinstance(meta, dict) else None
+        if row is not None and (not isinstance(version, int) or version > RUNS_SCHEMA_VERSION):
+            raise ArtifactStoreError(
+                f"{self._path}: runs schema version {version!r} is newer than this library reads "
+                f"({RUNS_SCHEMA_VERSION}); upgrade trio-batch-llm"
             )
+        return meta if isinstance(meta, dict) else {}
+
+    @staticmethod
+    def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+        return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
     def close(self) -> None:
         self._claims.release_all()
@@ -252,7 +366,8 @@ class SqliteRunRepository:
         return self._conn
 
     def _row(self, conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
-        row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        query = _SNAPSHOT if self._has_submissions else _SNAPSHOT_V1
+        row = conn.execute(query, (run_id,)).fetchone()
         if row is None:
             raise RunStateError(f"{self._path}: no run named {run_id!r}")
         return _snapshot(row)
@@ -367,47 +482,58 @@ class SqliteRunRepository:
     def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[PendingItem]:
         conn = self._require()
         with self._errors(f"reading the pending items of run {run_id!r}"):
+            attempts = "attempts" if self._has_submissions else "0"
             rows = conn.execute(
-                "SELECT ingest_seq, item_id, prompt, context FROM run_items"
+                f"SELECT ingest_seq, item_id, prompt, context, {attempts} FROM run_items"
                 " WHERE run_id = ? AND state = 'pending' AND ingest_seq > ? ORDER BY ingest_seq LIMIT ?",
                 (run_id, after_ingest_seq, limit),
             ).fetchall()
-        return [PendingItem(seq, item_id, prompt, context) for seq, item_id, prompt, context in rows]
+        return [PendingItem(*row) for row in rows]
 
     def record(self, run_id: str, results: Sequence[NewResult]) -> RunSnapshot:
         with self._write(f"recording {len(results)} result(s) of run {run_id!r}") as conn:
-            (sequence,) = conn.execute(
-                "SELECT last_sequence FROM runs WHERE run_id = ?", (run_id,)
-            ).fetchone()
-            done = succeeded = inp = out = total = 0
-            for result in results:
-                sequence_if_new = sequence + 1
-                marked = conn.execute(
-                    "UPDATE run_items SET state = 'done', result_sequence = ?, prompt = NULL, context = NULL"
-                    " WHERE run_id = ? AND item_id = ? AND state = 'pending'",
-                    (sequence_if_new, run_id, result.item_id),
-                ).rowcount
-                if not marked:
-                    continue  # already done (or never ingested): never a second result
-                sequence = sequence_if_new
-                conn.execute(
-                    "INSERT INTO run_results (run_id, sequence, item_id, success, error_category, result)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (run_id, sequence, result.item_id, int(result.success), result.error_category,
-                     result.result_json),
-                )
-                done += 1
-                succeeded += int(result.success)
-                inp += result.input_tokens
-                out += result.output_tokens
-                total += result.total_tokens
-            conn.execute(
-                "UPDATE runs SET done = done + ?, succeeded = succeeded + ?, failed = failed + ?,"
-                " input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
-                " total_tokens = total_tokens + ?, last_sequence = ?, updated_at = ? WHERE run_id = ?",
-                (done, succeeded, done - succeeded, inp, out, total, sequence, _now(), run_id),
-            )
+            self._mark_done(conn, run_id, results, submission=None)
             return self._row(conn, run_id)
+
+    @staticmethod
+    def _mark_done(
+        conn: sqlite3.Connection, run_id: str, results: Sequence[NewResult], *, submission: str | None
+    ) -> None:
+        """Mark items done and append their results with the next sequences (inside a write).
+
+        ``submission`` None: only pending items; else only items still batched in that submission."""
+        where, extra = "state = 'pending'", list[str]()
+        if submission is not None:
+            where, extra = "state = 'batched' AND submission = ?", [submission]
+        (sequence,) = conn.execute("SELECT last_sequence FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        done = succeeded = inp = out = total = 0
+        for result in results:
+            sequence_if_new = sequence + 1
+            marked = conn.execute(
+                "UPDATE run_items SET state = 'done', result_sequence = ?, prompt = NULL, context = NULL,"
+                f" submission = NULL WHERE run_id = ? AND item_id = ? AND {where}",
+                (sequence_if_new, run_id, result.item_id, *extra),
+            ).rowcount
+            if not marked:
+                continue  # already done (or never ingested, or not ours): never a second result
+            sequence = sequence_if_new
+            conn.execute(
+                "INSERT INTO run_results (run_id, sequence, item_id, success, error_category, result)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (run_id, sequence, result.item_id, int(result.success), result.error_category,
+                 result.result_json),
+            )
+            done += 1
+            succeeded += int(result.success)
+            inp += result.input_tokens
+            out += result.output_tokens
+            total += result.total_tokens
+        conn.execute(
+            "UPDATE runs SET done = done + ?, succeeded = succeeded + ?, failed = failed + ?,"
+            " input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
+            " total_tokens = total_tokens + ?, last_sequence = ?, updated_at = ? WHERE run_id = ?",
+            (done, succeeded, done - succeeded, inp, out, total, sequence, _now(), run_id),
+        )
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
         conn = self._require()
@@ -418,6 +544,174 @@ class SqliteRunRepository:
                 (run_id, after_sequence, -1 if limit is None else limit),
             ).fetchall()
         return [StoredResult(seq, item_id, text) for seq, item_id, text in rows]
+
+    # -- provider-batch submissions ---------------------------------------------
+
+    def reserve_submission(
+        self, run_id: str, submission: NewSubmission, *, capacity_limit: int | None
+    ) -> bool:
+        _check_new_submission(submission, capacity_limit)
+        sid = submission.submission_id
+        # BEGIN IMMEDIATE takes the write lock first: the capacity read below cannot go stale
+        # before the insert, whichever connection or process reserves concurrently.
+        with self._write(f"reserving submission {sid!r} of run {run_id!r}") as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise RunStateError(f"{self._path}: no run named {run_id!r}")
+            held = self._held(conn, submission.scope)
+            if capacity_limit is not None and held + submission.tokens > capacity_limit:
+                return False  # nothing written
+            now = _now()
+            try:
+                conn.execute(
+                    "INSERT INTO run_submissions (submission_id, seq, run_id, scope, state, items, tokens,"
+                    " created_at, updated_at) VALUES (?,"
+                    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM run_submissions), ?, ?, 'reserved', ?, ?, ?, ?)",
+                    (sid, run_id, submission.scope, len(submission.item_ids), submission.tokens, now, now),
+                )
+            except sqlite3.IntegrityError:
+                raise ValueError(f"{self._path}: submission id {sid!r} is taken") from None
+            taken = conn.executemany(
+                "UPDATE run_items SET state = 'batched', submission = ?"
+                " WHERE run_id = ? AND item_id = ? AND state = 'pending'",
+                [(sid, run_id, item_id) for item_id in submission.item_ids],
+            ).rowcount
+            if taken != len(submission.item_ids):
+                raise ValueError(self._not_pending(conn, run_id, submission))  # rolls everything back
+            conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, run_id))
+            return True
+
+    @staticmethod
+    def _held(conn: sqlite3.Connection, scope: str) -> int:
+        (held,) = conn.execute(
+            f"SELECT COALESCE(SUM(tokens), 0) FROM run_submissions WHERE scope = ? AND state IN ({_LIVE})",
+            (scope,),
+        ).fetchone()
+        return int(held)
+
+    def _not_pending(self, conn: sqlite3.Connection, run_id: str, submission: NewSubmission) -> str:
+        for item_id in submission.item_ids:
+            row = conn.execute(
+                "SELECT state, submission FROM run_items WHERE run_id = ? AND item_id = ?", (run_id, item_id)
+            ).fetchone()
+            if row is None or row != ("batched", submission.submission_id):
+                state = "not an item of this run" if row is None else f"{row[0]!r}"
+                if row is not None and row[0] == "batched":
+                    state += f" (in submission {row[1]!r})"
+                return (
+                    f"{self._path}: run {run_id!r}: item {item_id!r} is {state}, not 'pending';"
+                    f" submission {submission.submission_id!r} was not reserved"
+                )
+        return f"{self._path}: run {run_id!r}: submission {submission.submission_id!r}: items not pending"
+
+    def update_submission(
+        self,
+        run_id: str,
+        submission_id: str,
+        *,
+        from_states: frozenset[str],
+        to: SubmissionState,
+        input_file_id: str | None = None,
+        batch_id: str | None = None,
+        detail: str | None = None,
+    ) -> bool:
+        # Ending a submission must move its items too: only abandon/finish may leave a live state.
+        _check_states(frozenset({to}), LIVE_SUBMISSION_STATES, "update_submission's to")
+        _check_states(from_states, LIVE_SUBMISSION_STATES, "update_submission's from_states")
+        if not from_states:
+            return False
+        marks = ", ".join("?" * len(from_states))
+        with self._write(f"updating submission {submission_id!r} of run {run_id!r}") as conn:
+            changed = conn.execute(
+                "UPDATE run_submissions SET state = ?, input_file_id = COALESCE(?, input_file_id),"
+                " batch_id = COALESCE(?, batch_id), detail = COALESCE(?, detail), updated_at = ?"
+                f" WHERE run_id = ? AND submission_id = ? AND state IN ({marks})",
+                (to, input_file_id, batch_id, detail, _now(), run_id, submission_id, *sorted(from_states)),
+            ).rowcount
+            return changed == 1
+
+    def abandon_submission(
+        self, run_id: str, submission_id: str, *, to: Literal["abandoned", "cancelled"], detail: str | None
+    ) -> int:
+        if to not in ("abandoned", "cancelled"):
+            raise ValueError(f"abandon_submission's to must be 'abandoned' or 'cancelled', not {to!r}")
+        with self._write(f"abandoning submission {submission_id!r} of run {run_id!r}") as conn:
+            if not self._end_submission(conn, run_id, submission_id, to, detail, _LIVE):
+                return 0
+            returned = conn.execute(
+                "UPDATE run_items SET state = 'pending', submission = NULL"
+                " WHERE run_id = ? AND submission = ? AND state = 'batched'",
+                (run_id, submission_id),
+            ).rowcount
+            conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (_now(), run_id))
+            return int(returned)
+
+    def finish_submission(
+        self,
+        run_id: str,
+        submission_id: str,
+        results: Sequence[NewResult],
+        retry_item_ids: Sequence[str],
+        *,
+        detail: str | None = None,
+    ) -> RunSnapshot:
+        with self._write(f"finishing submission {submission_id!r} of run {run_id!r}") as conn:
+            if not self._end_submission(conn, run_id, submission_id, "finished", detail, "'submitted'"):
+                return self._row(conn, run_id)  # not 'submitted': finished already (or never sent)
+            self._mark_done(conn, run_id, results, submission=submission_id)
+            # Whatever is still batched here has no result: the retry list and the rest alike
+            # (an item of retry_item_ids that got a result above stays done; others are skipped).
+            conn.execute(
+                "UPDATE run_items SET state = 'pending', submission = NULL, attempts = attempts + 1"
+                " WHERE run_id = ? AND submission = ? AND state = 'batched'",
+                (run_id, submission_id),
+            )
+            return self._row(conn, run_id)
+
+    @staticmethod
+    def _end_submission(
+        conn: sqlite3.Connection, run_id: str, submission_id: str, to: str, detail: str | None, from_sql: str
+    ) -> bool:
+        """Move the submission to ``to`` if its state is in ``from_sql`` (a literal SQL list)."""
+        changed = conn.execute(
+            "UPDATE run_submissions SET state = ?, detail = COALESCE(?, detail), updated_at = ?"
+            f" WHERE run_id = ? AND submission_id = ? AND state IN ({from_sql})",
+            (to, detail, _now(), run_id, submission_id),
+        ).rowcount
+        return changed == 1
+
+    def submissions(self, run_id: str, *, states: frozenset[str] | None = None) -> list[SubmissionRecord]:
+        conn = self._require()
+        if not self._has_submissions or (states is not None and not states):
+            return []
+        where, params = "", list[str]()
+        if states is not None:
+            _check_states(states, _ALL_SUBMISSION_STATES, "submissions' states")
+            where, params = f" AND state IN ({', '.join('?' * len(states))})", sorted(states)
+        with self._errors(f"reading the submissions of run {run_id!r}"):
+            rows = conn.execute(
+                f"SELECT {_SUBMISSION_COLUMNS} FROM run_submissions WHERE run_id = ?{where} ORDER BY seq",
+                (run_id, *params),
+            ).fetchall()
+        return [SubmissionRecord(*row) for row in rows]
+
+    def submission_items(self, run_id: str, submission_id: str) -> list[PendingItem]:
+        conn = self._require()
+        if not self._has_submissions:
+            return []
+        with self._errors(f"reading the items of submission {submission_id!r}"):
+            rows = conn.execute(
+                "SELECT ingest_seq, item_id, prompt, context, attempts FROM run_items"
+                " WHERE run_id = ? AND submission = ? AND state = 'batched' ORDER BY ingest_seq",
+                (run_id, submission_id),
+            ).fetchall()
+        return [PendingItem(*row) for row in rows]
+
+    def held_tokens(self, scope: str) -> int:
+        conn = self._require()
+        if not self._has_submissions:
+            return 0
+        with self._errors(f"reading the tokens held by scope {scope!r}"):
+            return self._held(conn, scope)
 
     # -- claims ------------------------------------------------------------------
 
