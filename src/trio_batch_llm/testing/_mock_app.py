@@ -1,7 +1,8 @@
 """The mock server's ASGI app: OpenAI wire format, deterministic answers, faults, records.
 
 Answers ``POST /v1/chat/completions`` and ``POST /v1/responses`` (also without
-the ``/v1`` prefix) and ``GET /v1/models``. Everything is decided from
+the ``/v1`` prefix) and ``GET /v1/models``, and emulates the Files and Batch
+APIs (``/v1/files``, ``/v1/batches``; see :mod:`._mock_batches`). Everything is decided from
 ``(seed, prompt text, occurrence)`` where *occurrence* counts earlier arrivals
 of the same prompt text (past the server's own RPM/TPM limiter), so a seeded
 run gives the same answers and faults on both backends whatever order requests
@@ -19,10 +20,17 @@ closed without a response (httpx2: ``RemoteProtocolError: Server disconnected
 without sending a response``). A *hang* never answers: it ends when the client
 disconnects or the server shuts down. Under an in-process transport (httpx2's
 ``ASGITransport``) a reset has no meaning; use a served app for resets.
+
+Files and Batch API requests get the generic faults too (not ``malformed``),
+planned from ``(seed, "METHOD path-template", occurrence of that endpoint)``;
+a faulted request does nothing. Every request (completions included) first
+finishes the batches that are due at the app's clock, so a batch's lines take
+their prompt occurrences in time order with the live requests.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,7 +39,7 @@ import re
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, final
+from typing import Any, Literal, NoReturn, final
 
 import anyio
 import anyio.lowlevel
@@ -43,7 +51,8 @@ from .._strategies._wire import (
     prompt_text_of_request,
     responses_payload,
 )
-from ._mock_state import MockServerConfig, MockServerStats, RecordedRequest, SlidingWindow
+from ._mock_batches import BatchRoute, BatchStore, match_route
+from ._mock_state import MockServerConfig, MockServerStats, RecordedRequest, SlidingWindow, mock_token_count
 
 __all__ = ["MockOpenAIApp", "mock_token_count"]
 
@@ -65,11 +74,6 @@ _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hote
 _SECRET_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 
-def mock_token_count(text: str) -> int:
-    """The mock's tokenizer: one token per four characters, at least one."""
-    return max(1, (len(text) + 3) // 4)
-
-
 @dataclass(frozen=True, slots=True)
 class _Plan:
     kind: Literal["ok", "error", "hang", "reset", "malformed"]
@@ -84,6 +88,7 @@ class _Exchange:
     """One request's progress, shared with its disconnect watcher."""
 
     record: RecordedRequest
+    authorization: str | None = None
     started: bool = False
     disconnected: bool = False
 
@@ -104,7 +109,9 @@ class _Counters:
     max_in_flight: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    batch_api_requests: int = 0
     occurrences: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    endpoint_occurrences: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 @final
@@ -128,13 +135,33 @@ class MockOpenAIApp:
         self._active: set[anyio.CancelScope] = set()
         self._changed: anyio.Event | None = None
         self._closing = False
+        self._store = BatchStore(self.config, self._execute_line)
 
     # -- observation ----------------------------------------------------------------------------
 
     @property
     def requests(self) -> list[RecordedRequest]:
-        """Every completion request received, in arrival order (a copy of the list)."""
+        """Every request received (completions, files, batches), in arrival order (a copy of the list)."""
         return list(self._records)
+
+    @property
+    def batches(self) -> list[dict[str, Any]]:
+        """Every batch object (as the API shows it), in creation order, as of the last request.
+
+        Batches advance only when a request arrives (or :meth:`advance_batches` is called).
+        """
+        return self._store.batches
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        """Every file object (uploads and result files), in creation order, with ``"deleted"`` added:
+        a deleted file stays listed here (so tests see what was uploaded) but the API answers 404."""
+        return self._store.files
+
+    def advance_batches(self) -> None:
+        """Finish the batches that are due at the app's clock now, as any request would."""
+        self._store.advance(self._clock())
+        self._notify()
 
     def statistics(self) -> MockServerStats:
         c = self._counts
@@ -145,6 +172,7 @@ class MockOpenAIApp:
             disconnects=c.disconnects, in_flight=c.in_flight, max_in_flight=c.max_in_flight,
             max_arrivals_per_window=self._arrivals.max_total, max_served_per_window=self._served.max_total,
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
+            batch_api_requests=c.batch_api_requests, **dataclasses.asdict(self._store.counts),
         )
 
     async def wait_for(self, predicate: Callable[[MockServerStats], bool]) -> MockServerStats:
@@ -185,9 +213,19 @@ class MockOpenAIApp:
                      "owned_by": "trio-batch-llm"}
             await _send_json(send, 200, {"object": "list", "data": [model]})
             return
+        batch_route = match_route(method, path)
+        if isinstance(batch_route, BatchRoute):
+            self._counts.in_flight += 1
+            self._counts.max_in_flight = max(self._counts.max_in_flight, self._counts.in_flight)
+            try:
+                await self._batch_api(batch_route, scope, body, receive, send)
+            finally:
+                self._counts.in_flight -= 1
+                self._notify()
+            return
         api = _ROUTES.get(path)
         if api is None or method != "POST":
-            status = 404 if api is None else 405
+            status = 404 if api is None and batch_route is None else 405
             message = f"no route {method} {path}"
             await _send_json(send, status, error_payload(message, kind="invalid_request_error"))
             return
@@ -199,31 +237,41 @@ class MockOpenAIApp:
             self._counts.in_flight -= 1
             self._notify()
 
+    def _arrive(self, scope: Scope, body: Any, prompt: str | None, now: float) -> _Exchange:
+        """Record a request's arrival; finish the batches due by now (so occurrences follow time)."""
+        self._store.advance(now)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        record = RecordedRequest(
+            method=scope["method"], path=scope["path"], arrival=now, prompt=prompt,
+            headers={k: v for k, v in headers.items() if k not in _SECRET_HEADERS},
+            body=body,
+        )
+        if self.config.record_requests:
+            self._records.append(record)
+        return _Exchange(record, authorization=headers.get("authorization"))
+
+    def _refusal(self, exchange: _Exchange) -> tuple[int, str, str, str | None] | None:
+        """The error for any request while shutting down (503) or with a wrong key (401)."""
+        if self._closing:
+            return 503, "the mock server is shutting down", "server_error", None
+        if self.config.api_key is not None and exchange.authorization != f"Bearer {self.config.api_key}":
+            return 401, "Incorrect API key provided (mock)", "invalid_request_error", "invalid_api_key"
+        return None
+
     async def _completion(self, api: Api, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
         now = self._clock()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        authorization = headers.get("authorization")
         try:
             payload: Any = json.loads(raw)
         except ValueError:
             payload = raw.decode("utf-8", "replace")
         prompt = prompt_text_of_request(api, payload)
-        record = RecordedRequest(
-            method=scope["method"], path=scope["path"], arrival=now, prompt=prompt,
-            headers={k: v for k, v in headers.items() if k not in _SECRET_HEADERS},
-            body=payload,
-        )
-        if self.config.record_requests:
-            self._records.append(record)
+        exchange = self._arrive(scope, payload, prompt, now)
         self._counts.requests += 1
         self._arrivals.add(now)
         self._notify()
-        exchange = _Exchange(record)
-        if self._closing:
-            await self._send_error(exchange, send, 503, "the mock server is shutting down", "server_error")
-        elif self.config.api_key is not None and authorization != f"Bearer {self.config.api_key}":
-            await self._send_error(exchange, send, 401, "Incorrect API key provided (mock)",
-                                   "invalid_request_error", "invalid_api_key")
+        refusal = self._refusal(exchange)
+        if refusal is not None:
+            await self._send_error(exchange, send, *refusal)
         elif prompt is None or not isinstance(payload, dict):
             await self._send_error(exchange, send, 400, "the body needs messages (chat) or input (responses)",
                                    "invalid_request_error")
@@ -235,7 +283,7 @@ class MockOpenAIApp:
 
     async def _answer(self, api: Api, payload: dict[str, Any], prompt: str, exchange: _Exchange,
                       receive: Receive, send: Send) -> None:
-        text, completion_tokens = self._reply(prompt)
+        _, completion_tokens = self._reply(prompt)
         prompt_tokens = mock_token_count(prompt)
         if not await self._admit(exchange, send, prompt_tokens + completion_tokens):
             return
@@ -244,11 +292,53 @@ class MockOpenAIApp:
         self._counts.occurrences[prompt] += 1
         plan = self._plan(prompt, occurrence)
         exchange.record.outcome = plan.kind if plan.kind != "error" else f"error:{plan.status}"
+        body = self._success_body(api, payload, prompt, occurrence)
+
+        async def act() -> None:
+            if plan.kind == "hang":
+                await self._hang()
+            if plan.latency > 0:
+                await anyio.sleep(plan.latency)
+            await self._perform(plan, body, exchange, send)
+
+        await self._guarded(exchange, receive, send, act)
+
+    def _success_body(self, api: Api, payload: dict[str, Any], prompt: str,
+                      occurrence: int) -> dict[str, Any]:
+        """The 200 body for ``prompt``'s ``occurrence``-th arrival (live, or a batch line)."""
+        text, completion_tokens = self._reply(prompt)
         digest = hashlib.sha256(f"{self.config.seed}\x00{prompt}\x00{occurrence}".encode()).hexdigest()[:24]
         model = str(payload.get("model") or self.config.model or "mock-model")
         build = chat_completion_payload if api == "chat" else responses_payload
-        body = build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
-                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, created=_CREATED)
+        return build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
+                     prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
+                     created=_CREATED)
+
+    def _execute_line(self, api: Api, payload: dict[str, Any], prompt: str) -> tuple[int, dict[str, Any]]:
+        """One batch line, planned as a live request (latency ignored; hang/reset/malformed become 500)."""
+        if payload.get("stream"):  # refused before it counts, as live
+            return 400, error_payload("stream=true is not supported by the mock server",
+                                      kind="invalid_request_error")
+        occurrence = self._counts.occurrences[prompt]
+        self._counts.occurrences[prompt] += 1
+        plan = self._plan(prompt, occurrence)
+        if plan.kind == "ok":
+            return 200, self._success_body(api, payload, prompt, occurrence)
+        if plan.kind == "error":
+            message, kind, code = _error_text(plan.status, plan.code)
+            return plan.status, error_payload(message, kind=kind, code=code)
+        message, kind, code = _error_text(500, None)
+        return 500, error_payload(message, kind=kind, code=code)
+
+    async def _hang(self) -> NoReturn:
+        self._counts.hangs += 1
+        self._notify()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover - sleep_forever returns only by raising
+
+    async def _guarded(self, exchange: _Exchange, receive: Receive, send: Send,
+                       act: Callable[[], Awaitable[None]]) -> None:
+        """Run ``act`` (which answers) released by a client disconnect or by shutdown (then 503)."""
         with anyio.CancelScope() as scope:
             self._active.add(scope)
             if self._closing:  # shutdown began while this request was on its way here
@@ -256,13 +346,7 @@ class MockOpenAIApp:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_watch_disconnect, receive, scope, exchange)
-                    if plan.kind == "hang":
-                        self._counts.hangs += 1
-                        self._notify()
-                        await anyio.sleep_forever()
-                    if plan.latency > 0:
-                        await anyio.sleep(plan.latency)
-                    await self._perform(plan, body, exchange, send)
+                    await act()
                     tg.cancel_scope.cancel()
             finally:
                 self._active.discard(scope)
@@ -271,6 +355,69 @@ class MockOpenAIApp:
             exchange.record.client_disconnected = True
         elif scope.cancelled_caught and not exchange.started:  # released by shutdown
             await self._send_error(exchange, send, 503, "the mock server is shutting down", "server_error")
+
+    async def _batch_api(self, route: BatchRoute, scope: Scope, raw: bytes, receive: Receive,
+                         send: Send) -> None:
+        """A Files/Batch API request: generic faults, then scripted create faults, then the store."""
+        now = self._clock()
+        try:
+            recorded: Any = json.loads(raw) if raw else None
+        except ValueError:
+            recorded = raw  # a multipart upload: kept as bytes
+        exchange = self._arrive(scope, recorded, None, now)
+        self._counts.batch_api_requests += 1
+        self._notify()
+        refusal = self._refusal(exchange)
+        if refusal is not None:
+            await self._send_error(exchange, send, *refusal)
+            return
+        occurrence = self._counts.endpoint_occurrences[route.template]
+        self._counts.endpoint_occurrences[route.template] += 1
+        plan = self._plan(route.template, occurrence)
+        if plan.kind == "malformed":  # not a batch-endpoint fault: a truncated file would be undetectable
+            plan = _Plan("ok", plan.latency)
+        script = self._store.next_create_fault() if route.action == "create" and plan.kind == "ok" else "ok"
+        record = exchange.record
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+        if plan.kind in ("hang", "reset") or script == "hang_before_create":
+            record.outcome = "reset" if plan.kind == "reset" else "hang"
+
+        async def act() -> None:
+            if plan.kind == "hang" or script == "hang_before_create":
+                await self._hang()
+            if plan.latency > 0:
+                await anyio.sleep(plan.latency)
+            if plan.kind != "ok":
+                await self._perform(plan, {}, exchange, send)
+                return
+            if script.startswith("error:"):
+                status = int(script.removeprefix("error:"))
+                wait = self.config.retry_after if status in (429, 503) else None
+                await self._perform(_Plan("error", status=status, retry_after=wait), {}, exchange, send)
+                return
+            moment = self._clock()
+            self._store.advance(moment)
+            reply = self._store.dispatch(route, raw, headers.get("content-type", ""),
+                                         scope.get("query_string", b"").decode("latin-1"), moment)
+            self._notify()
+            if reply.created and script == "hang_after_create":
+                record.outcome = "hang"
+                await self._hang()
+            if reply.created and script == "reset_after_create":
+                record.outcome = "reset"
+                await self._perform(_Plan("reset"), {}, exchange, send)
+            elif reply.status >= 400:
+                await self._send_error(exchange, send, reply.status, reply.message, "invalid_request_error")
+            else:
+                record.outcome, record.answered = "ok", self._clock()
+                if reply.content is not None:
+                    await _send_raw(send, reply.status, reply.content, exchange=exchange,
+                                    content_type=b"application/octet-stream")
+                else:
+                    await _send_json(send, reply.status, reply.payload, exchange=exchange)
+
+        await self._guarded(exchange, receive, send, act)
 
     async def _admit(self, exchange: _Exchange, send: Send, tokens: int) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over."""
@@ -443,9 +590,9 @@ async def _send_json(send: Send, status: int, payload: Any, *,
 
 
 async def _send_raw(send: Send, status: int, body: bytes, *, headers: list[tuple[bytes, bytes]] | None = None,
-                    exchange: _Exchange | None = None) -> None:
+                    exchange: _Exchange | None = None, content_type: bytes = b"application/json") -> None:
     if exchange is not None:
         exchange.started = True
-    head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    head = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
     await send({"type": "http.response.body", "body": body})

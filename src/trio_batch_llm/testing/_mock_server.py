@@ -108,6 +108,7 @@ async def _run_hypercorn(app: MockOpenAIApp, sock: socket.socket, server: MockSe
     config.accesslog = None
     config.graceful_timeout = _GRACEFUL_TIMEOUT
     config.keep_alive_timeout = _KEEP_ALIVE_TIMEOUT
+    config.backlog = _BACKLOG  # hypercorn calls listen() again on the sockets it serves, with this value
     sockets = Sockets(secure_sockets=[], insecure_sockets=[sock], quic_sockets=[])
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     try:

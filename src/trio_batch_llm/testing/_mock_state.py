@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, final
 
 from .._errors import ConfigurationError
 
-__all__ = ["MockServerConfig", "MockServerStats", "RecordedRequest", "SlidingWindow"]
+__all__ = ["MockServerConfig", "MockServerStats", "RecordedRequest", "SlidingWindow", "mock_token_count"]
+
+
+def mock_token_count(text: str) -> int:
+    """The mock's tokenizer: one token per four characters, at least one."""
+    return max(1, (len(text) + 3) // 4)
 
 
 @final
@@ -33,6 +40,22 @@ class MockServerConfig:
     - ``model``: the model name for ``/v1/models`` (answers echo the requested model).
     - ``record_requests``: keep a :class:`RecordedRequest` per request (turn off for huge
       runs; counters are kept either way).
+
+    The Files and Batch APIs (``/v1/files``, ``/v1/batches``; the generic knobs above apply
+    to those requests too, except ``malformed_rate``):
+
+    - ``batch_latency``: seconds from a batch's creation until it finishes (at the first
+      request at or after that time; there is no background task).
+    - ``batch_create_faults``: consumed one per ``POST /v1/batches`` (that passed auth and the
+      generic faults), in order, then ``"ok"``: ``"ok"``, ``"error:STATUS"`` (answer that
+      status, create nothing), ``"hang_before_create"``, ``"hang_after_create"``,
+      ``"reset_after_create"``.
+    - ``batch_outcomes``: consumed one per batch that starts running (passed validation and
+      the token limit), then ``"completed"``: ``"completed"``, ``"expired"`` (the first half
+      of its lines answered, the rest ``batch_expired``), ``"failed"`` (no files).
+    - ``batch_list``: ``False`` answers ``GET /v1/batches`` with 404.
+    - ``batch_enqueued_token_limit``: input tokens that running batches may hold together; a
+      create over it gives a ``failed`` batch with ``token_limit_exceeded``.
     """
 
     latency: float | tuple[float, float] = 0.0
@@ -51,6 +74,11 @@ class MockServerConfig:
     api_key: str | None = field(default=None, repr=False)
     model: str | None = None
     record_requests: bool = True
+    batch_latency: float = 0.0
+    batch_create_faults: tuple[str, ...] = ()
+    batch_outcomes: tuple[str, ...] = ()
+    batch_list: bool = True
+    batch_enqueued_token_limit: int | None = None
 
     def __post_init__(self) -> None:
         rates = {
@@ -74,6 +102,35 @@ class MockServerConfig:
             raise ConfigurationError("retry_after", self.retry_after, "must be non-negative or None")
         if not 500 <= self.server_error_status <= 599:
             raise ConfigurationError("server_error_status", self.server_error_status, "must be a 5xx status")
+        self._check_batch_knobs()
+
+    def _check_batch_knobs(self) -> None:
+        if not (isinstance(self.batch_latency, int | float) and math.isfinite(self.batch_latency)
+                and self.batch_latency >= 0):
+            raise ConfigurationError("batch_latency", self.batch_latency, "must be a finite number >= 0")
+        for name, values in (("batch_create_faults", self.batch_create_faults),
+                             ("batch_outcomes", self.batch_outcomes)):
+            if not isinstance(values, tuple):
+                raise ConfigurationError(name, values, "must be a tuple of strings")
+        for fault in self.batch_create_faults:
+            status = _CREATE_ERROR.fullmatch(fault) if isinstance(fault, str) else None
+            known = isinstance(fault, str) and fault in CREATE_FAULTS
+            if not known and (status is None or not 400 <= int(status.group(1)) <= 599):
+                raise ConfigurationError("batch_create_faults", fault,
+                                         f"must be one of {sorted(CREATE_FAULTS)} or 'error:NNN' (400-599)")
+        for outcome in self.batch_outcomes:
+            if not (isinstance(outcome, str) and outcome in BATCH_OUTCOMES):
+                raise ConfigurationError("batch_outcomes", outcome,
+                                         f"must be one of {sorted(BATCH_OUTCOMES)}")
+        limit = self.batch_enqueued_token_limit
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigurationError("batch_enqueued_token_limit", limit,
+                                     "must be a positive integer or None")
+
+
+CREATE_FAULTS = frozenset({"ok", "hang_before_create", "hang_after_create", "reset_after_create"})
+BATCH_OUTCOMES = frozenset({"completed", "expired", "failed"})
+_CREATE_ERROR = re.compile(r"error:(\d{3})")
 
 
 def _check_range(name: str, value: float | tuple[float, float], *, minimum: float) -> None:
@@ -116,6 +173,16 @@ class MockServerStats:
     RPM/TPM limits. ``max_served_per_window`` is the most requests that passed
     the limiter in any ``limit_window``; ``max_arrivals_per_window`` counts every
     arrival. Token counts cover the 200 answers sent.
+
+    Files and Batch API requests are counted in ``batch_api_requests`` (not in
+    ``requests``); the error counters (``rate_limited``, ``server_errors``,
+    ``client_errors``), ``resets``, ``hangs``, ``disconnects`` and ``in_flight``
+    count them too. ``batches_created`` counts every batch object created (those
+    failed at creation included); ``batches_failed`` every batch that ended
+    ``failed``, of which ``batches_token_limited`` hit the enqueued token limit.
+    ``batch_lines`` counts input lines executed; ``enqueued_tokens`` is what
+    running batches hold as of the last request, ``max_enqueued_tokens`` the most
+    ever held.
     """
 
     requests: int
@@ -134,6 +201,17 @@ class MockServerStats:
     max_served_per_window: int
     prompt_tokens: int
     completion_tokens: int
+    batch_api_requests: int = 0
+    files_uploaded: int = 0
+    batches_created: int = 0
+    batches_completed: int = 0
+    batches_failed: int = 0
+    batches_token_limited: int = 0
+    batches_expired: int = 0
+    batches_cancelled: int = 0
+    batch_lines: int = 0
+    enqueued_tokens: int = 0
+    max_enqueued_tokens: int = 0
 
 
 @final
