@@ -604,9 +604,9 @@ async def test_runs_share_the_artifact_store_file(tmp_path: Path) -> None:
         assert set(await reopened.load()) == {"old"}
 
 
-async def test_bad_arguments_and_unimplemented_modes(tmp_path: Path) -> None:
+async def test_bad_arguments(tmp_path: Path) -> None:
     db = tmp_path / "r.sqlite"
-    with pytest.raises(NotImplementedError, match="issue 12"):
+    with pytest.raises(ConfigurationError, match="OpenAICompatibleStrategy"):
         await open_run(db, "run", CountingStrategy(), prompts(1), mode="provider-batch")
     with pytest.raises(ConfigurationError, match="mode"):
         await open_run(db, "run", CountingStrategy(), prompts(1), mode="later")
@@ -619,8 +619,8 @@ async def test_bad_arguments_and_unimplemented_modes(tmp_path: Path) -> None:
         with pytest.raises(ConfigurationError, match=name):
             await open_run(db, "run", CountingStrategy(), prompts(1), **{name: 0})
     run = await _open(db, CountingStrategy(), prompts(1))
-    with pytest.raises(NotImplementedError, match="issue 12"):
-        run.resolve_submission(created=True, batch_id="b")
+    with pytest.raises(RunStateError, match="live mode"):
+        await run.resolve_submission(created=True, batch_id="b")
     await run.aclose()
     await run.aclose()
     with pytest.raises(RunStateError, match="closed"):

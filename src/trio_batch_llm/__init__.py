@@ -61,6 +61,7 @@ from ._results import LLMWorkItem as LLMWorkItem
 from ._results import RetryState as RetryState
 from ._results import TokenUsage as TokenUsage
 from ._results import WorkItemResult as WorkItemResult
+from ._runs import ProviderBatchConfig as ProviderBatchConfig
 from ._runs import Run as Run
 from ._runs import RunRepository as RunRepository
 from ._runs import RunResult as RunResult
@@ -134,6 +135,7 @@ __all__ = [
     "PoolStatistics",
     "ProcessorConfig",
     "ProcessorStatistics",
+    "ProviderBatchConfig",
     "ProviderError",
     "QueueFullError",
     "RateLimitConfig",

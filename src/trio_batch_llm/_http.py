@@ -28,6 +28,7 @@ __all__ = [
     "is_transport_error",
     "pool_statistics",
     "post_json",
+    "send_request",
     "transport_error",
 ]
 
@@ -109,6 +110,49 @@ async def post_json(
         else:
             response = await client.post(url, content=content, headers=request_headers,
                                          timeout=_timeout(timeout))
+    except httpx2.HTTPError as exc:
+        raise transport_error(exc, secret=secret) from exc
+    return HttpReply(
+        status_code=response.status_code,
+        headers={name.lower(): value for name, value in response.headers.items()},
+        content=response.content,
+    )
+
+
+async def send_request(
+    client: httpx2.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    headers: Mapping[str, str],
+    json_body: Mapping[str, Any] | None = None,
+    upload: tuple[str, str, bytes] | None = None,
+    form: Mapping[str, str] | None = None,
+    params: Mapping[str, str | int] | None = None,
+    timeout: float | None = None,
+    secret: Secret | None = None,
+) -> HttpReply:
+    """Send one request of any shape the Batch API needs and read the whole reply.
+
+    ``json_body`` is sent as compact JSON; ``upload`` is ``(field, filename, bytes)``
+    sent as multipart/form-data together with the ``form`` fields. Failures map as
+    in :func:`post_json`; a status code is the caller's to judge.
+    """
+    request_headers = dict(headers)
+    content: bytes | None = None
+    if json_body is not None:
+        content = json.dumps(json_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        request_headers["content-type"] = "application/json"
+    files = None
+    if upload is not None:
+        field, filename, data = upload
+        files = {field: (filename, data, "application/jsonl")}
+    extra: dict[str, Any] = {} if timeout is None else {"timeout": _timeout(timeout)}
+    try:
+        response = await client.request(
+            method, url, content=content, files=files, data=dict(form) if form else None,
+            params=dict(params) if params else None, headers=request_headers, **extra,
+        )
     except httpx2.HTTPError as exc:
         raise transport_error(exc, secret=secret) from exc
     return HttpReply(

@@ -1,8 +1,10 @@
 """Durable runs (issue 12): named, resumable jobs whose state lives in the store.
 
-Live mode only so far; ``mode="provider-batch"`` raises NotImplementedError.
+Two modes: ``live`` (calls through the engine) and ``provider-batch`` (the
+provider's Batch API, see :mod:`._batch_drive`).
 """
 
+from ._batch_config import ProviderBatchConfig as ProviderBatchConfig
 from ._reader import iter_run_results as iter_run_results
 from ._reader import read_run_snapshot as read_run_snapshot
 from ._run import Run as Run
@@ -17,6 +19,7 @@ from ._schema import SourceCheckpoint as SourceCheckpoint
 from ._sqlite_repo import SqliteRunRepository as SqliteRunRepository
 
 __all__ = [
+    "ProviderBatchConfig",
     "Run",
     "RunRepository",
     "RunResult",

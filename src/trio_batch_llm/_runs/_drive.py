@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Final, Literal, final
 
 import anyio
@@ -42,7 +43,7 @@ from ._client import RepositoryClient
 from ._ingest import Ingestor, decode_context
 from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
 
-__all__ = ["DeadlineGate", "Segment", "SegmentDriver"]
+__all__ = ["DeadlineGate", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
 
 # Results the engine gives items it stopped: not the item's outcome, so it stays pending.
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
@@ -105,6 +106,7 @@ class Segment:
         self.failure: BaseException | None = None
         self.failure_kind = "error"
         self.progress = 0
+        self._listeners: list[Callable[[], None]] = []
         self._proc: ParallelBatchProcessor[Any] | None = None
         self._scope: anyio.CancelScope | None = None
         self.feeder_scope = anyio.CancelScope()
@@ -115,8 +117,17 @@ class Segment:
             return
         self.stop, self.stop_reason = kind, reason
         self._apply()
+        self._tell()
 
-    def bind(self, proc: ParallelBatchProcessor[Any], scope: anyio.CancelScope) -> None:
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every stop request or failure (a driver waiting idle wakes)."""
+        self._listeners.append(listener)
+
+    def _tell(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def bind(self, proc: ParallelBatchProcessor[Any] | None, scope: anyio.CancelScope) -> None:
         self._proc, self._scope = proc, scope
         self._apply()
 
@@ -134,6 +145,7 @@ class Segment:
         """Ingestion failed: what was fed still runs; the driver raises ``exc`` once it has."""
         if self.failure is None:
             self.failure, self.failure_kind = exc, kind
+        self._tell()
 
     def observe(self, snapshot: RunSnapshot) -> None:
         """React to the stored status (changed by another handle or process)."""
@@ -293,7 +305,7 @@ class SegmentDriver:
         try:
             async for result in proc.results():
                 if result.error_category not in _NOT_TERMINAL:
-                    group.append(self._encode(result))
+                    group.append(encode_new_result(result, self._repo.location))
                 if group and (len(group) >= _RECORD_GROUP or proc.results_statistics().queued == 0):
                     await self._flush(seg, group)
                     group = []
@@ -312,24 +324,26 @@ class SegmentDriver:
         seg.progress += len(group)
         seg.observe(snapshot)
 
-    def _encode(self, result: WorkItemResult[Any]) -> NewResult:
-        try:
-            text = encode_result(result, lambda payload: payload).decode("utf-8")
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise ArtifactStoreError(
-                f"{self._repo.location}: the result of item {result.item_id!r} cannot be stored: {exc}"
-            ) from exc
-        usage = result.token_usage
-        inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
-        return NewResult(
-            item_id=result.item_id,
-            success=result.success,
-            error_category=result.error_category.value if result.error_category else None,
-            result_json=text,
-            input_tokens=inp,
-            output_tokens=out,
-            total_tokens=usage.get("total_tokens", inp + out),
-        )
+
+def encode_new_result(result: WorkItemResult[Any], location: str) -> NewResult:
+    """What the repository stores of a terminal result (ArtifactStoreError if its output cannot be stored)."""
+    try:
+        text = encode_result(result, lambda payload: payload).decode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ArtifactStoreError(
+            f"{location}: the result of item {result.item_id!r} cannot be stored: {exc}"
+        ) from exc
+    usage = result.token_usage
+    inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    return NewResult(
+        item_id=result.item_id,
+        success=result.success,
+        error_category=result.error_category.value if result.error_category else None,
+        result_json=text,
+        input_tokens=inp,
+        output_tokens=out,
+        total_tokens=usage.get("total_tokens", inp + out),
+    )
 
 
 def deadline_after(timeout: float | None) -> float:

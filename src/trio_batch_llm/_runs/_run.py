@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import AsyncIterable, Iterable
 from types import TracebackType
-from typing import Any, Final, Self, final
+from typing import Any, Self, final
 
 import anyio
 import anyio.lowlevel
@@ -32,20 +32,18 @@ from .._config import ArtifactIdentity, ProcessorConfig
 from .._deliveries import unwrap_group
 from .._errors import ConfigurationError
 from .._strategies._base import LLMCallStrategy
+from .._strategies._openai_compatible import _EndpointStrategy
+from ._batch_config import ProviderBatchConfig
+from ._batch_drive import BatchSegmentDriver
 from ._client import RepositoryClient
 from ._drive import Segment, SegmentDriver, deadline_after
 from ._ingest import Ingestor
 from ._reader import export_results_jsonl, load_results
-from ._schema import RunRepository, RunResult, RunSnapshot, RunSpec, RunStateError, RunTermination
+from ._schema import RunMode, RunRepository, RunResult, RunSnapshot, RunSpec, RunStateError, RunTermination
 from ._source import make_source
 from ._sqlite_repo import SqliteRunRepository
 
 __all__ = ["Run", "open_run"]
-
-PROVIDER_BATCH_ISSUE: Final = (
-    'mode="provider-batch" (the OpenAI Batch API) is not implemented yet; see issue 12 '
-    '("Durable runs"). Use mode="live".'
-)
 
 RunStore = str | os.PathLike[str] | SqliteArtifactStore | RunRepository
 
@@ -76,6 +74,7 @@ async def open_run(
     poll_interval: float = 1.0,
     slice_items: int = 256,
     slice_seconds: float = 1.0,
+    batch: ProviderBatchConfig | None = None,
 ) -> Run:
     """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
 
@@ -92,11 +91,26 @@ async def open_run(
     ``slice_items`` entries, and waits at most ``slice_seconds`` after a
     slice's first entry. Status polls happen every ``poll_interval`` seconds.
     The handle is an async context manager; or call ``aclose()``.
+
+    ``mode="provider-batch"`` sends the items through the provider's Batch API
+    (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then be an
+    :class:`OpenAICompatibleStrategy` or :class:`OpenAIStrategy` (its endpoint,
+    key, model and request settings are used), and ``batch`` tunes chunking,
+    polling and the shared enqueued-token capacity (see :class:`ProviderBatchConfig`).
     """
-    if mode == "provider-batch":
-        raise NotImplementedError(PROVIDER_BATCH_ISSUE)
-    if mode != "live":
+    if mode not in ("live", "provider-batch"):
         raise ConfigurationError("mode", mode, 'must be "live" or "provider-batch"')
+    if mode == "live" and batch is not None:
+        raise ConfigurationError("batch", batch, 'is only used with mode="provider-batch"')
+    if mode == "provider-batch":
+        if not isinstance(strategy, _EndpointStrategy):
+            raise ConfigurationError(
+                "strategy", type(strategy).__name__,
+                'mode="provider-batch" needs an OpenAICompatibleStrategy or OpenAIStrategy',
+            )
+        batch = batch if batch is not None else ProviderBatchConfig()
+        if not isinstance(batch, ProviderBatchConfig):
+            raise ConfigurationError("batch", batch, "must be a ProviderBatchConfig")
     if not isinstance(run_id, str) or not run_id:
         raise ConfigurationError("run_id", run_id, "must be a non-empty string")
     if not isinstance(strategy, LLMCallStrategy):
@@ -128,7 +142,8 @@ async def open_run(
     db = RepositoryClient(repository)
     try:
         await db.call(repository.open)
-        spec = RunSpec(run_id=run_id, mode="live", identity=identity, config=_config_summary(config))
+        run_mode: RunMode = "provider-batch" if mode == "provider-batch" else "live"
+        spec = RunSpec(run_id=run_id, mode=run_mode, identity=identity, config=_config_summary(config))
         await db.call(repository.attach, spec)
     except BaseException:
         await db.aclose()
@@ -138,9 +153,18 @@ async def open_run(
         ingestor = Ingestor(
             run_source, strategy, run_id=run_id, db=db, slice_items=slice_items, slice_seconds=slice_seconds
         )
-    driver = SegmentDriver(
-        db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor, poll_interval=poll_interval
-    )
+    driver: SegmentDriver | BatchSegmentDriver
+    if batch is not None:
+        assert isinstance(strategy, _EndpointStrategy)
+        driver = BatchSegmentDriver(
+            db=db, run_id=run_id, strategy=strategy, config=config, batch=batch, ingestor=ingestor,
+            poll_interval=poll_interval,
+        )
+    else:
+        driver = SegmentDriver(
+            db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor,
+            poll_interval=poll_interval,
+        )
     return Run(db=db, run_id=run_id, driver=driver, poll_interval=poll_interval)
 
 
@@ -149,7 +173,12 @@ class Run:
     """A handle on one durable run; see :func:`open_run` and the module docstring."""
 
     def __init__(
-        self, *, db: RepositoryClient, run_id: str, driver: SegmentDriver, poll_interval: float
+        self,
+        *,
+        db: RepositoryClient,
+        run_id: str,
+        driver: SegmentDriver | BatchSegmentDriver,
+        poll_interval: float,
     ) -> None:
         self._db = db
         self._repo = db.repository
@@ -259,12 +288,76 @@ class Run:
         )
         if not changed and snap.status != "cancelled":
             raise RunStateError(f"run {self._run_id!r} is {snap.status}; it cannot be cancelled")
+        driving = self._segment is not None
         await self._stop_segment("cancelled", reason)
+        if not driving and isinstance(self._driver, BatchSegmentDriver):
+            await self._cancel_batches(self._driver)
         return await self.snapshot()
 
-    def resolve_submission(self, *, created: bool, batch_id: str | None = None) -> None:
-        """Provider Batch API mode only (not implemented yet)."""
-        raise NotImplementedError(PROVIDER_BATCH_ISSUE)
+    async def _cancel_batches(self, driver: BatchSegmentDriver) -> None:
+        """Cancel the run's open provider batches, unless another process drives it (that one does)."""
+        if not await self._db.call(self._repo.try_claim, self._run_id):
+            return
+        try:
+            await driver.cancel_open()
+        finally:
+            with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor
+                await self._db.call(self._repo.release, self._run_id)
+
+    async def resolve_submission(self, *, created: bool, batch_id: str | None = None) -> RunSnapshot:
+        """Settle the run's batch create whose outcome is unknown (provider-batch mode).
+
+        When a create call got no answer (a timeout, a lost connection, a crash)
+        the run stops submitting until that create is settled. The driver settles
+        it by itself when the provider lists the batch with the submission's
+        metadata; otherwise say what happened: ``created=True, batch_id="batch_…"``
+        (the batch is collected like any other), or ``created=False`` (its items
+        go back to pending and are submitted again).
+        """
+        self._check_open()
+        if not isinstance(created, bool):
+            raise ConfigurationError("created", created, "must be True or False")
+        if created and (not isinstance(batch_id, str) or not batch_id):
+            raise ConfigurationError("batch_id", batch_id,
+                                     "is required (the provider's batch id) when created=True")
+        if not created and batch_id is not None:
+            raise ConfigurationError("batch_id", batch_id, "must be None when created=False")
+        driver = self._driver
+        if not isinstance(driver, BatchSegmentDriver):
+            await anyio.lowlevel.checkpoint()
+            raise RunStateError(f"run {self._run_id!r} runs in live mode: it has no batch submissions")
+        unresolved = await self._db.call(
+            self._repo.submissions, self._run_id, states=frozenset({"creating", "unknown"})
+        )
+        if not unresolved:
+            raise RunStateError(f"run {self._run_id!r} has no batch submission with an unknown outcome")
+        sub = unresolved[0]
+        from_states = frozenset({"unknown"})
+        if sub.state == "creating":
+            if self._segment is not None:
+                raise RunStateError(
+                    f"run {self._run_id!r}: submission {sub.submission_id} is being created right now; "
+                    "wait for its outcome"
+                )
+            from_states = frozenset({"creating", "unknown"})  # left by a process that died mid-create
+        if created:
+            changed = await self._db.call(
+                self._repo.update_submission, self._run_id, sub.submission_id, from_states=from_states,
+                to="submitted", batch_id=batch_id,
+                detail=f"created: batch {batch_id} (resolved by an operator)",
+            )
+        else:
+            changed = bool(await self._db.call(
+                self._repo.abandon_submission, self._run_id, sub.submission_id, to="abandoned",
+                detail="not created (resolved by an operator)",
+            ))
+        if not changed:
+            raise RunStateError(
+                f"run {self._run_id!r}: submission {sub.submission_id} was settled meanwhile; see snapshot()"
+            )
+        driver.poke()
+        self._notify()
+        return await self.snapshot()
 
     async def _transition(
         self, from_statuses: set[str], to: Any, termination: RunTermination | None

@@ -108,6 +108,27 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         """Connections a client we open keeps alive: ``concurrency=``, else the engine's hint."""
         return self.concurrency if self.concurrency is not None else self._concurrency_hint
 
+    def request_body(self, prompt: str) -> dict[str, Any]:
+        """The JSON body of one request for ``prompt`` (also a Batch API request line's ``body``)."""
+        raise NotImplementedError
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers every request to the endpoint carries: the key as a bearer token, then ``headers=``."""
+        headers = {"accept": "application/json", "user-agent": f"trio-batch-llm/{__version__}"}
+        if self._secret is not None:
+            headers["authorization"] = f"Bearer {self._secret.reveal()}"
+        headers.update({name.lower(): value for name, value in self.headers.items()})
+        return headers
+
+    @property
+    def secret(self) -> Secret | None:
+        """The API key, wrapped so that it never prints (``None`` without a key)."""
+        return self._secret
+
+    def http_client(self) -> Any:
+        """The ``httpx2.AsyncClient`` passed as ``client=``, if any (used as is, never closed by us)."""
+        return self._user_client if self._label == "openai-compatible" else None
+
     def _fingerprint(self) -> str | None:
         return self._secret.fingerprint() if self._secret is not None else None
 
@@ -225,12 +246,6 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
     async def _close_client(self, client: Any) -> None:
         await client.aclose()
 
-    def _request_headers(self) -> dict[str, str]:
-        headers = {"accept": "application/json", "user-agent": f"trio-batch-llm/{__version__}"}
-        if self._secret is not None:
-            headers["authorization"] = f"Bearer {self._secret.reveal()}"
-        headers.update({name.lower(): value for name, value in self.headers.items()})
-        return headers
 
     def request_body(self, prompt: str) -> dict[str, Any]:
         """The JSON body :meth:`execute` sends for ``prompt``."""
@@ -245,7 +260,7 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
     ) -> tuple[str, TokenUsage | None, Any]:
         client = self._client_for_call()
         reply = await self._http.post_json(
-            client, self._url, self.request_body(prompt), headers=self._request_headers(),
+            client, self._url, self.request_body(prompt), headers=self.request_headers(),
             timeout=timeout, secret=self._secret,
         )
         if not 200 <= reply.status_code < 300:

@@ -1,0 +1,421 @@
+"""Durable runs in provider Batch API mode (issue 12), against the mock server's /v1/files and /v1/batches.
+
+Both backends; the mock app is mounted in-process (httpx2's ASGITransport), so
+on Trio the whole exchange runs on the virtual clock. Repository calls run in
+worker threads; tests that assert exact times let the clock jump only after
+real idleness (``_clock_waits_for_threads``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+
+from trio_batch_llm import (
+    ConfigurationError,
+    ErrorCategory,
+    OpenAICompatibleStrategy,
+    ProcessorConfig,
+    ProviderBatchConfig,
+    RetryConfig,
+)
+from trio_batch_llm._runs import Run, RunStateError, SqliteRunRepository, iter_run_results, open_run
+from trio_batch_llm.testing import MockOpenAIApp, MockServerConfig
+
+from ._runs_child import IDENTITY, CountingStrategy, prompts
+from .conftest import trio_virtual_clock
+
+pytestmark = pytest.mark.anyio
+
+NO_WAIT = RetryConfig(max_attempts=3, initial_wait=1.0, max_wait=1.0, jitter=False)
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(), id="trio")],
+)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+@pytest.fixture
+def trio_only(anyio_backend: Any) -> None:
+    if anyio_backend == "asyncio":
+        pytest.skip("exact timing needs Trio's virtual clock")
+
+
+@contextlib.contextmanager
+def _clock_waits_for_threads() -> Iterator[None]:
+    """On Trio's virtual clock, jump only after 100 ms of real idleness (repository calls run in threads).
+
+    Otherwise a ``wait(timeout=...)`` could reach its deadline while the first
+    repository call is still in its thread. A no-op on asyncio (real time).
+    """
+    import sniffio
+
+    if sniffio.current_async_library() != "trio":
+        yield
+        return
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, trio.testing.MockClock)
+    clock.autojump_threshold = 0.1
+    try:
+        yield
+    finally:
+        clock.autojump_threshold = 0
+
+
+@contextlib.asynccontextmanager
+async def _mock(config: MockServerConfig | None = None) -> AsyncIterator[tuple[MockOpenAIApp, Any]]:
+    app = MockOpenAIApp(config or MockServerConfig())
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
+        strategy = OpenAICompatibleStrategy("mock-model", base_url="http://mock/v1", client=client,
+                                            api_key_env=None)
+        yield app, strategy
+
+
+def _batch(**kwargs: Any) -> ProviderBatchConfig:
+    kwargs.setdefault("poll_interval", 0.05)
+    kwargs.setdefault("request_timeout", 5.0)
+    return ProviderBatchConfig(**kwargs)
+
+
+async def _open(db: Path, strategy: Any, source: Any, *, run_id: str = "run", **kwargs: Any) -> Run:
+    kwargs.setdefault("config", ProcessorConfig(concurrency=4, retry=NO_WAIT))
+    kwargs.setdefault("identity", IDENTITY)
+    kwargs.setdefault("batch", _batch())
+    kwargs.setdefault("poll_interval", 0.05)
+    return await open_run(db, run_id, strategy, source, mode="provider-batch", **kwargs)
+
+
+def _assert_exactly_once(db: Path, ids: list[str], *, run_id: str = "run") -> None:
+    results = list(iter_run_results(db, run_id))
+    assert [r.sequence for r in results] == list(range(1, len(ids) + 1))
+    assert Counter(r.item_id for r in results) == Counter(ids)
+
+
+def _ids(n: int) -> list[str]:
+    return [f"item-{i}" for i in range(n)]
+
+
+# --- a run from start to end ----------------------------------------------------------
+
+
+async def test_a_batch_run_chunks_submits_and_records_each_item_once(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_latency=0.2)) as (app, strategy):
+        async with await _open(db, strategy, prompts(30), batch=_batch(max_requests_per_batch=8)) as run:
+            snap = await run.wait()
+        assert snap.status == "completed" and snap.done == snap.items == 30 and snap.succeeded == 30
+        assert snap.open_submissions == 0 and snap.batched == 0 and snap.unresolved_submission is None
+        stats = app.statistics()
+        assert stats.batches_created == 4 and stats.files_uploaded == 4
+        assert sorted(b["request_counts"]["total"] for b in app.batches) == [6, 8, 8, 8]
+    _assert_exactly_once(db, _ids(30))
+    by_id = {r.item_id: r.result for r in iter_run_results(db, "run")}
+    # Same answers as the live endpoint gives; usage counted; the batch named in the metadata.
+    assert by_id["item-3"].output == "echo: " + prompts(30)[3]
+    assert by_id["item-3"].attempts == 1 and by_id["item-3"].token_usage["total_tokens"] > 0
+    assert by_id["item-3"].metadata["batch_id"] in {b["id"] for b in app.batches}
+    assert snap.total_tokens == sum(r.token_usage["total_tokens"] for r in by_id.values())
+
+
+async def test_files_are_chunked_by_bytes(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock() as (app, strategy):
+        async with await _open(db, strategy, prompts(20), batch=_batch(max_file_bytes=1024)) as run:
+            assert (await run.wait()).status == "completed"
+        files = [f for f in app.files if f["purpose"] == "batch"]
+        assert len(files) > 1 and all(f["bytes"] <= 1024 for f in files)
+        assert sum(b["request_counts"]["total"] for b in app.batches) == 20
+    _assert_exactly_once(db, _ids(20))
+
+
+async def test_failed_lines_are_retried_in_new_batches_and_terminal_ones_fail(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    source = [("flaky", "[[fail:500x1]] once"), ("limited", "[[fail:429x2]] twice"),
+              ("too-long", "[[context_length]] never"), ("always", "[[fail:503]] always"), ("fine", "fine")]
+    async with _mock() as (app, strategy):
+        async with await _open(db, strategy, source) as run:
+            snap = await run.wait()
+        assert snap.status == "completed" and snap.succeeded == 3 and snap.failed == 2
+        assert app.statistics().batches_created == 3  # the first, then two retry rounds
+    results = {r.item_id: r.result for r in iter_run_results(db, "run")}
+    assert (results["flaky"].success, results["flaky"].attempts) == (True, 2)
+    assert (results["limited"].success, results["limited"].attempts) == (True, 3)
+    assert results["too-long"].error_category is ErrorCategory.CONTEXT_LENGTH
+    assert results["too-long"].attempts == 1  # not retried
+    assert results["always"].error_category is ErrorCategory.SERVER
+    assert results["always"].attempts == 3  # max_attempts
+    assert results["fine"].attempts == 1
+
+
+async def test_an_expired_batch_returns_its_unanswered_items_for_another_batch(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_outcomes=("expired",))) as (app, strategy):
+        async with await _open(db, strategy, prompts(10)) as run:
+            snap = await run.wait()
+        assert snap.status == "completed" and snap.succeeded == 10
+        assert [b["status"] for b in app.batches] == ["expired", "completed"]
+        assert app.batches[1]["request_counts"]["total"] == 5
+    _assert_exactly_once(db, _ids(10))
+
+
+async def test_a_failed_batch_is_retried_whole(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_outcomes=("failed",))) as (app, strategy):
+        async with await _open(db, strategy, prompts(6)) as run:
+            assert (await run.wait()).succeeded == 6
+        assert [b["status"] for b in app.batches] == ["failed", "completed"]
+    assert {r.result.attempts for r in iter_run_results(db, "run")} == {2}
+
+
+# --- capacity -------------------------------------------------------------------------
+
+
+async def test_capacity_is_reserved_atomically_across_store_instances_and_runs(tmp_path: Path) -> None:
+    """Two runs, each through its own repository instance on one file, share one enqueued-token limit."""
+    db = tmp_path / "runs.sqlite"
+    per_item = 25  # mock_token_count of "prompt number NN ..." below
+    limit = per_item * 10
+    source_a = [(f"a{i}", f"prompt for a, item {i:03d}".ljust(4 * per_item, ".")) for i in range(40)]
+    source_b = [(f"b{i}", f"prompt for b, item {i:03d}".ljust(4 * per_item, ".")) for i in range(40)]
+    config = MockServerConfig(batch_latency=0.3, batch_enqueued_token_limit=limit)
+    async with _mock(config) as (app, strategy):
+        batch = _batch(max_requests_per_batch=6, enqueued_token_limit=limit)
+        run_a = await _open(db, strategy, source_a, run_id="a", batch=batch)
+        run_b = await _open(db, strategy, source_b, run_id="b", batch=batch)
+        async with run_a, run_b, anyio.create_task_group() as tg:
+            tg.start_soon(run_a.wait)
+            tg.start_soon(run_b.wait)
+        stats = app.statistics()
+        assert stats.batches_token_limited == 0
+        assert 0 < stats.max_enqueued_tokens <= limit
+        assert stats.batches_created >= 14  # 80 items, at most 6 per batch
+    _assert_exactly_once(db, [f"a{i}" for i in range(40)], run_id="a")
+    _assert_exactly_once(db, [f"b{i}" for i in range(40)], run_id="b")
+    repo = SqliteRunRepository(db)
+    repo.open()
+    try:
+        assert repo.held_tokens("batch|http://mock/v1|-|mock-model") == 0
+    finally:
+        repo.close()
+
+
+async def test_a_provider_refusal_for_capacity_uses_up_no_attempt(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    # The run does not know the limit: the provider fails the second batch, the run tries it later.
+    config = MockServerConfig(batch_latency=0.5, batch_enqueued_token_limit=60)
+    async with _mock(config) as (app, strategy):
+        source = [(f"x{i}", "y" * 80) for i in range(4)]  # 20 tokens each: two fit at once
+        async with await _open(db, strategy, source, batch=_batch(max_requests_per_batch=2)) as run:
+            assert (await run.wait()).succeeded == 4
+        assert app.statistics().batches_token_limited >= 1
+    assert {r.result.attempts for r in iter_run_results(db, "run")} == {1}
+
+
+async def test_an_item_over_the_whole_limit_fails_without_a_batch(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock() as (app, strategy):
+        source = [("big", "z" * 400), ("small", "hi")]
+        async with await _open(db, strategy, source, batch=_batch(enqueued_token_limit=50)) as run:
+            snap = await run.wait()
+        assert (snap.succeeded, snap.failed) == (1, 1)
+        assert app.statistics().batches_created == 1
+    big = next(r.result for r in iter_run_results(db, "run") if r.item_id == "big")
+    assert big.error_category is ErrorCategory.INVALID_REQUEST
+    assert "enqueued_token_limit=50" in (big.error or "")
+
+
+# --- unknown create outcomes ----------------------------------------------------------
+
+
+async def test_an_unknown_create_is_found_by_its_metadata(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_after_create",))
+    async with _mock(config) as (app, strategy):
+        async with await _open(db, strategy, prompts(5), batch=_batch(request_timeout=1.0)) as run:
+            snap = await run.wait()
+        assert snap.status == "completed"
+        assert app.statistics().batches_created == 1  # never submitted twice
+    _assert_exactly_once(db, _ids(5))
+
+
+async def test_an_unknown_create_that_made_nothing_waits_for_the_operator(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_before_create",), batch_list=False)
+    async with _mock(config) as (app, strategy):
+        async with await _open(db, strategy, prompts(5), batch=_batch(request_timeout=1.0)) as run:
+            with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+                await run.wait(timeout=3)
+            snap = await run.snapshot()
+            assert snap.status == "running" and snap.unresolved_submission is not None
+            assert snap.batched == 5 and snap.done == 0
+            assert app.statistics().batches_created == 0  # the run stopped submitting
+            snap = await run.resolve_submission(created=False)
+            assert snap.unresolved_submission is None and snap.batched == 0
+            assert (await run.wait()).status == "completed"
+        assert app.statistics().batches_created == 1
+    _assert_exactly_once(db, _ids(5))
+
+
+async def test_an_unknown_create_that_made_a_batch_is_resolved_with_its_id(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_after_create",), batch_list=False)
+    async with _mock(config) as (app, strategy):
+        async with await _open(db, strategy, prompts(5), batch=_batch(request_timeout=1.0)) as run:
+            with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+                await run.wait(timeout=3)
+            assert (await run.snapshot()).unresolved_submission is not None
+            [made] = app.batches
+            with pytest.raises(ConfigurationError, match="batch_id"):
+                await run.resolve_submission(created=True)
+            await run.resolve_submission(created=True, batch_id=made["id"])
+            assert (await run.wait()).status == "completed"
+        assert app.statistics().batches_created == 1
+    _assert_exactly_once(db, _ids(5))
+
+
+async def test_a_refused_create_goes_back_to_pending_and_is_tried_again(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("error:429", "error:400"))
+    async with _mock(config) as (app, strategy):
+        async with await _open(db, strategy, prompts(5)) as run:
+            assert (await run.wait()).status == "completed"
+        assert app.statistics().batches_created == 1
+    _assert_exactly_once(db, _ids(5))
+
+
+async def test_a_server_error_on_create_is_an_unknown_outcome(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("error:500",))
+    async with _mock(config) as (_, strategy), await _open(db, strategy, prompts(5)) as run:
+        # Nothing was created, and the listing shows nothing: the operator has to say so.
+        with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+            await run.wait(timeout=2)
+        assert (await run.snapshot()).unresolved_submission is not None
+        await run.resolve_submission(created=False)
+        assert (await run.wait()).status == "completed"
+    _assert_exactly_once(db, _ids(5))
+
+
+async def test_resolve_submission_refuses_when_there_is_nothing_to_resolve(tmp_path: Path) -> None:
+    async with _mock() as (_, strategy), await _open(tmp_path / "b.sqlite", strategy, prompts(2)) as run:
+        with pytest.raises(RunStateError, match="no batch submission"):
+            await run.resolve_submission(created=False)
+        with pytest.raises(ConfigurationError, match="batch_id"):
+            await run.resolve_submission(created=False, batch_id="batch_x")
+    async with await open_run(tmp_path / "l.sqlite", "run", CountingStrategy(), prompts(2),
+                              identity=IDENTITY) as live:
+        with pytest.raises(RunStateError, match="live mode"):
+            await live.resolve_submission(created=False)
+
+
+# --- pause, cancel, deadlines ------------------------------------------------------------
+
+
+async def test_pause_then_resume_in_the_same_process_is_exactly_once(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_latency=1.0)) as (app, strategy):
+        async with await _open(db, strategy, prompts(12), batch=_batch(max_requests_per_batch=4)) as run:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.wait)
+                await app.wait_for(lambda s: s.batches_created >= 2)
+                paused = await run.pause()
+                tg.cancel_scope.cancel()  # wait() keeps watching a paused run
+            assert paused.status == "paused" and paused.open_submissions >= 2
+            created = app.statistics().batches_created
+            with pytest.raises(TimeoutError):
+                await run.wait(timeout=2)  # paused: nothing is submitted or collected
+            assert app.statistics().batches_created == created
+            await run.resume()
+            assert (await run.wait()).status == "completed"
+        # The batches open at the pause were collected, not submitted again.
+        assert app.statistics().batches_created == 3
+    _assert_exactly_once(db, _ids(12))
+
+
+async def test_a_new_handle_collects_the_batches_of_a_paused_one(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_latency=1.0)) as (app, strategy):
+        batch = _batch(max_requests_per_batch=4)
+        async with await _open(db, strategy, prompts(12), batch=batch) as run, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(run.wait)
+            await app.wait_for(lambda s: s.batches_created >= 1)
+            await run.pause()
+            tg.cancel_scope.cancel()
+        async with await _open(db, strategy, prompts(12), batch=_batch(max_requests_per_batch=4)) as again:
+            await again.resume()
+            assert (await again.wait()).status == "completed"
+        assert app.statistics().batches_created == 3
+    _assert_exactly_once(db, _ids(12))
+
+
+async def test_cancel_cancels_the_open_batches_at_the_provider(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_latency=100.0)) as (app, strategy):
+        async with await _open(db, strategy, prompts(8), batch=_batch(max_requests_per_batch=4)) as run:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.wait)
+                await app.wait_for(lambda s: s.batches_created == 2)
+                snap = await run.cancel()
+            assert snap.status == "cancelled" and snap.open_submissions == 0 and snap.batched == 0
+        assert {b["status"] for b in app.batches} <= {"cancelling", "cancelled"}
+
+
+async def test_cancel_without_a_driver_still_cancels_the_open_batches(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_latency=100.0)) as (app, strategy):
+        async with await _open(db, strategy, prompts(4)) as run:
+            with _clock_waits_for_threads(), contextlib.suppress(TimeoutError):
+                await run.wait(timeout=1)
+            assert (await run.snapshot()).open_submissions == 1
+            await run.cancel()
+        assert [b["status"] for b in app.batches] in (["cancelling"], ["cancelled"])
+
+
+@pytest.mark.usefixtures("trio_only")
+async def test_wait_raises_at_the_deadline_and_starts_no_provider_work_after_it(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with _mock(MockServerConfig(batch_latency=30.0)) as (app, strategy):
+        batch = _batch(max_requests_per_batch=4, poll_interval=3600.0)
+        async with await _open(db, strategy, prompts(8), batch=batch, poll_interval=3600) as run:
+            with _clock_waits_for_threads():
+                start = anyio.current_time()
+                with pytest.raises(TimeoutError):
+                    await run.wait(timeout=5)
+                assert anyio.current_time() == start + 5
+            arrivals = [r.arrival for r in app.requests]
+            assert arrivals and max(arrivals) < start + 5
+            seen = len(app.requests)
+            await anyio.sleep(100)
+            assert len(app.requests) == seen  # nothing runs once wait() has returned
+            assert (await run.wait()).status == "completed"  # resumable: polled at once now
+    _assert_exactly_once(db, _ids(8))
+
+
+async def test_open_run_checks_its_batch_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="strategy"):
+        await open_run(tmp_path / "x.sqlite", "r", CountingStrategy(), prompts(1), mode="provider-batch")
+    with pytest.raises(ConfigurationError, match="batch"):
+        await open_run(tmp_path / "x.sqlite", "r", CountingStrategy(), prompts(1),
+                       batch=ProviderBatchConfig())
+    with pytest.raises(ConfigurationError, match="max_requests_per_batch"):
+        ProviderBatchConfig(max_requests_per_batch=50_001)
+    with pytest.raises(ConfigurationError, match="poll_interval"):
+        ProviderBatchConfig(poll_interval=0)
+    async with _mock() as (_, strategy):
+        async with await _open(tmp_path / "y.sqlite", strategy, prompts(1)):
+            pass
+        with pytest.raises(RunStateError, match="mode"):
+            await open_run(tmp_path / "y.sqlite", "run", strategy, prompts(1), identity=IDENTITY)
