@@ -419,3 +419,24 @@ async def test_open_run_checks_its_batch_arguments(tmp_path: Path) -> None:
             pass
         with pytest.raises(RunStateError, match="mode"):
             await open_run(tmp_path / "y.sqlite", "run", strategy, prompts(1), identity=IDENTITY)
+
+
+@pytest.mark.parametrize("step", [0.004, 0.013, 0.037])
+async def test_a_run_stopped_at_any_point_and_reattached_runs_each_item_once(
+    tmp_path: Path, step: float
+) -> None:
+    """Every handle gets a little more time than the last, then is closed (its segment abandoned mid-step,
+    as a crash would leave the store); a fresh handle continues. No line runs twice at the provider."""
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_latency=0.05, batch_create_faults=("ok", "hang_after_create"))
+    async with _mock(config) as (app, strategy):
+        batch = _batch(max_requests_per_batch=3, poll_interval=0.02, request_timeout=0.2)
+        for handle in range(200):
+            async with await _open(db, strategy, prompts(10), batch=batch, poll_interval=0.02) as run:
+                with _clock_waits_for_threads(), contextlib.suppress(TimeoutError):
+                    if (await run.wait(timeout=step * handle)).status == "completed":
+                        break
+        else:
+            pytest.fail("the run never completed")
+        assert app.statistics().batch_lines == 10
+    _assert_exactly_once(db, _ids(10))
