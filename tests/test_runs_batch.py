@@ -168,6 +168,8 @@ async def test_an_expired_batch_returns_its_unanswered_items_for_another_batch(t
         assert [b["status"] for b in app.batches] == ["expired", "completed"]
         assert app.batches[1]["request_counts"]["total"] == 5
     _assert_exactly_once(db, _ids(10))
+    # The expired half never ran: its second batch is its first attempt.
+    assert {r.result.attempts for r in iter_run_results(db, "run")} == {1}
 
 
 async def test_a_failed_batch_is_retried_whole(tmp_path: Path) -> None:
@@ -440,3 +442,41 @@ async def test_a_run_stopped_at_any_point_and_reattached_runs_each_item_once(
             pytest.fail("the run never completed")
         assert app.statistics().batch_lines == 10
     _assert_exactly_once(db, _ids(10))
+
+
+def test_a_create_answer_that_cannot_be_read_leaves_the_outcome_unknown() -> None:
+    from trio_batch_llm import ProviderError
+    from trio_batch_llm._runs._batch_api import create_outcome_unknown
+
+    def outcome(status: int | None) -> bool:
+        return create_outcome_unknown(ProviderError("x", category=ErrorCategory.PARSE, status_code=status))
+
+    assert outcome(None) and outcome(200) and outcome(500) and outcome(502) and outcome(504)
+    assert not outcome(400) and not outcome(429) and not outcome(503)
+
+
+async def test_a_create_left_in_flight_is_settled_only_when_nobody_drives(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_before_create",), batch_list=False)
+    async with _mock(config) as (app, strategy):
+        batch = _batch(request_timeout=100.0)
+        async with await _open(db, strategy, prompts(3), batch=batch) as run:
+            # The deadline ends the segment during its create call: the intent stays 'creating',
+            # as a process that died mid-create leaves it.
+            with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+                await run.wait(timeout=1)
+            snap = await run.snapshot()
+            assert snap.unresolved_submission is not None and snap.batched == 3
+            elsewhere = SqliteRunRepository(db)
+            elsewhere.open()
+            try:
+                assert elsewhere.try_claim("run")  # another process drives: its create may be in flight
+                with pytest.raises(RunStateError, match="being created"):
+                    await run.resolve_submission(created=False)
+            finally:
+                elsewhere.close()
+            snap = await run.resolve_submission(created=False)
+            assert snap.unresolved_submission is None and snap.batched == 0
+            assert (await run.wait()).status == "completed"
+        assert app.statistics().batches_created == 1
+    _assert_exactly_once(db, _ids(3))

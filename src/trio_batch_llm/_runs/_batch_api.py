@@ -94,9 +94,9 @@ def create_outcome_unknown(exc: ProviderError) -> bool:
     server error that may have come after the work (500, 502, 504) leave it
     unknown; a refusal (4xx, 429, 503) created nothing.
     """
-    if exc.status_code is None:
-        return True
-    return exc.status_code not in _REFUSED_STATUSES and not 200 <= exc.status_code < 300
+    if exc.status_code is None or 200 <= exc.status_code < 300:
+        return True  # no answer, or an answer we could not read (a 2xx means it was created)
+    return exc.status_code not in _REFUSED_STATUSES
 
 
 @final

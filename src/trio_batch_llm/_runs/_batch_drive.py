@@ -105,7 +105,7 @@ class BatchSegmentDriver:
         self._status_poll = poll_interval
         self.scope = capacity_scope_of(strategy, batch)
         self._estimate = batch.token_estimator or estimate_input_tokens
-        self._rng = random.Random(config.retry.jitter_seed)
+        self._rng = random.Random(config.retry.jitter_seed)  # for the scope's refusal backoff
         # In memory, per handle: after a restart a retry or a refused scope is simply tried at once.
         self._retry_ready: dict[str, float] = {}
         self._next_poll: dict[str, float] = {}
@@ -279,6 +279,11 @@ class BatchSegmentDriver:
         await self._db.call(self._repo.abandon_submission, self._run_id, sid, to="abandoned", detail=detail)
         self._next_poll.pop(sid, None)
 
+    def _jitter(self, item_id: str, attempt: int) -> random.Random | None:
+        """Per item and attempt, as live retries draw it: independent of the order results arrive in."""
+        seed = self._config.retry.jitter_seed
+        return None if seed is None else random.Random(f"{seed}\0{item_id}\0{attempt}")
+
     def _refused(self) -> None:
         """The provider refused a batch: back off submitting (the retry backoff, per refusal in a row)."""
         wait = self._config.retry.wait_before_retry(self._refusals, None, self._rng)
@@ -300,6 +305,7 @@ class BatchSegmentDriver:
         items = await self._db.call(self._repo.submission_items, self._run_id, sid)
         results: list[NewResult] = []
         retry: list[str] = []
+        unrun: list[str] = []
         now = anyio.current_time()
         for line, item in enumerate(items, start=1):
             invalid = info.error_lines.get(line)
@@ -322,14 +328,18 @@ class BatchSegmentDriver:
                     category=ErrorCategory.SERVER,
                 )
             attempts = item.attempts + 1
-            if error.category.retryable and attempts < self._config.retry.max_attempts:
+            if outcome is not None and not outcome.executed:
+                unrun.append(item.item_id)  # expired or cancelled before it ran: no attempt used
+                self._retry_ready.pop(item.item_id, None)
+            elif error.category.retryable and attempts < self._config.retry.max_attempts:
                 retry.append(item.item_id)
-                wait = self._config.retry.wait_before_retry(item.attempts, error.retry_after, self._rng)
+                wait = self._config.retry.wait_before_retry(item.attempts, error.retry_after,
+                                                            self._jitter(item.item_id, attempts))
                 self._retry_ready[item.item_id] = now + wait
             else:
                 results.append(self._failure(item, error, info, outcome))
         await self._db.call(self._repo.finish_submission, self._run_id, sid, results, retry,
-                            detail=f"batch {info.id} {info.status}")
+                            detail=f"batch {info.id} {info.status}", unrun_item_ids=unrun)
         self._next_poll.pop(sid, None)
         for item_id in (r.item_id for r in results):
             self._retry_ready.pop(item_id, None)

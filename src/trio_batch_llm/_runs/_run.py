@@ -332,28 +332,39 @@ class Run:
         if not unresolved:
             raise RunStateError(f"run {self._run_id!r} has no batch submission with an unknown outcome")
         sub = unresolved[0]
-        from_states = frozenset({"unknown"})
         if sub.state == "creating":
-            if self._segment is not None:
+            # Its create may be in flight in whichever process drives the run: settle it only
+            # when nobody drives (a process that died mid-create left it so).
+            if self._segment is not None or not await self._db.call(self._repo.try_claim, self._run_id):
                 raise RunStateError(
                     f"run {self._run_id!r}: submission {sub.submission_id} is being created right now; "
                     "wait for its outcome"
                 )
-            from_states = frozenset({"creating", "unknown"})  # left by a process that died mid-create
+            try:
+                return await self._settle(driver, sub.submission_id, frozenset({"creating", "unknown"}),
+                                          created, batch_id)
+            finally:
+                with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor
+                    await self._db.call(self._repo.release, self._run_id)
+        return await self._settle(driver, sub.submission_id, frozenset({"unknown"}), created, batch_id)
+
+    async def _settle(self, driver: BatchSegmentDriver, submission_id: str, from_states: frozenset[str],
+                      created: bool, batch_id: str | None) -> RunSnapshot:
+        sub_id = submission_id
         if created:
             changed = await self._db.call(
-                self._repo.update_submission, self._run_id, sub.submission_id, from_states=from_states,
+                self._repo.update_submission, self._run_id, sub_id, from_states=from_states,
                 to="submitted", batch_id=batch_id,
                 detail=f"created: batch {batch_id} (resolved by an operator)",
             )
         else:
             changed = bool(await self._db.call(
-                self._repo.abandon_submission, self._run_id, sub.submission_id, to="abandoned",
+                self._repo.abandon_submission, self._run_id, sub_id, to="abandoned",
                 detail="not created (resolved by an operator)",
             ))
         if not changed:
             raise RunStateError(
-                f"run {self._run_id!r}: submission {sub.submission_id} was settled meanwhile; see snapshot()"
+                f"run {self._run_id!r}: submission {sub_id} was settled meanwhile; see snapshot()"
             )
         driver.poke()
         self._notify()

@@ -361,12 +361,15 @@ class RunRepository(Protocol):
         retry_item_ids: Sequence[str],
         *,
         detail: str | None = None,
+        unrun_item_ids: Sequence[str] = (),
     ) -> RunSnapshot:
         """End a ``submitted`` submission with its results, in one transaction.
 
         Results for items still ``batched`` in this submission become done with
         the next sequences exactly as ``record`` does; results for any other item
-        are skipped. Then the ``retry_item_ids`` and every other item still
+        are skipped. Items in ``unrun_item_ids`` (the provider never ran them:
+        the batch expired or was cancelled first) go back to pending as they
+        were. Then the ``retry_item_ids`` and every other item still
         ``batched`` in it go back to pending with ``attempts + 1``, and the
         submission becomes ``finished`` (capacity released). Exactly once: if the
         submission is not ``submitted`` nothing changes (a repeat after a crash

@@ -653,11 +653,17 @@ class SqliteRunRepository:
         retry_item_ids: Sequence[str],
         *,
         detail: str | None = None,
+        unrun_item_ids: Sequence[str] = (),
     ) -> RunSnapshot:
         with self._write(f"finishing submission {submission_id!r} of run {run_id!r}") as conn:
             if not self._end_submission(conn, run_id, submission_id, "finished", detail, "'submitted'"):
                 return self._row(conn, run_id)  # not 'submitted': finished already (or never sent)
             self._mark_done(conn, run_id, results, submission=submission_id)
+            conn.executemany(  # never ran at the provider: back to pending without using an attempt
+                "UPDATE run_items SET state = 'pending', submission = NULL"
+                " WHERE run_id = ? AND submission = ? AND state = 'batched' AND item_id = ?",
+                [(run_id, submission_id, item_id) for item_id in unrun_item_ids],
+            )
             # Whatever is still batched here has no result: the retry list and the rest alike
             # (an item of retry_item_ids that got a result above stays done; others are skipped).
             conn.execute(
