@@ -109,6 +109,8 @@ EXAMPLES = [
         "token budget: budget_exhausted;", "cost budget: budget_exhausted;",
     )),
     Example("checkpoint_resume", BOTH),
+    Example("durable_run", BOTH, needs=SERVER),
+    Example("batch_run", BOTH, needs=SERVER),
     Example("streaming", BOTH, ("consumed 200 results; read ", "calls still running: 0")),
     Example("processor_streaming", BOTH, ("20 results; first few in completion order",)),
     Example("migration_before", ASYNCIO, ("2 True", "streamed item_0", "echo: hello"), ("async_batch_llm",)),
