@@ -38,7 +38,7 @@ from trio_batch_llm._runs._schema import (
     RunSpec,
     SourceCheckpoint,
 )
-from trio_batch_llm._runs._sqlite_repo import RUNS_SCHEMA_VERSION
+from trio_batch_llm._runs._sqlite_tables import RUNS_SCHEMA_VERSION
 
 IDENTITY = ArtifactIdentity("test-model", "batch-prompts")
 SCOPE = "batch|https://api.example|key|model"

@@ -20,7 +20,6 @@ submissions. A file written by a newer schema is refused.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import sqlite3
@@ -35,7 +34,6 @@ from .._errors import ArtifactMismatchError, ArtifactStoreError
 from ._claims import FileClaims
 from ._schema import (
     LIVE_SUBMISSION_STATES,
-    UNRESOLVED_SUBMISSION_STATES,
     NewItem,
     NewResult,
     NewSubmission,
@@ -49,166 +47,25 @@ from ._schema import (
     SubmissionRecord,
     SubmissionState,
 )
+from ._sqlite_tables import (
+    ADDED_COLUMNS,
+    ALL_SUBMISSION_STATES,
+    INDEXES,
+    LIVE,
+    RUNS_SCHEMA_VERSION,
+    SNAPSHOT,
+    SNAPSHOT_V1,
+    SUBMISSION_COLUMNS,
+    TABLES,
+    check_new_submission,
+    check_states,
+    decode_snapshot,
+    utc_now,
+)
 
 __all__ = ["SqliteRunRepository"]
 
 _BUSY_TIMEOUT_SECONDS: Final = 30.0
-RUNS_SCHEMA_VERSION: Final = 2
-
-_TABLES: Final = (
-    """CREATE TABLE IF NOT EXISTS runs (
-        run_id TEXT PRIMARY KEY,
-        mode TEXT NOT NULL,
-        identity TEXT NOT NULL,
-        identity_fingerprint TEXT NOT NULL,
-        config TEXT NOT NULL,
-        status TEXT NOT NULL,
-        termination TEXT,
-        source_position INTEGER NOT NULL DEFAULT 0,
-        source_cursor INTEGER,
-        source_fingerprint TEXT,
-        source_last_item TEXT,
-        source_exhausted INTEGER NOT NULL DEFAULT 0,
-        items INTEGER NOT NULL DEFAULT 0,
-        done INTEGER NOT NULL DEFAULT 0,
-        succeeded INTEGER NOT NULL DEFAULT 0,
-        failed INTEGER NOT NULL DEFAULT 0,
-        input_tokens INTEGER NOT NULL DEFAULT 0,
-        output_tokens INTEGER NOT NULL DEFAULT 0,
-        total_tokens INTEGER NOT NULL DEFAULT 0,
-        last_sequence INTEGER NOT NULL DEFAULT 0,
-        created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL
-    )""",
-    # Prompt and context are kept only while the item is pending (a resume needs them).
-    """CREATE TABLE IF NOT EXISTS run_items (
-        run_id TEXT NOT NULL,
-        item_id TEXT NOT NULL,
-        ingest_seq INTEGER NOT NULL,
-        fingerprint TEXT NOT NULL,
-        prompt TEXT,
-        context TEXT,
-        state TEXT NOT NULL,
-        result_sequence INTEGER,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        submission TEXT,
-        PRIMARY KEY (run_id, item_id)
-    ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS run_results (
-        run_id TEXT NOT NULL,
-        sequence INTEGER NOT NULL,
-        item_id TEXT NOT NULL,
-        success INTEGER NOT NULL,
-        error_category TEXT,
-        result TEXT NOT NULL,
-        PRIMARY KEY (run_id, sequence)
-    ) WITHOUT ROWID""",
-    # seq: creation order across the store (a rowid is not stable under VACUUM).
-    """CREATE TABLE IF NOT EXISTS run_submissions (
-        submission_id TEXT PRIMARY KEY,
-        seq INTEGER NOT NULL UNIQUE,
-        run_id TEXT NOT NULL,
-        scope TEXT NOT NULL,
-        state TEXT NOT NULL,
-        items INTEGER NOT NULL,
-        tokens INTEGER NOT NULL,
-        input_file_id TEXT,
-        batch_id TEXT,
-        detail TEXT,
-        created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL
-    )""",
-)
-# Version 1 -> 2: columns a version-1 run_items lacks (CREATE TABLE IF NOT EXISTS keeps the old table).
-_ADDED_COLUMNS: Final = (
-    ("run_items", "attempts", "INTEGER NOT NULL DEFAULT 0"),
-    ("run_items", "submission", "TEXT"),
-)
-_INDEXES: Final = (
-    "CREATE INDEX IF NOT EXISTS run_items_by_state ON run_items (run_id, state, ingest_seq)",
-    # Partial: only batched items carry a submission, so the index stays as small as the open batches.
-    "CREATE INDEX IF NOT EXISTS run_items_by_submission ON run_items (run_id, submission, ingest_seq)"
-    " WHERE submission IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS run_submissions_by_scope ON run_submissions (scope, state)",
-    "CREATE INDEX IF NOT EXISTS run_submissions_by_run ON run_submissions (run_id, state)",
-)
-_RUN_COLUMNS: Final = (
-    "run_id, mode, identity, config, status, termination, source_position, source_cursor,"
-    " source_fingerprint, source_last_item, source_exhausted, items, done, succeeded, failed,"
-    " input_tokens, output_tokens, total_tokens, last_sequence, created_at, updated_at"
-)
-_LIVE: Final = ", ".join(f"'{state}'" for state in sorted(LIVE_SUBMISSION_STATES))
-_UNRESOLVED: Final = ", ".join(f"'{state}'" for state in sorted(UNRESOLVED_SUBMISSION_STATES))
-_ALL_SUBMISSION_STATES: Final = LIVE_SUBMISSION_STATES | {"finished", "abandoned", "cancelled"}
-# One statement, so the submission fields are read from the same snapshot as the run's counters.
-_SNAPSHOT: Final = (
-    f"SELECT {_RUN_COLUMNS},"
-    f" (SELECT COALESCE(SUM(s.items), 0) FROM run_submissions s"
-    f"  WHERE s.run_id = runs.run_id AND s.state IN ({_LIVE})),"
-    f" (SELECT COUNT(*) FROM run_submissions s WHERE s.run_id = runs.run_id AND s.state IN ({_LIVE})),"
-    f" (SELECT s.submission_id FROM run_submissions s"
-    f"  WHERE s.run_id = runs.run_id AND s.state IN ({_UNRESOLVED}) ORDER BY s.seq LIMIT 1)"
-    " FROM runs WHERE run_id = ?"
-)
-# A read-only reader of a version-1 file: no submissions there.
-_SNAPSHOT_V1: Final = f"SELECT {_RUN_COLUMNS}, 0, 0, NULL FROM runs WHERE run_id = ?"
-_SUBMISSION_COLUMNS: Final = (
-    "submission_id, run_id, scope, state, items, tokens, input_file_id, batch_id, detail,"
-    " created_at, updated_at"
-)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat()
-
-
-def _snapshot(row: tuple[Any, ...]) -> RunSnapshot:
-    (run_id, mode, identity, config, status, termination, position, cursor, fingerprint, last_item,
-     exhausted, items, done, succeeded, failed, inp, out, total, last_seq, created, updated,
-     batched, open_submissions, unresolved) = row
-    term = json.loads(termination) if termination else None
-    return RunSnapshot(
-        run_id=run_id,
-        status=status,
-        mode=mode,
-        identity=ArtifactIdentity(**json.loads(identity)),
-        config=json.loads(config),
-        termination=RunTermination(term["kind"], term.get("reason")) if term else None,
-        checkpoint=SourceCheckpoint(
-            position=position, cursor=cursor, fingerprint=fingerprint, last_item_id=last_item,
-            exhausted=bool(exhausted),
-        ),
-        items=items, done=done, succeeded=succeeded, failed=failed,
-        input_tokens=inp, output_tokens=out, total_tokens=total, last_sequence=last_seq,
-        created_at=created, updated_at=updated,
-        batched=batched, open_submissions=open_submissions, unresolved_submission=unresolved,
-    )
-
-
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_new_submission(submission: NewSubmission, capacity_limit: int | None) -> None:
-    sid = submission.submission_id
-    if not _is_count(submission.tokens):
-        raise ValueError(f"submission {sid!r}: tokens must be an int >= 0, not {submission.tokens!r}")
-    if capacity_limit is not None and not _is_count(capacity_limit):
-        raise ValueError(f"capacity_limit must be None or an int >= 0, not {capacity_limit!r}")
-    if not submission.item_ids:
-        raise ValueError(f"submission {sid!r} lists no items")
-    seen: set[str] = set()
-    for item_id in submission.item_ids:
-        if item_id in seen:
-            raise ValueError(f"submission {sid!r} lists item {item_id!r} twice")
-        seen.add(item_id)
-
-
-def _check_states(states: frozenset[str], allowed: frozenset[str], what: str) -> None:
-    if not states <= allowed:
-        raise ValueError(f"{what} must be among {sorted(allowed)}, not {sorted(states - allowed)}")
-
-
 @final
 class SqliteRunRepository:
     """Runs in a SQLite database (WAL); see the module docstring. Not thread-safe: one caller."""
@@ -289,12 +146,12 @@ class SqliteRunRepository:
             else:
                 raise ArtifactStoreError(f"{self._path} is a SQLite database not written by trio-batch-llm")
             meta = self._stored_schema_version(conn)
-            for statement in _TABLES:
+            for statement in TABLES:
                 conn.execute(statement)
-            for table, column, declaration in _ADDED_COLUMNS:
+            for table, column, declaration in ADDED_COLUMNS:
                 if column not in self._columns(conn, table):
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-            for statement in _INDEXES:
+            for statement in INDEXES:
                 conn.execute(statement)
             if meta.get("runs_schema_version") != RUNS_SCHEMA_VERSION:
                 meta["runs_schema_version"] = RUNS_SCHEMA_VERSION
@@ -366,11 +223,11 @@ class SqliteRunRepository:
         return self._conn
 
     def _row(self, conn: sqlite3.Connection, run_id: str) -> RunSnapshot:
-        query = _SNAPSHOT if self._has_submissions else _SNAPSHOT_V1
+        query = SNAPSHOT if self._has_submissions else SNAPSHOT_V1
         row = conn.execute(query, (run_id,)).fetchone()
         if row is None:
             raise RunStateError(f"{self._path}: no run named {run_id!r}")
-        return _snapshot(row)
+        return decode_snapshot(row)
 
     # -- runs --------------------------------------------------------------------
 
@@ -381,7 +238,7 @@ class SqliteRunRepository:
                 "SELECT mode, identity_fingerprint, identity FROM runs WHERE run_id = ?", (spec.run_id,)
             ).fetchone()
             if row is None:
-                now = _now()
+                now = utc_now()
                 conn.execute(
                     "INSERT INTO runs (run_id, mode, identity, identity_fingerprint, config, status,"
                     " created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
@@ -420,7 +277,7 @@ class SqliteRunRepository:
             changed = conn.execute(
                 f"UPDATE runs SET status = ?, termination = ?, updated_at = ?"
                 f" WHERE run_id = ? AND status IN ({marks})",
-                (to, term, _now(), run_id, *sorted(from_statuses)),
+                (to, term, utc_now(), run_id, *sorted(from_statuses)),
             ).rowcount
             return changed == 1, self._row(conn, run_id)
 
@@ -431,7 +288,7 @@ class SqliteRunRepository:
             changed = conn.execute(
                 "UPDATE runs SET status = 'completed', termination = ?, updated_at = ?"
                 " WHERE run_id = ? AND status = 'running' AND source_exhausted = 1 AND done = items",
-                (term, _now(), run_id),
+                (term, utc_now(), run_id),
             ).rowcount
             return changed == 1, self._row(conn, run_id)
 
@@ -457,7 +314,7 @@ class SqliteRunRepository:
                 " source_fingerprint = ?, source_last_item = ?, source_exhausted = ?, updated_at = ?"
                 " WHERE run_id = ?",
                 (len(items), checkpoint.position, checkpoint.cursor, checkpoint.fingerprint,
-                 checkpoint.last_item_id, int(checkpoint.exhausted), _now(), run_id),
+                 checkpoint.last_item_id, int(checkpoint.exhausted), utc_now(), run_id),
             )
             return self._row(conn, run_id)
 
@@ -532,7 +389,7 @@ class SqliteRunRepository:
             "UPDATE runs SET done = done + ?, succeeded = succeeded + ?, failed = failed + ?,"
             " input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
             " total_tokens = total_tokens + ?, last_sequence = ?, updated_at = ? WHERE run_id = ?",
-            (done, succeeded, done - succeeded, inp, out, total, sequence, _now(), run_id),
+            (done, succeeded, done - succeeded, inp, out, total, sequence, utc_now(), run_id),
         )
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
@@ -550,7 +407,7 @@ class SqliteRunRepository:
     def reserve_submission(
         self, run_id: str, submission: NewSubmission, *, capacity_limit: int | None
     ) -> bool:
-        _check_new_submission(submission, capacity_limit)
+        check_new_submission(submission, capacity_limit)
         sid = submission.submission_id
         # BEGIN IMMEDIATE takes the write lock first: the capacity read below cannot go stale
         # before the insert, whichever connection or process reserves concurrently.
@@ -560,7 +417,7 @@ class SqliteRunRepository:
             held = self._held(conn, submission.scope)
             if capacity_limit is not None and held + submission.tokens > capacity_limit:
                 return False  # nothing written
-            now = _now()
+            now = utc_now()
             try:
                 conn.execute(
                     "INSERT INTO run_submissions (submission_id, seq, run_id, scope, state, items, tokens,"
@@ -583,7 +440,7 @@ class SqliteRunRepository:
     @staticmethod
     def _held(conn: sqlite3.Connection, scope: str) -> int:
         (held,) = conn.execute(
-            f"SELECT COALESCE(SUM(tokens), 0) FROM run_submissions WHERE scope = ? AND state IN ({_LIVE})",
+            f"SELECT COALESCE(SUM(tokens), 0) FROM run_submissions WHERE scope = ? AND state IN ({LIVE})",
             (scope,),
         ).fetchone()
         return int(held)
@@ -615,8 +472,8 @@ class SqliteRunRepository:
         detail: str | None = None,
     ) -> bool:
         # Ending a submission must move its items too: only abandon/finish may leave a live state.
-        _check_states(frozenset({to}), LIVE_SUBMISSION_STATES, "update_submission's to")
-        _check_states(from_states, LIVE_SUBMISSION_STATES, "update_submission's from_states")
+        check_states(frozenset({to}), LIVE_SUBMISSION_STATES, "update_submission's to")
+        check_states(from_states, LIVE_SUBMISSION_STATES, "update_submission's from_states")
         if not from_states:
             return False
         marks = ", ".join("?" * len(from_states))
@@ -625,7 +482,7 @@ class SqliteRunRepository:
                 "UPDATE run_submissions SET state = ?, input_file_id = COALESCE(?, input_file_id),"
                 " batch_id = COALESCE(?, batch_id), detail = COALESCE(?, detail), updated_at = ?"
                 f" WHERE run_id = ? AND submission_id = ? AND state IN ({marks})",
-                (to, input_file_id, batch_id, detail, _now(), run_id, submission_id, *sorted(from_states)),
+                (to, input_file_id, batch_id, detail, utc_now(), run_id, submission_id, *sorted(from_states)),
             ).rowcount
             return changed == 1
 
@@ -635,14 +492,14 @@ class SqliteRunRepository:
         if to not in ("abandoned", "cancelled"):
             raise ValueError(f"abandon_submission's to must be 'abandoned' or 'cancelled', not {to!r}")
         with self._write(f"abandoning submission {submission_id!r} of run {run_id!r}") as conn:
-            if not self._end_submission(conn, run_id, submission_id, to, detail, _LIVE):
+            if not self._end_submission(conn, run_id, submission_id, to, detail, LIVE):
                 return 0
             returned = conn.execute(
                 "UPDATE run_items SET state = 'pending', submission = NULL"
                 " WHERE run_id = ? AND submission = ? AND state = 'batched'",
                 (run_id, submission_id),
             ).rowcount
-            conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (_now(), run_id))
+            conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (utc_now(), run_id))
             return int(returned)
 
     def finish_submission(
@@ -681,7 +538,7 @@ class SqliteRunRepository:
         changed = conn.execute(
             "UPDATE run_submissions SET state = ?, detail = COALESCE(?, detail), updated_at = ?"
             f" WHERE run_id = ? AND submission_id = ? AND state IN ({from_sql})",
-            (to, detail, _now(), run_id, submission_id),
+            (to, detail, utc_now(), run_id, submission_id),
         ).rowcount
         return changed == 1
 
@@ -691,11 +548,11 @@ class SqliteRunRepository:
             return []
         where, params = "", list[str]()
         if states is not None:
-            _check_states(states, _ALL_SUBMISSION_STATES, "submissions' states")
+            check_states(states, ALL_SUBMISSION_STATES, "submissions' states")
             where, params = f" AND state IN ({', '.join('?' * len(states))})", sorted(states)
         with self._errors(f"reading the submissions of run {run_id!r}"):
             rows = conn.execute(
-                f"SELECT {_SUBMISSION_COLUMNS} FROM run_submissions WHERE run_id = ?{where} ORDER BY seq",
+                f"SELECT {SUBMISSION_COLUMNS} FROM run_submissions WHERE run_id = ?{where} ORDER BY seq",
                 (run_id, *params),
             ).fetchall()
         return [SubmissionRecord(*row) for row in rows]
