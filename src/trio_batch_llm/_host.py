@@ -1,9 +1,10 @@
 """ExecutorHost: the owner of one task group, its quota scopes, strategy leases and cleanup ledger.
 
 Processors and pools build on a host. Runtime tasks (workers, producers, the
-progress task) run in the host's task group and nowhere else, each under its
-own cancel scope so a close can stop them without cancelling the code in the
-host's ``async with`` body.
+progress task) run in the host's task group and nowhere else: each group of
+them (one per processor) in a nested task group under one cancel scope, so a
+close can stop them without cancelling the code in the host's ``async with``
+body.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import anyio.abc
 
 from ._admission import QuotaRegistry, QuotaScope
 from ._config import ProcessorConfig
+from ._deliveries import unwrap_group
 from ._errors import AdmissionClosedError
 from ._leases import Lease, lease_registry
 from ._ledger import CleanupLedger, LedgerStatistics
@@ -44,15 +46,37 @@ class HostStatistics:
     ledger: LedgerStatistics
 
 
-class RuntimeTasks:
-    """A set of runtime tasks, each under its own cancel scope, that can be stopped and awaited together."""
+class _Cohort:
+    """Tasks started while one supervisor was live: one task group under one cancel scope."""
 
-    __slots__ = ("_idle", "_running", "_scopes", "_tg")
+    __slots__ = ("group", "idle", "pending", "running", "scope")
+
+    def __init__(self) -> None:
+        self.scope = anyio.CancelScope()
+        self.group: anyio.abc.TaskGroup | None = None
+        self.pending: list[tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], str | None]] = []
+        self.running = 0
+        self.idle: anyio.Event | None = None
+
+
+class RuntimeTasks:
+    """A set of runtime tasks that can be stopped and awaited together.
+
+    The tasks run in one nested task group under one cancel scope, hosted by a
+    supervisor task in the host's task group: stopping N tasks is one
+    ``CancelScope.cancel()``, not N (on asyncio each cancelled scope runs its
+    own delivery loop), and no task carries a scope of its own. The supervisor
+    lives only while it has tasks; a task started after ``cancel()`` (or after
+    the supervisor left) gets a fresh supervisor, so it is not born cancelled.
+    """
+
+    __slots__ = ("_current", "_idle", "_running", "_supervisors", "_tg")
 
     def __init__(self, tg: anyio.abc.TaskGroup) -> None:
         self._tg = tg
-        self._scopes: set[anyio.CancelScope] = set()
+        self._current: _Cohort | None = None
         self._running = 0
+        self._supervisors = 0
         self._idle: anyio.Event | None = None
 
     @property
@@ -60,31 +84,76 @@ class RuntimeTasks:
         return self._running
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None) -> None:
+        cohort = self._current
+        if cohort is None:
+            cohort = self._current = _Cohort()
+            self._supervisors += 1
+            self._tg.start_soon(self._supervise, cohort, name="runtime tasks")
         self._running += 1
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
-        self._tg.start_soon(self._run, scope, fn, args, name=name)
+        cohort.running += 1
+        if cohort.group is None:
+            cohort.pending.append((fn, args, name))  # started by the supervisor once it runs
+        else:
+            cohort.group.start_soon(self._run, cohort, fn, args, name=name)
 
-    async def _run(
-        self, scope: anyio.CancelScope, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
-    ) -> None:
+    async def _supervise(self, cohort: _Cohort) -> None:
         try:
-            with scope:
-                await fn(*args)
+            # Re-raise a lone failure of a task as itself, as if it had run in the host's group.
+            with unwrap_group(), cohort.scope:
+                async with anyio.create_task_group() as group:
+                    cohort.group = group
+                    pending, cohort.pending = cohort.pending, []
+                    for fn, args, name in pending:
+                        group.start_soon(self._run, cohort, fn, args, name=name)
+                    try:
+                        while cohort.running:
+                            cohort.idle = anyio.Event()
+                            await cohort.idle.wait()
+                    finally:
+                        # Synchronously with the last task's exit: later tasks get a new supervisor
+                        # rather than a task group that is closing.
+                        self._detach(cohort)
         finally:
-            self._scopes.discard(scope)
+            self._detach(cohort)
+            self._supervisors -= 1
+            self._wake_idle()
+
+    async def _run(self, cohort: _Cohort, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        try:
+            await fn(*args)
+        except BaseException as exc:
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                # What the host's task group does when a child of its own fails: cancel it now,
+                # not once this task's siblings have unwound (the supervisor relays the error).
+                self._tg.cancel_scope.cancel()
+            raise
+        finally:
             self._running -= 1
-            if self._running == 0 and self._idle is not None:
-                self._idle.set()
-                self._idle = None
+            cohort.running -= 1
+            if cohort.running == 0 and cohort.idle is not None:
+                cohort.idle.set()
+            self._wake_idle()
+
+    def _detach(self, cohort: _Cohort) -> None:
+        if self._current is cohort:
+            self._current = None
+
+    def _wake_idle(self) -> None:
+        if self._running == 0 and self._supervisors == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
 
     def cancel(self, reason: str) -> None:
-        for scope in list(self._scopes):
-            scope.cancel(reason)
+        cohort = self._current
+        if cohort is not None:
+            self._current = None  # tasks started from now on are not born cancelled
+            cohort.scope.cancel(reason)
+            # A supervisor that has not run yet still owns its pending tasks: they start
+            # cancelled and unwind at once, as a task whose own scope was cancelled did.
 
     async def wait_idle(self) -> None:
-        """Wait until every task has exited (not by parking in the task group's exit)."""
-        while self._running:
+        """Wait until every task and its supervisor have exited (not by parking in a task-group exit)."""
+        while self._running or self._supervisors:
             if self._idle is None:
                 self._idle = anyio.Event()
             await self._idle.wait()
