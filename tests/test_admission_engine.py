@@ -243,10 +243,6 @@ async def _waiting(scope: Any, count: int) -> None:
         await anyio.lowlevel.checkpoint()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs _runner.py to refund an admission whose worker is cancelled before execute()",
-)
 async def test_an_admission_cancelled_before_its_call_is_refunded() -> None:
     calls: list[str] = []
 

@@ -34,7 +34,7 @@ from ._observers import BatchFinished, BatchStarted, Hooks, ItemStarted
 from ._owner import HostedOwner
 from ._progress import CallbackProgress, Progress, ProgressTracker, make_progress
 from ._results import BatchResult, BatchTermination, LLMWorkItem, TerminationKind, WorkItemResult
-from ._runner import ItemRunner, ItemTally, UserClassifier
+from ._runner import ItemRunner, ItemStop, ItemTally, UserClassifier
 from ._stats import ProcessorStatistics, RunCounters
 from ._terminal import ResultChannel, ResultChannelStatistics
 
@@ -127,14 +127,14 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._crash: BaseException | None = None
         self._stop_kind: TerminationKind | None = None
         self._stop_reason: str | None = None
-        self._stop_scopes: set[anyio.CancelScope] = set()
+        self._stops: list[ItemStop] = []  # one per worker, when something may cut items short
         self._watcher: anyio.CancelScope | None = None
         self._started_at: float | None = None
         self._wall_time: float | None = None
         guard = self.config.guardrails
         self._abort_on = guard.abort_on_error_categories
-        # Per-item stop scopes cost a few µs, so they exist only where something may cut
-        # items short: a batch deadline or a CANCEL_ACTIVE abort.
+        # A stop bounds each attempt's scope (a few µs), so workers carry one only where something
+        # may cut items short: a batch deadline or a CANCEL_ACTIVE abort.
         self._needs_stop_scope = guard.batch_timeout is not None or (
             bool(self._abort_on) and guard.abort_mode is AbortMode.CANCEL_ACTIVE
         )
@@ -378,12 +378,17 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         runner = self._runner
         hooks = self._hooks if self._hooks.active else None
         clock = anyio.current_time
+        stop: ItemStop | None = None
+        if self._needs_stop_scope:
+            stop = ItemStop(self._batch_deadline())
+            self._stops.append(stop)
         try:
-            async with recv:
+            with recv:  # closed synchronously: leaving costs no scheduler round per worker
                 async for item in recv:
-                    if self._stop_kind is not None:
+                    if self._stopped():
                         await self._publish(self._not_executed(item), item)
-                        continue
+                        await self._drain_not_executed(recv)
+                        break
                     tally = ItemTally(clock())
                     if self._tracker is not None:
                         self._tracker.item_started()
@@ -392,21 +397,18 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                         if self._observing:
                             hooks.emit(ItemStarted(item.item_id))
                         run_item = await hooks.before_item(item)
-                    if self._needs_stop_scope:
-                        with anyio.CancelScope(deadline=self._batch_deadline()) as stop_scope:
-                            self._stop_scopes.add(stop_scope)
-                            try:
-                                result = await runner.run(run_item, tally)
-                            finally:
-                                self._stop_scopes.discard(stop_scope)
-                        if stop_scope.cancelled_caught:
-                            result = self._cut_short(item, tally)
-                    else:
-                        result = await runner.run(run_item, tally)
+                    result = await runner.execute_item(run_item, tally, stop)
+                    if result is None:
+                        result = self._cut_short(item, tally)
                     if hooks is not None:
                         result = await hooks.after_item(run_item, result)
                     # Checkpoint under the original item: resume fingerprints what was added.
                     await self._publish(result, item)
+                    if self._stopped():
+                        # The batch stopped while this item ran: report the queue, then leave at once
+                        # rather than pulling every queued item through the stream.
+                        await self._drain_not_executed(recv)
+                        break
         except Exception as exc:  # noqa: BLE001 - reported through process_all / the terminal
             self._on_crash(exc)
         except BaseException as exc:
@@ -421,6 +423,49 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                 self._workers_done.set()
                 if self._channel is not None:
                     self._channel.producers_finished()
+
+    def _stopped(self) -> bool:
+        return self._stop_kind is not None
+
+    async def _drain_not_executed(self, recv: Any) -> None:
+        """Report every queued item as not executed: ``receive_nowait()`` in one loop, no checkpoint
+        per item. The input is closed by then, so the loop ends at the end of the queue; whichever
+        worker gets here first reports it all, the others find it empty.
+        """
+        if self._store is not None or self._channel is not None or self._per_item_progress:
+            # Publishing awaits here (a checkpoint write, a bounded stream, per-item progress).
+            while True:
+                try:
+                    item = recv.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    return  # noqa: ASYNC910 - no checkpoint per item on purpose; the worker's exit has one
+                await self._publish(self._not_executed(item), item)
+        # Batch mode without a store: _publish() for a not-executed result, unrolled. No abort
+        # check (the batch has stopped already) and no tokens to charge.
+        reason, category = self._not_executed_as()
+        emit = self._hooks.emit_terminal if self._observing else None
+        tracker = self._tracker
+        counters = self.counters
+        append = self._results.append
+        while True:
+            try:
+                item = recv.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                return  # noqa: ASYNC910 - as above
+            result: WorkItemResult[TOutput] = WorkItemResult(
+                item_id=item.item_id,
+                success=False,
+                error=reason,
+                error_category=category,
+                context=item.context,
+            )
+            if emit is not None:
+                emit(result)
+            counters.finished += 1
+            counters.failed += 1
+            if tracker is not None:
+                tracker.item_finished(success=False, tokens=0)
+            append(result)
 
     def _batch_deadline(self) -> float:
         timeout = self.config.guardrails.batch_timeout
@@ -445,12 +490,24 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         return self._runner.stopped_result(item, tally, category=category, reason=f"cut short: {reason}")
 
     def _not_executed(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput]:
-        category = (
-            ErrorCategory.BUDGET if self._stop_kind == "budget_exhausted" else ErrorCategory.NOT_EXECUTED
+        # Built directly: no tally, no exception (none happened), one reason string per stop.
+        reason, category = self._not_executed_as()
+        return WorkItemResult(
+            item_id=item.item_id, success=False, error=reason, error_category=category, context=item.context
         )
-        return self._runner.stopped_result(
-            item, None, category=category, reason=f"not executed: {self._stop_reason or self._stop_kind}"
-        )
+
+    def _not_executed_as(self) -> tuple[str, ErrorCategory]:
+        """The error and category every not-executed item of this stop shares (fixed once stopped)."""
+        shared = self._not_executed_shared
+        if shared is None:
+            category = (
+                ErrorCategory.BUDGET if self._stop_kind == "budget_exhausted" else ErrorCategory.NOT_EXECUTED
+            )
+            reason = f"not executed: {self._stop_reason or self._stop_kind}"
+            shared = self._not_executed_shared = (reason, category)
+        return shared
+
+    _not_executed_shared: tuple[str, ErrorCategory] | None = None
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Stop admitting new items: a controlled stop (``termination.kind == "interrupted"``).
@@ -468,8 +525,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._stop_kind = kind
         self._stop_reason = reason
         if cancel_active:
-            for scope in list(self._stop_scopes):
-                scope.cancel(reason)
+            for stop in self._stops:
+                stop.cancel(reason)
         # Queued items drain as "not executed"; new input is refused. The stream's input is
         # thereby finished too, so its finalization can end it cleanly.
         self._send.close()

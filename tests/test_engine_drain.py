@@ -1,0 +1,376 @@
+"""The engine's stop and drain paths: one scope per runtime group, one per attempt, and a tight queue drain.
+
+Exact times run on Trio's virtual clock; behaviour on both backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import trio_batch_llm._runner as runner_module
+from trio_batch_llm import (
+    AbortMode,
+    CallableStrategy,
+    ErrorCategory,
+    ExecutorHost,
+    GuardrailConfig,
+    ItemDeadlineExceeded,
+    LLMWorkItem,
+    ParallelBatchProcessor,
+    ProcessorConfig,
+    ProviderError,
+    RetryConfig,
+    process_prompts,
+)
+from trio_batch_llm._deliveries import unwrap_group
+from trio_batch_llm._observers import ItemFailed
+
+from .conftest import trio_virtual_clock
+
+pytestmark = pytest.mark.anyio
+
+virtual = pytest.mark.parametrize("anyio_backend", [pytest.param(trio_virtual_clock(), id="trio-virtual")])
+
+
+# --- RuntimeTasks: one nested task group under one cancel scope --------------------------------
+
+
+async def test_runtime_group_cancel_stops_every_task_and_wait_idle_sees_them_gone() -> None:
+    log: list[str] = []
+
+    async def hang(name: str) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            log.append(name)
+
+    async with ExecutorHost() as host:
+        group = host.new_runtime_group()
+        for i in range(5):
+            group.start_soon(hang, f"t{i}", name=f"t{i}")
+        await _settle()
+        assert group.running == 5
+        group.cancel("test stop")
+        await group.wait_idle()
+        assert group.running == 0
+        assert sorted(log) == [f"t{i}" for i in range(5)]
+        assert host.statistics().runtime_tasks == 0
+    assert host.state == "closed"
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await anyio.lowlevel.checkpoint()
+
+
+async def test_tasks_started_after_cancel_are_not_born_cancelled() -> None:
+    finished: list[str] = []
+
+    async def hang() -> None:
+        await anyio.sleep_forever()
+
+    async def work(name: str) -> None:
+        await _settle()
+        finished.append(name)
+
+    async with ExecutorHost() as host:
+        group = host.new_runtime_group()
+        group.start_soon(hang)
+        group.cancel("first stop")  # cancelled before its supervisor even ran
+        group.start_soon(work, "after")  # a fresh supervisor, not the cancelled one
+        await group.wait_idle()
+        assert finished == ["after"]
+        # Idle: the supervisor has left; a later task gets a new one and the host still exits.
+        group.start_soon(work, "later")
+        await group.wait_idle()
+        assert finished == ["after", "later"]
+
+
+async def test_a_failing_runtime_task_cancels_the_host_body_and_surfaces_as_itself() -> None:
+    boom = RuntimeError("runtime task failed")
+    body_cancelled = False
+
+    async def fails() -> None:
+        await anyio.lowlevel.checkpoint()
+        raise boom
+
+    async def sibling() -> None:
+        await anyio.sleep_forever()
+
+    with pytest.raises(RuntimeError) as info, unwrap_group():
+        async with ExecutorHost() as host:
+            group = host.new_runtime_group()
+            group.start_soon(sibling)
+            group.start_soon(fails)
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                body_cancelled = True
+                raise
+    assert info.value is boom
+    assert body_cancelled
+
+
+# --- ItemRunner: at most one cancel scope per attempt ------------------------------------------
+
+
+class _CountingScopes:
+    """Stands in for the ``anyio`` module inside ``_runner``: counts the cancel scopes it creates."""
+
+    def __init__(self) -> None:
+        self.created = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(anyio, name)
+
+    def CancelScope(self, *args: Any, **kwargs: Any) -> anyio.CancelScope:
+        self.created += 1
+        return anyio.CancelScope(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("guard", "attempt_timeout", "per_attempt"),
+    [
+        (GuardrailConfig(), None, 0),  # nothing can cut an attempt short: no scope at all
+        (GuardrailConfig(), 30.0, 1),
+        (GuardrailConfig(total_timeout_per_item=100.0), 30.0, 1),
+        (GuardrailConfig(batch_timeout=100.0, total_timeout_per_item=100.0), 30.0, 1),
+        (
+            GuardrailConfig(
+                abort_on_error_categories=frozenset({ErrorCategory.AUTHENTICATION}),
+                abort_mode=AbortMode.CANCEL_ACTIVE,
+            ),
+            None,
+            1,
+        ),
+    ],
+)
+async def test_at_most_one_cancel_scope_per_attempt(
+    monkeypatch: pytest.MonkeyPatch, guard: GuardrailConfig, attempt_timeout: float | None, per_attempt: int
+) -> None:
+    counting = _CountingScopes()
+    monkeypatch.setattr(runner_module, "anyio", counting)
+    outcomes: dict[str, int] = {}
+
+    async def flaky(prompt: str) -> str:
+        outcomes[prompt] = outcomes.get(prompt, 0) + 1
+        await anyio.lowlevel.checkpoint()
+        if outcomes[prompt] < 3:
+            raise ProviderError("503", category=ErrorCategory.SERVER)
+        return prompt
+
+    cfg = ProcessorConfig(
+        concurrency=4,
+        attempt_timeout=attempt_timeout,
+        retry=RetryConfig(max_attempts=3, initial_wait=0.0, max_wait=0.0),
+        guardrails=guard,
+    )
+    batch = await process_prompts(CallableStrategy(flaky), [f"p{i}" for i in range(6)], config=cfg)
+    assert batch.succeeded == 6
+    attempts = sum(r.attempts for r in batch.results)
+    assert attempts == 18
+    assert counting.created == per_attempt * attempts
+
+
+def _hangs_then(plan: dict[int, float]) -> CallableStrategy[str]:
+    """Attempt n sleeps plan[n] seconds (default: forever) and then succeeds."""
+    seen: dict[str, int] = {}
+
+    async def fn(prompt: str) -> str:
+        seen[prompt] = seen.get(prompt, 0) + 1
+        await anyio.sleep(plan.get(seen[prompt], float("inf")))
+        return prompt
+
+    return CallableStrategy(fn)
+
+
+@virtual
+@pytest.mark.parametrize(
+    ("attempt_timeout", "item_timeout", "batch_timeout", "ends_at", "category", "error_part", "attempts"),
+    [
+        # The attempt deadline alone: a TIMEOUT failure, retried (initial_wait 1 s) until out of attempts.
+        (3.0, None, None, 3.0 + 1 + 3.0, ErrorCategory.TIMEOUT, "attempt 2 timed out after 3.0 s", 2),
+        # Attempt and item deadline at the same instant: the item deadline wins (it was the outer scope).
+        (5.0, 5.0, None, 5.0, ErrorCategory.DEADLINE, "item deadline of 5.0 s", 1),
+        # The item deadline during the second attempt.
+        (3.0, 5.0, None, 5.0, ErrorCategory.DEADLINE, "item deadline of 5.0 s", 2),
+        # A backoff that would pass the item deadline is not started: the item ends at once.
+        (3.0, 3.5, None, 3.0, ErrorCategory.DEADLINE, "leaves no room for a retry after 1 s", 1),
+        # Batch and item deadline at the same instant: the batch's stop wins (cut short).
+        # (The reason's "of 5.0 s" depends on whether the watcher task ran first: not asserted.)
+        (3.0, 5.0, 5.0, 5.0, ErrorCategory.DEADLINE, "cut short: batch deadline", 2),
+        # The batch deadline during the backoff.
+        (3.0, None, 3.5, 3.5, ErrorCategory.DEADLINE, "cut short: batch deadline", 1),
+    ],
+)
+async def test_which_deadline_fired_is_exact(
+    attempt_timeout: float,
+    item_timeout: float | None,
+    batch_timeout: float | None,
+    ends_at: float,
+    category: ErrorCategory,
+    error_part: str,
+    attempts: int,
+) -> None:
+    cfg = ProcessorConfig(
+        attempt_timeout=attempt_timeout,
+        retry=RetryConfig(max_attempts=2, initial_wait=1.0, jitter=False),
+        guardrails=GuardrailConfig(total_timeout_per_item=item_timeout, batch_timeout=batch_timeout),
+    )
+    t0 = anyio.current_time()
+    (result,) = (await process_prompts(_hangs_then({}), ["p"], config=cfg)).results
+    assert anyio.current_time() - t0 == ends_at
+    assert (result.error_category, result.attempts) == (category, attempts)
+    assert error_part in (result.error or "")
+    if category is ErrorCategory.DEADLINE:
+        assert isinstance(result.exception, ItemDeadlineExceeded)
+
+
+@virtual
+async def test_cancel_active_abort_cuts_an_item_in_its_backoff_and_releases_its_slot() -> None:
+    async def fn(prompt: str) -> str:
+        if prompt == "bad":
+            await anyio.sleep(2.0)
+            raise ProviderError("401", category=ErrorCategory.AUTHENTICATION)
+        await anyio.lowlevel.checkpoint()
+        raise ProviderError("503", category=ErrorCategory.SERVER)  # then backs off for 10 s
+
+    cfg = ProcessorConfig(
+        concurrency=2,
+        retry=RetryConfig(max_attempts=3, initial_wait=10.0, jitter=False),
+        guardrails=GuardrailConfig(
+            abort_on_error_categories=frozenset({ErrorCategory.AUTHENTICATION}),
+            abort_mode=AbortMode.CANCEL_ACTIVE,
+        ),
+    )
+    strategy = CallableStrategy(fn)
+    async with ParallelBatchProcessor[str](cfg) as proc:
+        for prompt in ("flaky", "bad"):
+            await proc.add_work(LLMWorkItem(item_id=prompt, strategy=strategy, prompt=prompt))
+        t0 = anyio.current_time()
+        batch = await proc.process_all()
+        assert anyio.current_time() - t0 == 2.0
+        admission = proc.host.quota_scope(strategy).statistics()
+        assert admission.in_flight == 0
+    flaky = batch.by_id()["flaky"]
+    assert (flaky.error_category, flaky.attempts, flaky.exception) == (ErrorCategory.ABORTED, 1, None)
+    assert flaky.timing.backoff == 0.0  # cut during the wait, which it never finished
+
+
+# --- Graceful and deadline stops: the queue drains in one tight loop ---------------------------
+
+
+async def test_graceful_stop_reports_the_queue_in_one_loop_without_yielding() -> None:
+    ticks = 0
+    seen_at_tick: list[int] = []
+    calls: list[str] = []
+
+    class Ticks:
+        def on_event(self, event: Any) -> None:
+            if isinstance(event, ItemFailed) and event.result.error_category is ErrorCategory.NOT_EXECUTED:
+                seen_at_tick.append(ticks)
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+
+    go = anyio.Event()
+
+    async def fn(prompt: str) -> str:
+        calls.append(prompt)
+        await go.wait()
+        if prompt == "trigger":
+            raise ProviderError("401", category=ErrorCategory.AUTHENTICATION)
+        await _settle()
+        return prompt
+
+    guard = GuardrailConfig(
+        abort_on_error_categories=frozenset({ErrorCategory.AUTHENTICATION}), abort_mode=AbortMode.DRAIN_ACTIVE
+    )
+    strategy = CallableStrategy(fn)
+    queued = 300
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        async with ParallelBatchProcessor[str](
+            ProcessorConfig(concurrency=4, guardrails=guard), observers=[Ticks()]
+        ) as proc:
+            prompts = ["trigger", "a", "b", "c"] + [f"q{i}" for i in range(queued)]
+            for i, prompt in enumerate(prompts):
+                await proc.add_work(LLMWorkItem(item_id=f"i{i}", strategy=strategy, prompt=prompt))
+
+            async def release() -> None:
+                while len(calls) < 4:
+                    await anyio.lowlevel.checkpoint()
+                go.set()
+
+            tg.start_soon(release)
+            batch = await proc.process_all()
+        tg.cancel_scope.cancel()
+    assert sorted(calls) == ["a", "b", "c", "trigger"]  # no queued item ran
+    assert batch.termination.kind == "aborted"
+    assert (batch.total_items, batch.succeeded) == (len(prompts), 3)
+    assert len(seen_at_tick) == queued
+    assert len(set(seen_at_tick)) == 1  # the whole queue between two checkpoints of another task
+    reason = f"not executed: {batch.termination.reason}"
+    by_id = batch.by_id()
+    for result in (by_id[f"i{i}"] for i in range(4, len(prompts))):
+        assert result.error_category is ErrorCategory.NOT_EXECUTED
+        assert (result.error, result.exception, result.attempts, result.token_usage) == (reason, None, 0, {})
+        assert result.timing.total == 0.0
+
+
+@virtual
+async def test_batch_deadline_cut_short_and_not_executed_results_keep_their_shape() -> None:
+    async def hang(prompt: str) -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    cfg = ProcessorConfig(concurrency=3, guardrails=GuardrailConfig(batch_timeout=4.0))
+    batch = await process_prompts(CallableStrategy(hang), [f"p{i}" for i in range(30)], config=cfg)
+    assert batch.termination.kind == "batch_deadline"
+    cut = [r for r in batch.results if r.error_category is ErrorCategory.DEADLINE]
+    rest = [r for r in batch.results if r.error_category is ErrorCategory.NOT_EXECUTED]
+    assert (len(cut), len(rest)) == (3, 27)
+    for r in cut:
+        assert isinstance(r.exception, ItemDeadlineExceeded)
+        prefix = f"ItemDeadlineExceeded: item {r.item_id!r}: cut short: batch deadline"
+        assert (r.error or "").startswith(prefix)
+        assert (r.attempts, r.timing.total) == (1, 4.0)
+    assert {(r.error, r.exception, r.attempts) for r in rest} == {
+        ("not executed: batch deadline of 4.0 s", None, 0)
+    }
+    assert len({id(r.token_usage) for r in rest}) == 27  # every result owns its own mutable parts
+
+
+async def test_workers_leave_as_soon_as_their_own_item_is_done_after_a_stop() -> None:
+    release: dict[str, anyio.Event] = {}
+
+    async def fn(prompt: str) -> str:
+        await release[prompt].wait()
+        return prompt
+
+    strategy = CallableStrategy(fn)
+    async with ParallelBatchProcessor[str](ProcessorConfig(concurrency=3)) as proc:
+        proc.start()
+        for prompt in ("a", "b", "c", "queued-1", "queued-2"):
+            release[prompt] = anyio.Event()
+            await proc.add_work(LLMWorkItem(item_id=prompt, strategy=strategy, prompt=prompt))
+        await _settle()
+        proc.request_stop("enough")
+        release["a"].set()
+        results = proc.results()
+        got = [await results.__anext__() for _ in range(3)]
+        assert [r.item_id for r in got] == ["a", "queued-1", "queued-2"]
+        assert all(r.error_category is ErrorCategory.NOT_EXECUTED for r in got[1:])
+        await _settle()
+        assert proc.statistics().workers == 2  # the one that finished "a" is gone
+        release["b"].set()
+        release["c"].set()
+        rest = [r async for r in results]
+        assert sorted(r.item_id for r in rest) == ["b", "c"] and all(r.success for r in rest)
