@@ -57,7 +57,8 @@ class ProviderBatchConfig:
     enqueued_token_limit: int | None = None
     capacity_scope: str | None = None
     token_estimator: Callable[[str], int] | None = None
-    """Input tokens of one request's text (system prompt and prompt); default: four characters a token."""
+    """Input tokens of one request's text (system prompt and prompt), called from a worker thread;
+    default: four characters a token."""
     poll_interval: float = 30.0
     request_timeout: float = 120.0
     max_open_batches: int = 16

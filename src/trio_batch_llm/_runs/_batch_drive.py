@@ -46,7 +46,7 @@ from .._deliveries import unwrap_group
 from .._errors import ErrorCategory, ProviderError
 from .._results import WorkItemResult
 from .._strategies._openai_compatible import _EndpointStrategy
-from .._strategies._wire import prompt_text_of_request
+from .._strategies._wire import Api, prompt_text_of_request
 from ._batch_api import BatchEndpoint, BatchInfo, create_outcome_unknown
 from ._batch_config import ProviderBatchConfig
 from ._batch_lines import LineOutcome, estimate_input_tokens, parse_result_files, request_line
@@ -301,12 +301,26 @@ class BatchSegmentDriver:
             files = [await api.download(fid) for fid in (info.output_file_id, info.error_file_id) if fid]
         except ProviderError:
             return  # downloaded again at the next poll
-        outcomes = parse_result_files(api.api, files)
         items = await self._db.call(self._repo.submission_items, self._run_id, sid)
+        # Parsing and encoding tens of thousands of lines would stall the event loop: a worker thread
+        # does it while this task waits (nothing else touches the retry bookkeeping meanwhile).
+        results, retry, unrun = await anyio.to_thread.run_sync(
+            self._settle, api.api, files, items, info, anyio.current_time()
+        )
+        await self._db.call(self._repo.finish_submission, self._run_id, sid, results, retry,
+                            detail=f"batch {info.id} {info.status}", unrun_item_ids=unrun)
+        self._next_poll.pop(sid, None)
+        for item_id in (r.item_id for r in results):
+            self._retry_ready.pop(item_id, None)
+
+    def _settle(
+        self, api: Api, files: list[bytes], items: list[PendingItem], info: BatchInfo, now: float
+    ) -> tuple[list[NewResult], list[str], list[str]]:
+        """Each item's fate from the provider's files: a result, a retry (an attempt used) or unrun."""
+        outcomes = parse_result_files(api, files)
         results: list[NewResult] = []
         retry: list[str] = []
         unrun: list[str] = []
-        now = anyio.current_time()
         for line, item in enumerate(items, start=1):
             invalid = info.error_lines.get(line)
             if invalid is not None:
@@ -338,11 +352,7 @@ class BatchSegmentDriver:
                 self._retry_ready[item.item_id] = now + wait
             else:
                 results.append(self._failure(item, error, info, outcome))
-        await self._db.call(self._repo.finish_submission, self._run_id, sid, results, retry,
-                            detail=f"batch {info.id} {info.status}", unrun_item_ids=unrun)
-        self._next_poll.pop(sid, None)
-        for item_id in (r.item_id for r in results):
-            self._retry_ready.pop(item_id, None)
+        return results, retry, unrun
 
     def _result(self, item: PendingItem, outcome: LineOutcome, info: BatchInfo) -> NewResult:
         usage = cast("dict[str, int]", dict(outcome.usage or {}))
@@ -407,12 +417,10 @@ class BatchSegmentDriver:
             self._repo.pending, self._run_id, after_ingest_seq=after, limit=_PENDING_PAGE
         )):
             after = page[-1].ingest_seq
-            for item in page:
-                if self._retry_ready.get(item.item_id, -math.inf) > now:
-                    continue
-                body = self._strategy.request_body(item.prompt)
-                line = request_line(item.item_id, api.endpoint, body)
-                need = self._estimate(prompt_text_of_request(api.api, body) or item.prompt)
+            ready = [item for item in page if self._retry_ready.get(item.item_id, -math.inf) <= now]
+            # JSON for a page of lines is CPU work: a worker thread does it (a file may hold 50,000).
+            encoded = await anyio.to_thread.run_sync(self._encode_lines, api.api, api.endpoint, ready)
+            for item, line, need in encoded:
                 refusal = self._oversized(len(line), need)
                 if refusal is not None:
                     too_big.append(self._failure(item, refusal, None))
@@ -430,6 +438,17 @@ class BatchSegmentDriver:
         if not ids:
             return None
         return ids, b"".join(lines), tokens, full
+
+    def _encode_lines(
+        self, api: Api, endpoint: str, items: list[PendingItem]
+    ) -> list[tuple[PendingItem, bytes, int]]:
+        """Each item's request line and estimated enqueued tokens."""
+        encoded = []
+        for item in items:
+            body = self._strategy.request_body(item.prompt)
+            need = self._estimate(prompt_text_of_request(api, body) or item.prompt)
+            encoded.append((item, request_line(item.item_id, endpoint, body), need))
+        return encoded
 
     def _oversized(self, size: int, tokens: int) -> ProviderError | None:
         if size > self._batch.max_file_bytes:
