@@ -1,6 +1,6 @@
 """Run every benchmark in one go: ``python3 dev.py bench`` (or ``python benchmarks/run_all.py``).
 
-    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint]
+    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint,batch]
 
 Runs drain.py, throughput.py, overhead.py, store_throughput.py and
 checkpoint_throughput.py, each in its
@@ -31,6 +31,7 @@ SCRIPTS: list[tuple[str, str, list[str], list[str]]] = [
     ("overhead", "overhead.py", [], ["--items", "2000", "--repeat", "1"]),
     ("store", "store_throughput.py", [], ["--records", "2000", "--repeat", "1", "--output", "QUICK/store_throughput.json"]),
     ("checkpoint", "checkpoint_throughput.py", [], ["--items", "2000", "--repeat", "1"]),
+    ("batch", "batch_mode.py", [], ["--quick"]),
 ]
 # crash_fuzz.py is a fuzz test of the stores (pass/fail), not a benchmark: run it on its own.
 
