@@ -17,6 +17,7 @@ and, when mkdocs is installed, ``mkdocs build --strict`` succeeds.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import os
@@ -259,7 +260,7 @@ def _cli_commands() -> list[str]:
 
 def test_cli_page_shows_every_command() -> None:
     shown = {shlex.split(line)[1] for line in _cli_commands()}
-    assert shown == {"run", "demo", "serve-mock"}
+    assert shown == {"run", "runs", "demo", "serve-mock"}
 
 
 @pytest.mark.parametrize("line", _cli_commands())
@@ -274,12 +275,16 @@ def test_cli_options_in_the_docs_exist() -> None:
     """Every ``--option`` the CLI page mentions is an option of some subcommand."""
     from trio_batch_llm.cli import build_parser
 
-    parser = build_parser()
-    known: set[str] = set()
-    for action in parser._actions:  # the subparsers action holds the subcommands
-        for sub in getattr(action, "choices", None) or {}:
-            for option in action.choices[sub]._option_string_actions:  # type: ignore[index]
-                known.add(option)
+    def options(parser: argparse.ArgumentParser) -> set[str]:
+        """Every option string of ``parser`` and its subcommands, at any depth (``runs start``)."""
+        found = set(parser._option_string_actions)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    found |= options(sub)
+        return found
+
+    known = options(build_parser())
     mentioned = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", (DOCS / "cli.md").read_text(encoding="utf-8")))
     assert mentioned <= known, f"the CLI page mentions unknown options: {sorted(mentioned - known)}"
 

@@ -1,8 +1,9 @@
-"""The ``trio-batch-llm`` command line: ``run``, ``demo`` and ``serve-mock``.
+"""The ``trio-batch-llm`` command line: ``run``, ``runs``, ``demo`` and ``serve-mock``.
 
 ``run`` is in :mod:`._cli_run` (checks, the batch, signals), its input in
-:mod:`._cli_input`; ``demo`` in :mod:`._demo`. Every command checks its
-arguments before doing anything; a bad one exits with status 2.
+:mod:`._cli_input`; ``runs`` (durable runs) in :mod:`._cli_runs`; ``demo`` in
+:mod:`._demo`. Every command checks its arguments before doing anything; a bad
+one exits with status 2.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-from ._cli_input import PROVIDERS, model_spec, non_negative_float, positive_float, positive_int, probability
+from ._cli_input import non_negative_float, positive_float, positive_int, probability
+from ._cli_runs import add_model_arguments, add_runs_parser
 
 __all__ = ["build_parser", "main"]
 
@@ -79,10 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "finish; --resume continues an interrupted run from that file. Ctrl+C once stops "
                     "admission and drains the calls in flight; twice abandons them.",
     )
-    run.add_argument("input", metavar="INPUT", help="a .jsonl or .csv file of prompts")
-    run.add_argument("--model", required=True, type=model_spec, metavar="PROVIDER:MODEL",
-                     help=f"PROVIDER is one of {', '.join(PROVIDERS)}")
-    run.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1")
+    add_model_arguments(run)  # INPUT, --model, --base-url, --api-key-env (shared with `runs start`)
     run.add_argument("--out", required=True, metavar="RESULTS.jsonl", help="results and checkpoint file")
     run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
     run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
@@ -94,12 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="continue the run recorded in --out: keep its successes, run the rest")
     run.add_argument("--backend", choices=_BACKENDS, default="trio")
-    run.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
-                     help="environment variable holding the API key (default OPENAI_API_KEY)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="a progress bar on stderr (default: when stderr is a terminal; "
                           "otherwise periodic log lines)")
     run.set_defaults(handler=_run)
+
+    add_runs_parser(sub)
 
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
     demo.add_argument("--items", type=positive_int, default=200)
