@@ -441,3 +441,16 @@ def test_control_argument_errors(capsys: pytest.CaptureFixture[str], files: dict
     code, output = run_main(capsys, "runs", *[paths.get(word, word) for word in argv])
     assert code == 2 and message in output, output
     assert not (files["tmp"] / "o.jsonl").exists()
+
+
+def test_list_prints_one_line_per_run(capsys: pytest.CaptureFixture[str], files: dict[str, Path]) -> None:
+    db = str(files["db"])
+    code, output = run_main(capsys, "runs", "list", db)
+    assert code == 2 and "no such run database" in output
+    make_run(files["db"])
+    code, output = run_main(capsys, "runs", "list", db)
+    assert code == 0 and output.split("\t")[:3] == [RUN, "running", "live"], output
+    code, output = run_main(capsys, "runs", "list", db, "--json")
+    assert code == 0 and json.loads(output)["run_id"] == RUN
+    code, output = run_main(capsys, "runs", "list", str(files["not_db"]))
+    assert code == 2 and "cannot list the runs" in output, output

@@ -625,3 +625,15 @@ async def test_bad_arguments(tmp_path: Path) -> None:
     await run.aclose()
     with pytest.raises(RunStateError, match="closed"):
         await run.snapshot()
+
+
+async def test_list_runs_reads_every_run_oldest_first(tmp_path: Path) -> None:
+    from trio_batch_llm import list_runs
+
+    db = tmp_path / "r.sqlite"
+    for run_id in ("b-first", "a-second"):
+        async with await _open(db, CountingStrategy(), prompts(2), run_id=run_id) as run:
+            await run.wait()
+    snaps = list_runs(db)
+    assert [s.run_id for s in snaps] == ["b-first", "a-second"]
+    assert [s.status for s in snaps] == ["completed", "completed"]

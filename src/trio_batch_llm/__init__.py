@@ -70,6 +70,7 @@ from ._runs import RunTermination as RunTermination
 from ._runs import SourceCheckpoint as SourceCheckpoint
 from ._runs import SqliteRunRepository as SqliteRunRepository
 from ._runs import iter_run_results as iter_run_results
+from ._runs import list_runs as list_runs
 from ._runs import open_run as open_run
 from ._runs import read_run_snapshot as read_run_snapshot
 from ._stats import CounterSnapshot as CounterSnapshot
@@ -162,6 +163,7 @@ __all__ = [
     "call",
     "call_result",
     "iter_run_results",
+    "list_runs",
     "llm",
     "open_run",
     "process_prompts",

@@ -4,6 +4,7 @@ Subcommands, each on a run ``RUN_ID`` in the SQLite database ``DB``:
 
 * ``start``: create the run from an input file, or reattach to it, and drive it
   (:mod:`._cli_runs_start`);
+* ``list``: one line per run in the database;
 * ``status``: print its stored snapshot, read-only, while any process drives it;
 * ``pause``, ``resume``, ``cancel``: change its status from any process;
 * ``resolve``: settle a provider batch create whose outcome is unknown;
@@ -33,6 +34,12 @@ def _start(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from ._cli_runs_start import start_command
 
     return start_command(args, argv)
+
+
+def _list(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from ._cli_runs_ops import list_command
+
+    return list_command(args)
 
 
 def _status(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -141,6 +148,11 @@ def add_runs_parser(sub: Any) -> None:
     group = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
     target, backend = _parents()
     _add_start(group, target, backend)
+
+    listing = group.add_parser("list", help="one line per run in DB (read-only; works while runs are driven)")
+    listing.add_argument("db", metavar="DB", help="the SQLite database holding the runs")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
+    listing.set_defaults(handler=_list)
 
     status = group.add_parser("status", parents=[target],
                               help="print the run's stored state (read-only; works while it is driven)")

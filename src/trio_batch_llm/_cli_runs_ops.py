@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,7 +30,7 @@ import anyio
 
 from ._cli_run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, UsageError, say
 from ._errors import ArtifactStoreError, BatchLLMError, RunStateError
-from ._runs import ProviderBatchConfig, Run, RunSnapshot, open_run, read_run_snapshot
+from ._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
 from ._strategies._openai_compatible import OpenAICompatibleStrategy
 
 __all__ = [
@@ -106,6 +107,26 @@ def snapshot_json(snap: RunSnapshot) -> dict[str, Any]:
     data = dataclasses.asdict(snap)
     data.update(pending=snap.pending, ingestion_complete=snap.ingestion_complete, terminal=snap.terminal)
     return data
+
+
+def list_command(args: argparse.Namespace) -> int:
+    db = Path(args.db)
+    if not db.is_file():
+        say(f"error: {db}: no such run database")
+        return EXIT_USAGE
+    try:
+        snaps = list_runs(db)
+    except (ArtifactStoreError, RunStateError) as exc:
+        say(f"error: cannot list the runs of {db}: {exc}")
+        return EXIT_USAGE
+    for snap in snaps:
+        if args.json:
+            print(json.dumps(snapshot_json(snap), sort_keys=True))
+        else:
+            print(f"{snap.run_id}\t{snap.status}\t{snap.mode}\t{snap.done}/{snap.items} done"
+                  f"\t{snap.failed} failed" + ("" if snap.ingestion_complete else "\tingesting"))
+    sys.stdout.flush()
+    return EXIT_OK
 
 
 def status_command(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ provider's Batch API, see :mod:`._batch_drive`).
 
 from ._batch_config import ProviderBatchConfig as ProviderBatchConfig
 from ._reader import iter_run_results as iter_run_results
+from ._reader import list_runs as list_runs
 from ._reader import read_run_snapshot as read_run_snapshot
 from ._run import Run as Run
 from ._run import open_run as open_run
@@ -30,6 +31,7 @@ __all__ = [
     "SourceCheckpoint",
     "SqliteRunRepository",
     "iter_run_results",
+    "list_runs",
     "open_run",
     "read_run_snapshot",
 ]

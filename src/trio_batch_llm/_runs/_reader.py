@@ -19,7 +19,7 @@ from ._client import RepositoryClient
 from ._schema import RunRepository, RunResult, RunSnapshot, StoredResult
 from ._sqlite_repo import SqliteRunRepository
 
-__all__ = ["export_results_jsonl", "iter_run_results", "load_results", "read_run_snapshot"]
+__all__ = ["export_results_jsonl", "iter_run_results", "list_runs", "load_results", "read_run_snapshot"]
 
 _EXPORT_PAGE: Final = 1000
 
@@ -62,6 +62,16 @@ def read_run_snapshot(path: str | os.PathLike[str], run_id: str) -> RunSnapshot:
     repository.open()
     try:
         return repository.snapshot(run_id)
+    finally:
+        repository.close()
+
+
+def list_runs(path: str | os.PathLike[str]) -> list[RunSnapshot]:
+    """The stored snapshot of every run in the database, oldest first (blocking; read-only)."""
+    repository = SqliteRunRepository(path, read_only=True)
+    repository.open()
+    try:
+        return [repository.snapshot(run_id) for run_id in repository.run_ids()]
     finally:
         repository.close()
 

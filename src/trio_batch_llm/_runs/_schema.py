@@ -283,6 +283,9 @@ class RunRepository(Protocol):
 
     def snapshot(self, run_id: str) -> RunSnapshot: ...
 
+    def run_ids(self) -> list[str]:
+        """Every run's id, oldest first."""
+
     def transition(
         self,
         run_id: str,

@@ -263,6 +263,12 @@ class SqliteRunRepository:
         with self._errors(f"reading run {run_id!r}"):
             return self._row(conn, run_id)
 
+    def run_ids(self) -> list[str]:
+        conn = self._require()
+        with self._errors("listing the runs"):
+            rows = conn.execute("SELECT run_id FROM runs ORDER BY created_at, run_id")
+            return [run_id for (run_id,) in rows]
+
     def transition(
         self,
         run_id: str,
