@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py [--sections latency,cpu,http,memory,import] [--items 10000]
                                     [--workers 100] [--repeat 5] [--http-items 3000] [--quick]
+                                    [--http-pool-counts]
 
 1. latency: 10,000 items, 100 workers, 5 ms fake latency: items/s (ceiling 20,000/s).
 2. cpu: the same at zero latency: µs of process CPU per item.
@@ -10,6 +11,8 @@
 3. http: the mock server (separate process) at concurrency 200: ours
    (OpenAICompatibleStrategy), async-batch-llm's OpenAI-compatible path (the
    openai SDK via ``llm("openai-compatible:...")``), and a raw httpx2 loop.
+   ``--http-pool-counts`` adds connections opened per run and idle-connection
+   probes per request (``PoolCounts``).
 4. memory: 100,000 and 1,000,000 items through process_stream with bounded
    queues, one fresh process per size: peak RSS growth.
 6. import: ``import trio_batch_llm`` vs ``import anyio`` (and async-batch-llm).
@@ -103,10 +106,46 @@ def fake_rows(records: list[dict[str, Any]], metric: str) -> list[list[Any]]:
     return rows
 
 
+class PoolCounts:
+    """``--http-pool-counts``: connections httpcore2 opens, and its idle-connection probes, in this process.
+
+    httpcore2's pool calls ``has_expired()`` on every connection that is idle and
+    not reserved for a request, on every pass (two passes per request); on an idle
+    connection that probes its socket. So probes per request measure how many
+    connections sit idle between a response and the next request (the HTTP gap
+    in docs/benchmarks.md). Wrapping costs a little time: off by default.
+    async-batch-llm's openai SDK uses httpcore, not httpcore2: it counts zero.
+    """
+
+    def __init__(self) -> None:
+        from httpcore2._async import connection_pool, http11
+
+        self.opened = self.probes = 0
+        create, expired = connection_pool.AsyncConnectionPool.create_connection, http11.AsyncHTTP11Connection.has_expired
+
+        def counting_create(pool: Any, origin: Any) -> Any:
+            self.opened += 1
+            return create(pool, origin)
+
+        def counting_expired(connection: Any) -> bool:
+            self.probes += 1
+            return expired(connection)
+
+        connection_pool.AsyncConnectionPool.create_connection = counting_create  # type: ignore[method-assign]
+        http11.AsyncHTTP11Connection.has_expired = counting_expired  # type: ignore[method-assign]
+
+    def take(self) -> tuple[int, int]:
+        """(connections opened, probes) since the last call."""
+        counts, self.opened, self.probes = (self.opened, self.probes), 0, 0
+        return counts
+
+
 def http_workload(args: argparse.Namespace) -> list[dict[str, Any]]:
     import _throughput_http as h
     from _mock_process import MockServerProcess
 
+    pool_counts = PoolCounts() if args.http_pool_counts else None
+    counted: dict[str, list[tuple[int, int]]] = {}
     with MockServerProcess() as server:
         variants: dict[str, Callable[[], int]] = {}
         for backend in args.backends:
@@ -124,12 +163,21 @@ def http_workload(args: argparse.Namespace) -> list[dict[str, Any]]:
         for _ in range(args.http_repeat):
             for name, fn in variants.items():
                 gc.collect()
+                if pool_counts is not None:
+                    pool_counts.take()
                 wall, _, done = measure(fn)
                 runs[name].append(wall)
+                if pool_counts is not None:
+                    counted.setdefault(name, []).append(pool_counts.take())
                 succeeded[name].append(done)  # reported, not asserted: one bad run must not lose the rest
     records = [{"variant": name, "items": args.http_items, "concurrency": args.concurrency,
                 "items_per_s": args.http_items / median(walls), "repeat": len(walls),
                 "min_succeeded": min(succeeded[name])} for name, walls in runs.items()]
+    for r in records:
+        if r["variant"] in counted:
+            samples = counted[r["variant"]]
+            r["connections_opened"] = max(opened for opened, _ in samples)
+            r["idle_probes_per_request"] = median([probes / args.http_items for _, probes in samples])
     for r in records:
         if r["min_succeeded"] != r["items"]:
             print(f"WARNING {r['variant']}: only {r['min_succeeded']} of {r['items']} requests succeeded")
@@ -195,9 +243,12 @@ def render(result: dict[str, Any]) -> str:
         out.append("2. zero latency: CPU per item\n" + table(
             ["variant", "CPU µs/item", "vs bare", "vs ABL"], fake_rows(result["cpu"], "cpu_us_per_item")))
     if "http" in result:
+        counts = "connections_opened" in result["http"][0]
         out.append(f"3. mock server over HTTP, concurrency {result['http'][0]['concurrency']}\n" + table(
-            ["variant", "items/s", "vs raw", "vs ABL"],
-            [[r["variant"], r["items_per_s"], f"{r['vs_raw']:.2f}x", f"{r['vs_abl']:.2f}x"] for r in result["http"]]))
+            ["variant", "items/s", "vs raw", "vs ABL"] + (["conns opened (max/run)", "idle probes/req"] if counts else []),
+            [[r["variant"], r["items_per_s"], f"{r['vs_raw']:.2f}x", f"{r['vs_abl']:.2f}x"]
+             + ([r.get("connections_opened", "-"), r.get("idle_probes_per_request", "-")] if counts else [])
+             for r in result["http"]]))
     if "memory" in result:
         rows = result["memory"]
         out.append("4. process_stream, bounded queues, zero latency, fresh process per size\n" + table(
@@ -244,6 +295,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--http-items", type=int, default=3_000)
     parser.add_argument("--http-repeat", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=200)
+    parser.add_argument("--http-pool-counts", action="store_true",
+                        help="count connections opened and idle-connection probes per request (see PoolCounts)")
     parser.add_argument("--memory-sizes", default="100000,1000000")
     parser.add_argument("--memory-backends", default="trio,asyncio")
     parser.add_argument("--import-runs", type=int, default=7)
