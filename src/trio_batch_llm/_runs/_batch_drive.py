@@ -51,7 +51,7 @@ from ._batch_api import BatchEndpoint, BatchInfo, create_outcome_unknown
 from ._batch_config import ProviderBatchConfig
 from ._batch_lines import LineOutcome, estimate_input_tokens, parse_result_files, request_line
 from ._client import RepositoryClient
-from ._drive import Segment, encode_new_result
+from ._drive import DriverBase, Segment, encode_new_result
 from ._ingest import Ingestor, decode_context
 from ._schema import (
     LIVE_SUBMISSION_STATES,
@@ -59,7 +59,6 @@ from ._schema import (
     NewSubmission,
     PendingItem,
     RunSnapshot,
-    RunSourceError,
     RunTermination,
     SubmissionRecord,
 )
@@ -81,7 +80,7 @@ def capacity_scope_of(strategy: _EndpointStrategy, batch: ProviderBatchConfig) -
 
 
 @final
-class BatchSegmentDriver:
+class BatchSegmentDriver(DriverBase):
     """Runs provider-batch drive segments for one run handle (see the module docstring)."""
 
     def __init__(
@@ -95,14 +94,9 @@ class BatchSegmentDriver:
         ingestor: Ingestor | None,
         poll_interval: float,
     ) -> None:
-        self._db = db
-        self._repo = db.repository
-        self._run_id = run_id
+        super().__init__(db=db, run_id=run_id, config=config, ingestor=ingestor, poll_interval=poll_interval)
         self._strategy = strategy
-        self._config = config
         self._batch = batch
-        self._ingestor = ingestor
-        self._status_poll = poll_interval
         self.scope = capacity_scope_of(strategy, batch)
         self._estimate = batch.token_estimator or estimate_input_tokens
         self._rng = random.Random(config.retry.jitter_seed)  # for the scope's refusal backoff
@@ -125,13 +119,7 @@ class BatchSegmentDriver:
     async def drive(self, seg: Segment, snap: RunSnapshot, deadline: float) -> None:
         """One segment of a ``running`` run; afterwards the stored status says how it ended."""
         exhausted = snap.checkpoint.exhausted
-        if not exhausted:
-            if self._ingestor is None:
-                raise RunSourceError(
-                    f"run {self._run_id!r}: its ingestion is incomplete (at entry "
-                    f"{snap.checkpoint.position}) and this handle was opened without a source"
-                )
-            await self._ingestor.prepare(snap.checkpoint)
+        await self._prepare_ingestion(snap)
         seg.on_change(self.poke)
         api = BatchEndpoint(self._strategy, request_timeout=self._batch.request_timeout, deadline=deadline)
         try:
@@ -168,17 +156,6 @@ class BatchSegmentDriver:
                     seg.fail(exc, "ingestion_failed")
                 finally:
                     tg.cancel_scope.cancel("ingestion stopped")
-
-    async def _watch(self, seg: Segment) -> None:
-        while True:
-            await anyio.sleep(self._status_poll)
-            seg.observe(await self._db.call(self._repo.snapshot, self._run_id))
-
-    async def _fail(self, termination: RunTermination) -> None:
-        await self._db.call(
-            self._repo.transition, self._run_id, from_statuses=frozenset({"running"}), to="failed",
-            termination=termination,
-        )
 
     def _stopping(self, seg: Segment) -> bool:
         return seg.stop is not None or seg.failure is not None

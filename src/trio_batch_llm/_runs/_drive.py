@@ -43,7 +43,7 @@ from ._client import RepositoryClient
 from ._ingest import Ingestor, decode_context
 from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
 
-__all__ = ["DeadlineGate", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
+__all__ = ["DeadlineGate", "DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
 
 # Results the engine gives items it stopped: not the item's outcome, so it stays pending.
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
@@ -155,9 +155,53 @@ class Segment:
             self.request("cancelled", "cancelled from another handle")
 
 
+class DriverBase:
+    """What the live and the provider-batch drivers share: the run, its ingestion, its status."""
+
+    def __init__(
+        self,
+        *,
+        db: RepositoryClient,
+        run_id: str,
+        config: ProcessorConfig,
+        ingestor: Ingestor | None,
+        poll_interval: float,
+    ) -> None:
+        self._db = db
+        self._repo = db.repository
+        self._run_id = run_id
+        self._config = config
+        self._ingestor = ingestor
+        self._poll_interval = poll_interval
+
+    async def _prepare_ingestion(self, snap: RunSnapshot) -> None:
+        """Line the source up with the stored checkpoint, if ingestion is not complete."""
+        if snap.checkpoint.exhausted:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._ingestor is None:
+            raise RunSourceError(
+                f"run {self._run_id!r}: its ingestion is incomplete (at entry "
+                f"{snap.checkpoint.position}) and this handle was opened without a source"
+            )
+        await self._ingestor.prepare(snap.checkpoint)
+
+    async def _fail(self, termination: RunTermination) -> None:
+        await self._db.call(
+            self._repo.transition, self._run_id, from_statuses=frozenset({"running"}), to="failed",
+            termination=termination,
+        )
+
+    async def _watch(self, seg: Segment) -> None:
+        """Poll the stored status, so a pause or cancel from another process reaches this segment."""
+        while True:
+            await anyio.sleep(self._poll_interval)
+            seg.observe(await self._db.call(self._repo.snapshot, self._run_id))
+
+
 @final
-class SegmentDriver:
-    """Runs drive segments for one run handle."""
+class SegmentDriver(DriverBase):
+    """Runs live drive segments for one run handle."""
 
     def __init__(
         self,
@@ -169,13 +213,8 @@ class SegmentDriver:
         ingestor: Ingestor | None,
         poll_interval: float,
     ) -> None:
-        self._db = db
-        self._repo = db.repository
-        self._run_id = run_id
+        super().__init__(db=db, run_id=run_id, config=config, ingestor=ingestor, poll_interval=poll_interval)
         self._strategy = strategy
-        self._config = config
-        self._ingestor = ingestor
-        self._poll_interval = poll_interval
 
     async def drive(self, seg: Segment, snap: RunSnapshot, deadline: float) -> None:
         """Run one segment of a ``running`` run; afterwards the stored status says how it ended.
@@ -183,13 +222,7 @@ class SegmentDriver:
         Raises what failed the run (after storing ``failed``); a cancellation
         (``wait()``'s deadline, or the caller) leaves the status ``running``.
         """
-        if not snap.checkpoint.exhausted:
-            if self._ingestor is None:
-                raise RunSourceError(
-                    f"run {self._run_id!r}: its ingestion is incomplete (at entry "
-                    f"{snap.checkpoint.position}) and this handle was opened without a source"
-                )
-            await self._ingestor.prepare(snap.checkpoint)
+        await self._prepare_ingestion(snap)
         config = self._segment_config(snap)
         if config is None:
             budget = self._config.guardrails.max_total_tokens
@@ -248,12 +281,6 @@ class SegmentDriver:
                 f"({snap.pending} pending, ingestion complete: {snap.ingestion_complete})"
             )
 
-    async def _fail(self, termination: RunTermination) -> None:
-        await self._db.call(
-            self._repo.transition, self._run_id, from_statuses=frozenset({"running"}), to="failed",
-            termination=termination,
-        )
-
     # --- the three tasks ---------------------------------------------------------
 
     async def _feed(
@@ -293,11 +320,6 @@ class SegmentDriver:
                             await proc.add_work(LLMWorkItem(item_id, gate, prompt, context))
                 finally:
                     tg.cancel_scope.cancel("ingestion stopped")
-
-    async def _watch(self, seg: Segment) -> None:
-        while True:
-            await anyio.sleep(self._poll_interval)
-            seg.observe(await self._db.call(self._repo.snapshot, self._run_id))
 
     async def _record(self, seg: Segment, proc: ParallelBatchProcessor[Any]) -> None:
         await anyio.lowlevel.checkpoint()
