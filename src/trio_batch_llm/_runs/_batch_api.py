@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, final
 
 import anyio
+import anyio.lowlevel
 
 from .._errors import ErrorCategory, ProviderError
 from .._strategies._openai_compatible import _EndpointStrategy
@@ -124,11 +125,14 @@ class BatchEndpoint:
         if self._owns_client:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):  # bounded: closes idle sockets
                 await self._client.aclose()
+        else:
+            await anyio.lowlevel.checkpoint()
 
     async def gate(self) -> None:
         """Start nothing at or after the deadline: park until the caller's scope ends this."""
         if anyio.current_time() >= self._deadline:
             await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> Any:
         await self.gate()
@@ -186,6 +190,7 @@ class BatchEndpoint:
         Pages through ``GET /batches`` (newest first, at most a few thousand
         batches back). A provider without a listing answers 404: also ``None``.
         """
+        await self.gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
             params: dict[str, str | int] = {"limit": _LIST_PAGE}

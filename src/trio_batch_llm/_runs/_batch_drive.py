@@ -227,6 +227,7 @@ class BatchSegmentDriver(DriverBase):
         try:
             info = await api.find(METADATA_KEY, sub.submission_id)
         except ProviderError:
+            await anyio.lowlevel.checkpoint()
             return  # looked up again after a poll interval
         if info is not None:
             await self._db.call(
@@ -248,6 +249,8 @@ class BatchSegmentDriver(DriverBase):
         except ProviderError as exc:
             if exc.status_code == 404:
                 await self._abandon(sid, f"the provider has no batch {sub.batch_id!r}: {exc}")
+            else:
+                await anyio.lowlevel.checkpoint()
             return
         if info.terminal:
             await self._collect(api, sub, info)
@@ -277,6 +280,7 @@ class BatchSegmentDriver(DriverBase):
         try:
             files = [await api.download(fid) for fid in (info.output_file_id, info.error_file_id) if fid]
         except ProviderError:
+            await anyio.lowlevel.checkpoint()
             return  # downloaded again at the next poll
         items = await self._db.call(self._repo.submission_items, self._run_id, sid)
         # Parsing and encoding tens of thousands of lines would stall the event loop: a worker thread
@@ -379,6 +383,7 @@ class BatchSegmentDriver(DriverBase):
 
     async def _next_chunk(self, api: BatchEndpoint) -> tuple[list[str], bytes, int, bool] | None:
         """The next request file: item ids, content, estimated tokens, and whether a limit filled it."""
+        await anyio.lowlevel.checkpoint()
         limit = self._batch.enqueued_token_limit
         room = math.inf
         if limit is not None:
