@@ -328,3 +328,14 @@ async def test_duplicates_between_generated_and_explicit_ids(prompts: list[Any])
 async def test_explicit_ids_that_only_look_generated_are_fine() -> None:
     batch = await process_prompts(FakeStrategy(), ["a", ("item-01", "b"), ("item-7", "c")])
     assert sorted(r.item_id for r in batch.results) == ["item-0", "item-01", "item-7"]
+
+
+async def test_every_strategy_is_cleaned_up_even_when_their_identities_print_alike() -> None:
+    """Distinct lease identities with equal reprs each get their own release step (regression)."""
+    strategies = [FakeStrategy() for _ in range(5)]
+    assert len({repr(s) for s in strategies}) == 1
+    assert len({s.lease_identity() for s in strategies}) == 5
+    items = [LLMWorkItem(f"i{n}", s, f"p{n}") for n, s in enumerate(strategies)]
+    result = await process_prompts(strategies[0], items, concurrency=2)
+    assert result.succeeded == 5
+    assert [s.cleanup_count for s in strategies] == [1] * 5

@@ -305,7 +305,18 @@ class ExecutorHost:
         await anyio.lowlevel.checkpoint()
 
     def _lease_steps(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-        return [(f"release strategy {identity!r}", lease.release) for identity, lease in self._leases.items()]
+        # Step names must be unique (the ledger skips a name it knows), and distinct identities can
+        # print alike (two equal-looking strategy objects): number the repeats, in the dict's stable
+        # insertion order, so a later call names every lease as an earlier one did.
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        seen: set[str] = set()
+        for index, (identity, lease) in enumerate(self._leases.items()):
+            name = f"release strategy {identity!r}"
+            if name in seen:
+                name = f"{name} #{index}"
+            seen.add(name)
+            steps.append((name, lease.release))
+        return steps
 
     def statistics(self) -> HostStatistics:
         return HostStatistics(
