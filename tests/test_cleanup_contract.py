@@ -898,8 +898,14 @@ async def test_c6_3_busy_queue_cannot_postpone_a_failure_for_concurrent_readers(
     outcomes: dict[str, list[Any]] = {"a": [], "b": []}
     async with ParallelBatchProcessor[str](cfg, artifact_store=FailingStore(log)) as proc:
         proc.start()
-        for n in range(40):  # more keeps coming behind the crash
-            await proc.add_work(item(FakeStrategy(), n))
+        added = 0
+        for n in range(40):  # more keeps coming behind the crash, until it closes the input
+            try:
+                await proc.add_work(item(FakeStrategy(), n))
+            except AdmissionClosedError:
+                break
+            added += 1
+        assert added > 6  # items were queued behind the one that crashes
         await settle()
         queued = proc.results_statistics().queued
         assert queued == 5  # i0..i4 were published before the crash decided the terminal

@@ -6,6 +6,7 @@ Exact times run on Trio's virtual clock; behaviour on both backends.
 from __future__ import annotations
 
 import gc
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -500,3 +501,35 @@ async def test_a_long_queue_is_reported_in_chunks_with_one_checkpoint_between_th
     # none within a chunk.
     assert list(Counter(seen_at_checkpoint).values()) == [_DRAIN_CHUNK, _DRAIN_CHUNK, 500]
     assert len(set(seen_at_checkpoint)) == 3 and sorted(seen_at_checkpoint) == seen_at_checkpoint
+
+
+async def test_a_worker_takes_queued_items_without_a_scheduler_round_up_to_a_streak() -> None:
+    """A queued item is taken at once (an HTTP connection handed back is checked out again without
+    sitting idle in the pool), but never more than _NOWAIT_STREAK in a row without a real round."""
+    from trio_batch_llm import CallableStrategy
+    from trio_batch_llm._processor import _NOWAIT_STREAK
+
+    rounds = 0
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal rounds
+        while True:
+            rounds += 1
+            await anyio.lowlevel.checkpoint()
+
+    async def answer(prompt: str) -> str:  # never awaits: only the engine can yield
+        seen.append(rounds)
+        return prompt
+
+    prompts = [f"p{n}" for n in range(3 * _NOWAIT_STREAK)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        result = await process_prompts(CallableStrategy(answer), prompts, concurrency=1)
+        tg.cancel_scope.cancel()
+    assert result.succeeded == len(prompts)
+    streaks = [len(list(group)) for _, group in itertools.groupby(seen)]
+    # A round every _NOWAIT_STREAK items at least; two streaks can see the same tick when the
+    # scheduler runs the ticker before the worker in one batch and after it in the next (Trio).
+    assert max(streaks) <= 2 * _NOWAIT_STREAK + 1
+    assert 2 <= len(streaks) <= 4  # a few rounds for 48 items, not one per item
