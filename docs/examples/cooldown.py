@@ -19,12 +19,13 @@ call_starts: list[float] = []
 
 
 async def provider(prompt: str, *, attempt: int) -> str:
-    """A provider that answers in 1 s and rate-limits one request with Retry-After: 20."""
+    """A provider that answers in 1 s and rate-limits one request (at once) with Retry-After: 20."""
     call_starts.append(anyio.current_time())
-    await anyio.sleep(1.0)
     if prompt == "prompt 12" and attempt == 1:
+        await anyio.sleep(0.1)
         raise ProviderError("429 Too Many Requests", category=ErrorCategory.RATE_LIMIT,
                             retry_after=20.0, status_code=429)
+    await anyio.sleep(1.0)
     return "ok"
 
 
