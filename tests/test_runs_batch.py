@@ -433,11 +433,21 @@ async def test_a_run_stopped_at_any_point_and_reattached_runs_each_item_once(
     config = MockServerConfig(batch_latency=0.05, batch_create_faults=("ok", "hang_after_create"))
     async with _mock(config) as (app, strategy):
         batch = _batch(max_requests_per_batch=3, poll_interval=0.02, request_timeout=0.2)
-        for handle in range(200):
+        settled_by_operator = 0
+        for handle in range(80):
+            # Small budgets first (many stopping points), growing so a loaded machine still finishes.
+            budget = step * handle * 1.06**handle
             async with await _open(db, strategy, prompts(10), batch=batch, poll_interval=0.02) as run:
                 with _clock_waits_for_threads(), contextlib.suppress(TimeoutError):
-                    if (await run.wait(timeout=step * handle)).status == "completed":
+                    if (await run.wait(timeout=budget)).status == "completed":
                         break
+                unresolved = (await run.snapshot()).unresolved_submission
+                made = {(b.get("metadata") or {}).get("trio_batch_llm_submission") for b in app.batches}
+                if unresolved is not None and unresolved not in made:
+                    # Stopped after its create request left and before the provider made the batch:
+                    # the one case that needs an operator's word (the listing cannot show it).
+                    settled_by_operator += 1
+                    await run.resolve_submission(created=False)
         else:
             pytest.fail("the run never completed")
         assert app.statistics().batch_lines == 10

@@ -28,7 +28,7 @@ from .._errors import ErrorCategory, ProviderError
 from .._strategies._openai_compatible import _EndpointStrategy
 from .._strategies._wire import API_PATHS, Api, decode_error_body, error_from_status
 
-__all__ = ["BatchEndpoint", "BatchInfo", "create_outcome_unknown"]
+__all__ = ["BatchEndpoint", "BatchInfo", "SendMark", "create_outcome_unknown"]
 
 TERMINAL_BATCH_STATUSES: Final = frozenset({"completed", "failed", "expired", "cancelled"})
 _LIST_PAGE: Final = 100
@@ -88,6 +88,14 @@ class BatchInfo:
         )
 
 
+@final
+@dataclass(slots=True)
+class SendMark:
+    """Whether a request got past the gate: before that, its outcome is known (it was never sent)."""
+
+    sent: bool = False
+
+
 def create_outcome_unknown(exc: ProviderError) -> bool:
     """Whether a failed create may still have created the batch.
 
@@ -134,8 +142,10 @@ class BatchEndpoint:
             await anyio.sleep_forever()
         await anyio.lowlevel.checkpoint()
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _send(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
         await self.gate()
+        if sending is not None:
+            sending.sent = True  # from here on the request may reach the provider
         reply = None
         with anyio.move_on_after(self._timeout):
             reply = await self._http.send_request(
@@ -150,8 +160,8 @@ class BatchEndpoint:
                                     secret=self._secret)
         return reply
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> Any:
-        reply = await self._send(method, path, **kwargs)
+    async def _json(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
+        reply = await self._send(method, path, sending=sending, **kwargs)
         try:
             return json.loads(reply.content)
         except ValueError:
@@ -168,10 +178,11 @@ class BatchEndpoint:
         return file_id
 
     async def create(self, input_file_id: str, *, completion_window: str,
-                     metadata: Mapping[str, str]) -> BatchInfo:
+                     metadata: Mapping[str, str], sending: SendMark | None = None) -> BatchInfo:
+        """Create a batch; ``sending.sent`` turns true once the request may have left (past the gate)."""
         body = {"input_file_id": input_file_id, "endpoint": self.endpoint,
                 "completion_window": completion_window, "metadata": dict(metadata)}
-        return BatchInfo.from_payload(await self._json("POST", "/batches", json_body=body))
+        return BatchInfo.from_payload(await self._json("POST", "/batches", json_body=body, sending=sending))
 
     async def retrieve(self, batch_id: str) -> BatchInfo:
         return BatchInfo.from_payload(await self._json("GET", f"/batches/{batch_id}"))

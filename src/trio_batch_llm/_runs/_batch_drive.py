@@ -47,7 +47,7 @@ from .._errors import ErrorCategory, ProviderError
 from .._results import WorkItemResult
 from .._strategies._openai_compatible import _EndpointStrategy
 from .._strategies._wire import Api, prompt_text_of_request
-from ._batch_api import BatchEndpoint, BatchInfo, create_outcome_unknown
+from ._batch_api import BatchEndpoint, BatchInfo, SendMark, create_outcome_unknown
 from ._batch_config import ProviderBatchConfig
 from ._batch_lines import LineOutcome, estimate_input_tokens, parse_result_files, request_line
 from ._client import RepositoryClient
@@ -69,6 +69,7 @@ METADATA_KEY: Final = "trio_batch_llm_submission"
 """The batch metadata key carrying the submission id: how an unknown create is found again."""
 _PENDING_PAGE: Final = 512
 _TOKEN_LIMIT_CODES: Final = frozenset({"token_limit_exceeded"})
+_SETTLE_SECONDS: Final = 60.0
 
 
 def capacity_scope_of(strategy: _EndpointStrategy, batch: ProviderBatchConfig) -> str:
@@ -460,10 +461,12 @@ class BatchSegmentDriver(DriverBase):
             return False
         await self._db.call(self._repo.update_submission, self._run_id, sid,
                             from_states=frozenset({"reserved"}), to="creating", input_file_id=file_id)
+        sending = SendMark()
         try:
             info = await api.create(file_id, completion_window=self._batch.completion_window,
-                                    metadata={METADATA_KEY: sid, "run_id": self._run_id[:512]})
-        except ProviderError as exc:
+                                    metadata={METADATA_KEY: sid, "run_id": self._run_id[:512]},
+                                    sending=sending)
+        except ProviderError as exc:  # the request was sent: an answer, or none
             if create_outcome_unknown(exc):
                 await self._db.call(
                     self._repo.update_submission, self._run_id, sid, from_states=frozenset({"creating"}),
@@ -474,6 +477,14 @@ class BatchSegmentDriver(DriverBase):
                 await self._abandon(sid, f"create refused: {exc}")
                 self._refused()
             return False
+        except BaseException:
+            if not sending.sent:
+                # Stopped (wait()'s deadline, a pause or a close) before the request could leave:
+                # nothing was created, so the intent must not wait for an operator. Bounded: one
+                # repository transaction (SQLite's busy timeout), shielded from the stop itself.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_SETTLE_SECONDS):
+                    await self._abandon(sid, "never sent: stopped before its create call")
+            raise
         await self._db.call(self._repo.update_submission, self._run_id, sid,
                             from_states=frozenset({"creating"}), to="submitted", batch_id=info.id)
         self._next_poll[sid] = anyio.current_time() + self._batch.poll_interval
