@@ -7,6 +7,8 @@ fixtures). Modules that assert exact times override it with
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -47,3 +49,26 @@ async def raise_foreign_cancellation() -> None:
             raise
     assert captured is not None
     raise captured
+
+
+@contextlib.contextmanager
+def clock_waits_for_threads() -> Iterator[None]:
+    """On Trio's virtual clock, jump only after 100 ms of real idleness (repository calls run in threads).
+
+    Otherwise a ``wait(timeout=...)`` could reach its deadline while the first
+    repository call is still in its thread. A no-op on asyncio (real time).
+    """
+    import sniffio
+
+    if sniffio.current_async_library() != "trio":
+        yield
+        return
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, trio.testing.MockClock)
+    clock.autojump_threshold = 0.1
+    try:
+        yield
+    finally:
+        clock.autojump_threshold = 0

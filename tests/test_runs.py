@@ -13,7 +13,7 @@ import contextlib
 import json
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from trio_batch_llm._runs._schema import RunSpec, SourceCheckpoint
 from trio_batch_llm._runs._source import IterableSource
 
 from ._runs_child import IDENTITY, CountingStrategy, prompts
-from .conftest import trio_virtual_clock
+from .conftest import clock_waits_for_threads, trio_virtual_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -71,25 +71,6 @@ async def _open(db: Path, strategy: Any, source: Any, *, run_id: str = "run", **
     kwargs.setdefault("config", ProcessorConfig(concurrency=4))
     kwargs.setdefault("identity", IDENTITY)
     return await open_run(db, run_id, strategy, source, **kwargs)
-
-
-@contextlib.contextmanager
-def _clock_waits_for_threads() -> Iterator[None]:
-    """Let the virtual clock jump only after 100 ms of real idleness.
-
-    With the default threshold of 0 the clock jumps whenever every task waits,
-    including for a repository call in a worker thread, so a deadline would
-    fire before any work could start. Timings stay exact either way.
-    """
-    import trio
-
-    clock = trio.lowlevel.current_clock()
-    assert isinstance(clock, trio.testing.MockClock)
-    clock.autojump_threshold = 0.1
-    try:
-        yield
-    finally:
-        clock.autojump_threshold = 0
 
 
 def _results_by_item(db: Path, run_id: str = "run") -> Counter[str]:
@@ -181,7 +162,7 @@ async def test_pause_from_another_handle_reaches_the_driver(tmp_path: Path) -> N
     driver = await _open(db, strategy, prompts(200), poll_interval=0.5)
     observer = await _open(db, other, None, poll_interval=0.5)
     async with driver, observer, anyio.create_task_group() as tg:
-        with _clock_waits_for_threads():
+        with clock_waits_for_threads():
             tg.start_soon(driver.wait)
             await strategy.reached.wait()
             assert (await observer.pause()).status == "paused"
@@ -282,7 +263,7 @@ async def test_wait_raises_at_the_deadline_and_starts_no_work_after_it(tmp_path:
     strategy = CountingStrategy(latency=1.0)
     async with await _open(db, strategy, prompts(100), config=ProcessorConfig(concurrency=2),
                            poll_interval=3600) as run:
-        with _clock_waits_for_threads():
+        with clock_waits_for_threads():
             start = anyio.current_time()
             with pytest.raises(TimeoutError):
                 await run.wait(timeout=5)

@@ -3,14 +3,14 @@
 Both backends; the mock app is mounted in-process (httpx2's ASGITransport), so
 on Trio the whole exchange runs on the virtual clock. Repository calls run in
 worker threads; tests that assert exact times let the clock jump only after
-real idleness (``_clock_waits_for_threads``).
+real idleness (``clock_waits_for_threads`` in conftest).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from trio_batch_llm._runs import Run, RunStateError, SqliteRunRepository, iter_r
 from trio_batch_llm.testing import MockOpenAIApp, MockServerConfig
 
 from ._runs_child import IDENTITY, CountingStrategy, prompts
-from .conftest import trio_virtual_clock
+from .conftest import clock_waits_for_threads, trio_virtual_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -49,29 +49,6 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
 def trio_only(anyio_backend: Any) -> None:
     if anyio_backend == "asyncio":
         pytest.skip("exact timing needs Trio's virtual clock")
-
-
-@contextlib.contextmanager
-def _clock_waits_for_threads() -> Iterator[None]:
-    """On Trio's virtual clock, jump only after 100 ms of real idleness (repository calls run in threads).
-
-    Otherwise a ``wait(timeout=...)`` could reach its deadline while the first
-    repository call is still in its thread. A no-op on asyncio (real time).
-    """
-    import sniffio
-
-    if sniffio.current_async_library() != "trio":
-        yield
-        return
-    import trio
-
-    clock = trio.lowlevel.current_clock()
-    assert isinstance(clock, trio.testing.MockClock)
-    clock.autojump_threshold = 0.1
-    try:
-        yield
-    finally:
-        clock.autojump_threshold = 0
 
 
 @contextlib.asynccontextmanager
@@ -257,7 +234,7 @@ async def test_an_unknown_create_that_made_nothing_waits_for_the_operator(tmp_pa
     config = MockServerConfig(batch_create_faults=("hang_before_create",), batch_list=False)
     async with _mock(config) as (app, strategy):
         async with await _open(db, strategy, prompts(5), batch=_batch(request_timeout=1.0)) as run:
-            with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+            with clock_waits_for_threads(), pytest.raises(TimeoutError):
                 await run.wait(timeout=3)
             snap = await run.snapshot()
             assert snap.status == "running" and snap.unresolved_submission is not None
@@ -275,7 +252,7 @@ async def test_an_unknown_create_that_made_a_batch_is_resolved_with_its_id(tmp_p
     config = MockServerConfig(batch_create_faults=("hang_after_create",), batch_list=False)
     async with _mock(config) as (app, strategy):
         async with await _open(db, strategy, prompts(5), batch=_batch(request_timeout=1.0)) as run:
-            with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+            with clock_waits_for_threads(), pytest.raises(TimeoutError):
                 await run.wait(timeout=3)
             assert (await run.snapshot()).unresolved_submission is not None
             [made] = app.batches
@@ -302,7 +279,7 @@ async def test_a_server_error_on_create_is_an_unknown_outcome(tmp_path: Path) ->
     config = MockServerConfig(batch_create_faults=("error:500",))
     async with _mock(config) as (_, strategy), await _open(db, strategy, prompts(5)) as run:
         # Nothing was created, and the listing shows nothing: the operator has to say so.
-        with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+        with clock_waits_for_threads(), pytest.raises(TimeoutError):
             await run.wait(timeout=2)
         assert (await run.snapshot()).unresolved_submission is not None
         await run.resolve_submission(created=False)
@@ -379,7 +356,7 @@ async def test_cancel_without_a_driver_still_cancels_the_open_batches(tmp_path: 
     db = tmp_path / "runs.sqlite"
     async with _mock(MockServerConfig(batch_latency=100.0)) as (app, strategy):
         async with await _open(db, strategy, prompts(4)) as run:
-            with _clock_waits_for_threads(), contextlib.suppress(TimeoutError):
+            with clock_waits_for_threads(), contextlib.suppress(TimeoutError):
                 await run.wait(timeout=1)
             assert (await run.snapshot()).open_submissions == 1
             await run.cancel()
@@ -392,7 +369,7 @@ async def test_wait_raises_at_the_deadline_and_starts_no_provider_work_after_it(
     async with _mock(MockServerConfig(batch_latency=30.0)) as (app, strategy):
         batch = _batch(max_requests_per_batch=4, poll_interval=3600.0)
         async with await _open(db, strategy, prompts(8), batch=batch, poll_interval=3600) as run:
-            with _clock_waits_for_threads():
+            with clock_waits_for_threads():
                 start = anyio.current_time()
                 with pytest.raises(TimeoutError):
                     await run.wait(timeout=5)
@@ -438,7 +415,7 @@ async def test_a_run_stopped_at_any_point_and_reattached_runs_each_item_once(
             # Small budgets first (many stopping points), growing so a loaded machine still finishes.
             budget = step * handle * 1.06**handle
             async with await _open(db, strategy, prompts(10), batch=batch, poll_interval=0.02) as run:
-                with _clock_waits_for_threads(), contextlib.suppress(TimeoutError):
+                with clock_waits_for_threads(), contextlib.suppress(TimeoutError):
                     if (await run.wait(timeout=budget)).status == "completed":
                         break
                 unresolved = (await run.snapshot()).unresolved_submission
@@ -473,7 +450,7 @@ async def test_a_create_left_in_flight_is_settled_only_when_nobody_drives(tmp_pa
         async with await _open(db, strategy, prompts(3), batch=batch) as run:
             # The deadline ends the segment during its create call: the intent stays 'creating',
             # as a process that died mid-create leaves it.
-            with _clock_waits_for_threads(), pytest.raises(TimeoutError):
+            with clock_waits_for_threads(), pytest.raises(TimeoutError):
                 await run.wait(timeout=1)
             snap = await run.snapshot()
             assert snap.unresolved_submission is not None and snap.batched == 3
