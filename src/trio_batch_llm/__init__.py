@@ -19,6 +19,7 @@ from ._entrypoints import call_result as call_result
 from ._entrypoints import process_prompts as process_prompts
 from ._entrypoints import process_stream as process_stream
 from ._errors import AdmissionClosedError as AdmissionClosedError
+from ._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._errors import ArtifactMismatchError as ArtifactMismatchError
 from ._errors import ArtifactStoreError as ArtifactStoreError
 from ._errors import AsyncBatchLLMError as AsyncBatchLLMError
@@ -88,6 +89,7 @@ from ._version import __version__ as __version__
 __all__ = [
     "AbortMode",
     "AdmissionClosedError",
+    "ArtifactEncodeError",
     "ArtifactIdentity",
     "ArtifactMismatchError",
     "ArtifactStore",

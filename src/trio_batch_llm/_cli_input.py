@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, final
 
+from ._results import item_id_problem
+
 __all__ = [
     "PROVIDERS",
     "InputError",
@@ -113,6 +115,9 @@ class _Ids:
         self._first: dict[str, int] = {}
 
     def add(self, item_id: str, line: int) -> None:
+        problem = item_id_problem(item_id)
+        if problem is not None:
+            raise InputError(self._path, f"{item_id!r} {problem}", line=line, field="id")
         first = self._first.setdefault(item_id, line)
         if first != line:
             raise InputError(self._path, f"duplicate id {item_id!r} (first on line {first})",
@@ -126,9 +131,12 @@ def _read_jsonl(path: Path) -> list[InputRecord]:
         if not text.strip():
             continue
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_refuse_constant)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"invalid JSON: {exc.msg} (column {exc.colno})", line=number) from None
+        except _NonFinite as exc:
+            problem = f"{exc} is not JSON (strict JSON has no NaN or Infinity; write null or a string)"
+            raise InputError(path, problem, line=number, field=_non_finite_field(text)) from None
         if isinstance(value, str):
             record = InputRecord(f"item-{len(records)}", _prompt(path, value, number), None, number)
         elif isinstance(value, dict):
@@ -140,6 +148,36 @@ def _read_jsonl(path: Path) -> list[InputRecord]:
         ids.add(record.item_id, number)
         records.append(record)
     return records
+
+
+class _NonFinite(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's json reads them, strict readers do not."""
+
+
+def _refuse_constant(literal: str) -> Any:
+    raise _NonFinite(literal)
+
+
+def _non_finite_field(text: str) -> str | None:
+    """The top-level field holding a non-finite number (the error path only)."""
+    marker = object()
+    try:
+        value = json.loads(text, parse_constant=lambda _: marker)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    for key, item in value.items():
+        stack = [item]
+        while stack:
+            current = stack.pop()
+            if current is marker:
+                return str(key)
+            if isinstance(current, dict):
+                stack.extend(current.values())
+            elif isinstance(current, list):
+                stack.extend(current)
+    return None
 
 
 def _json_type(value: object) -> str:

@@ -17,7 +17,8 @@ built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
         ├── CleanupInterruptedError        (also RuntimeError) a close was interrupted
         ├── StreamFinalizationError        (also RuntimeError) stream finalizer cancelled
         ├── ArtifactStoreError             (also RuntimeError) checkpoint I/O failed
-        │   └── ArtifactMismatchError      stored identity or records do not match
+        │   ├── ArtifactMismatchError      stored identity or records do not match
+        │   └── ArtifactEncodeError        one result cannot be stored faithfully
         ├── RunStateError                  (also RuntimeError) a durable run's status forbids it
         └── RunSourceError                 (also ValueError) a run's source cannot continue it
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdmissionClosedError",
+    "ArtifactEncodeError",
     "ArtifactMismatchError",
     "ArtifactStoreError",
     "AsyncBatchLLMError",
@@ -191,6 +193,15 @@ class ArtifactStoreError(BatchLLMError, RuntimeError):
 
 class ArtifactMismatchError(ArtifactStoreError):
     """A store was written under a different identity, or its records conflict."""
+
+
+class ArtifactEncodeError(ArtifactStoreError):
+    """One result cannot be stored faithfully (its output, or its item id); nothing was written.
+
+    Raised by ``append()`` before any I/O; the store stays usable. The engine
+    turns it into a ``PARSE`` failure of that item, which it stores and
+    publishes instead, and the batch goes on.
+    """
 
 
 class RunStateError(BatchLLMError, RuntimeError):

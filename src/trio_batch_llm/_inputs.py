@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from ._results import LLMWorkItem
+from ._results import LLMWorkItem, item_id_problem
 from ._strategies._base import LLMCallStrategy
 
 __all__ = ["aiter_items", "is_sized_source", "items_from_sequence", "validate_source"]
@@ -32,14 +32,14 @@ def is_sized_source(prompts: object) -> bool:
 def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LLMWorkItem[TOutput]:
     """One entry: ``str``, ``(id, prompt)``, ``(id, prompt, context)`` or an ``LLMWorkItem``."""
     if isinstance(entry, LLMWorkItem):
+        _check_id(entry.item_id, index)
         return entry
     if isinstance(entry, str):
         return LLMWorkItem(item_id=f"item-{index}", strategy=strategy, prompt=entry)
     if isinstance(entry, tuple) and len(entry) in (2, 3):
         item_id, prompt = entry[0], entry[1]
         context: Any = entry[2] if len(entry) == 3 else None
-        if not isinstance(item_id, str) or not item_id:
-            raise ValueError(f"prompts[{index}]: item_id={item_id!r} must be a non-empty string")
+        _check_id(item_id, index)
         if not isinstance(prompt, str):
             raise TypeError(f"prompts[{index}] (item_id={item_id!r}): prompt={prompt!r} must be a str")
         return LLMWorkItem(item_id=item_id, strategy=strategy, prompt=prompt, context=context)
@@ -47,6 +47,12 @@ def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LL
         f"prompts[{index}]={entry!r}: expected a str, (item_id, prompt), "
         "(item_id, prompt, context) or LLMWorkItem"
     )
+
+
+def _check_id(item_id: object, index: int) -> None:
+    problem = item_id_problem(item_id)
+    if problem is not None:
+        raise ValueError(f"prompts[{index}]: item_id={item_id!r} {problem}")
 
 
 class DuplicateTracker:

@@ -22,10 +22,11 @@ from typing import Any, Generic, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from ._artifacts import ResumePlan, fingerprint, prepare_resume
+from ._artifacts import ResumePlan, fingerprint, prepare_resume, unstorable_failure
 from ._config import AbortMode, ProcessorConfig, ResumePolicy
 from ._errors import (
     AdmissionClosedError,
+    ArtifactEncodeError,
     BatchInterruptedError,
     ErrorCategory,
     QueueFullError,
@@ -35,7 +36,14 @@ from ._ledger import WORKER_CANCELLATION_TIMEOUT
 from ._observers import BatchFinished, BatchStarted, Hooks, ItemStarted
 from ._owner import HostedOwner
 from ._progress import CallbackProgress, Progress, ProgressTracker, make_progress
-from ._results import BatchResult, BatchTermination, LLMWorkItem, TerminationKind, WorkItemResult
+from ._results import (
+    BatchResult,
+    BatchTermination,
+    LLMWorkItem,
+    TerminationKind,
+    WorkItemResult,
+    item_id_problem,
+)
 from ._runner import ItemRunner, ItemStop, ItemTally, UserClassifier
 from ._stats import ProcessorStatistics, RunCounters
 from ._terminal import ResultChannel, ResultChannelStatistics
@@ -226,6 +234,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
         if not isinstance(item, LLMWorkItem):
             raise TypeError(f"item={item!r}: must be an LLMWorkItem")
+        if (problem := item_id_problem(item.item_id)) is not None:
+            raise ValueError(f"item_id={item.item_id!r} {problem}")
         replay = self._replay_for(item)
         if self._record_order:
             self._input_order.append(item.item_id)
@@ -635,7 +645,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput] | None
     ) -> None:
         if self._store is not None and item is not None:
-            await self._checkpoint(result, item)
+            result = await self._checkpoint(result, item)
         if self._observing:
             if self._started_at is None:
                 self._early_replays.append(result)  # announced after BatchStarted
@@ -704,10 +714,18 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             return None
         return plan.replay(item)
 
-    async def _checkpoint(self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]) -> None:
-        await self._store.append(
-            result, fingerprint=fingerprint(item.prompt, item.context), prompt=item.prompt
-        )
+    async def _checkpoint(
+        self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]
+    ) -> WorkItemResult[TOutput]:
+        """Store ``result``, or, if the store cannot keep it faithfully, the failure that replaces it."""
+        key = fingerprint(item.prompt, item.context)
+        try:
+            await self._store.append(result, fingerprint=key, prompt=item.prompt)
+        except ArtifactEncodeError as exc:
+            # Item-local: nothing was written; publish (and store) why instead of a lossy copy.
+            result = unstorable_failure(result, exc)
+            await self._store.append(result, fingerprint=key, prompt=item.prompt)
+        return result
 
     async def _close_store(self) -> None:
         await self._store.aclose()

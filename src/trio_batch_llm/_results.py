@@ -23,6 +23,7 @@ __all__ = [
     "TerminationKind",
     "TokenUsage",
     "WorkItemResult",
+    "item_id_problem",
 ]
 
 TOutput = TypeVar("TOutput")
@@ -58,6 +59,23 @@ def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
     for key, value in usage.items():
         if isinstance(value, int):
             into[key] = into.get(key, 0) + value
+
+
+def item_id_problem(item_id: object) -> str | None:
+    """Why ``item_id`` cannot identify an item, or ``None``: one rule for every store and file.
+
+    An id must be a non-empty ``str`` that is valid Unicode text: a lone
+    surrogate (which ``"\\ud800"`` in JSON decodes to) has no UTF-8 encoding,
+    so no result file or database could hold it.
+    """
+    if not isinstance(item_id, str) or not item_id:
+        return "must be a non-empty string"
+    try:
+        item_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds a lone surrogate ({item_id[exc.start]!r} at index {exc.start}), which is not "
+                "valid Unicode text and cannot be stored")
+    return None
 
 
 @final
@@ -278,14 +296,16 @@ class BatchResult(Generic[TOutput]):
         return "\n".join(lines)
 
     def to_json(self) -> str:
+        """Strict JSON (no ``NaN``/``Infinity``); ValueError naming the item if an output holds one."""
         return json.dumps(
             {
                 "termination": {"kind": self.termination.kind, "reason": self.termination.reason},
                 "wall_time": self.wall_time,
                 "input_order": self.input_order,
-                "results": [r.to_dict() for r in self.results],
+                "results": [_export_dict(r) for r in self.results],
             },
             default=str,
+            allow_nan=False,
         )
 
     @classmethod
@@ -300,11 +320,44 @@ class BatchResult(Generic[TOutput]):
         )
 
     def to_jsonl(self, path: str | Path) -> None:
-        """Write one JSON record per result to ``path`` (blocking: call it off the event loop)."""
+        """Write one strict JSON record per result to ``path`` (blocking: call it off the event loop).
+
+        Every line is encoded before the file is opened, so an output that
+        strict JSON cannot hold (ValueError naming the item) leaves no file behind.
+        """
+        lines = [json.dumps(_export_dict(r), default=str, allow_nan=False) + "\n" for r in self.results]
         with Path(path).open("w", encoding="utf-8") as f:
-            for r in self.results:
-                f.write(json.dumps(r.to_dict(), default=str))
-                f.write("\n")
+            f.writelines(lines)
+
+
+def _strict_problem(value: Any) -> str | None:
+    try:
+        json.dumps(value, default=str, allow_nan=False)
+    except (ValueError, RecursionError) as exc:
+        return str(exc)
+    return None
+
+
+def _strict(value: Any) -> bool:
+    return _strict_problem(value) is None
+
+
+def _export_dict(result: WorkItemResult[Any]) -> dict[str, Any]:
+    """``result.to_dict()`` that strict JSON can hold: context and metadata values it cannot hold
+    (a ``NaN``) become their ``repr()``, as the stores keep them; such an output is refused."""
+    data = result.to_dict()
+    if _strict(data):
+        return data
+    problem = _strict_problem(data["output"])
+    if problem is not None:
+        raise ValueError(
+            f"item {result.item_id!r}: its output cannot be written as strict JSON ({problem}; "
+            "JSON has no NaN or Infinity): replace such values (for example with None) before exporting"
+        )
+    if not _strict(data["context"]):
+        data["context"] = repr(data["context"])
+    data["metadata"] = {str(k): v if _strict(v) else repr(v) for k, v in data["metadata"].items()}
+    return data
 
 
 def mean(values: list[float]) -> float:

@@ -1,5 +1,7 @@
 """Checkpoint stores (JSONL, SQLite), their protocol, fingerprints and resume decisions."""
 
+from ._codec import OutputCodec as OutputCodec
+from ._codec import unstorable_failure as unstorable_failure
 from ._fingerprint import fingerprint as fingerprint
 from ._fingerprint import identity_fingerprint as identity_fingerprint
 from ._jsonl import JsonlArtifactStore as JsonlArtifactStore
@@ -17,6 +19,7 @@ from ._sqlite import SqliteArtifactStore as SqliteArtifactStore
 __all__ = [
     "ArtifactStore",
     "JsonlArtifactStore",
+    "OutputCodec",
     "RerunReason",
     "ResumeDecision",
     "ResumePlan",
@@ -28,4 +31,5 @@ __all__ = [
     "fingerprint",
     "identity_fingerprint",
     "prepare_resume",
+    "unstorable_failure",
 ]

@@ -6,6 +6,11 @@ SHA-256 over canonical JSON: sorted keys, compact separators, UTF-8, with a
 small set of common non-JSON types normalised (enums, dataclasses, pydantic
 models, sets, tuples, dates, UUIDs, paths, decimals).
 
+Everything this module writes is strict JSON (RFC 8259): ``NaN`` and
+``Infinity`` are refused (``ValueError``), since strict readers such as jq
+reject them. Only the fingerprint's own hashing accepts them, so that a
+context holding a ``NaN`` keeps the fingerprint it always had.
+
 A context that still cannot be encoded (an arbitrary object, a dict with
 mixed key types) is fingerprinted through ``repr()`` instead. That is stable
 for values whose ``repr`` is stable; for objects whose ``repr`` carries a
@@ -57,10 +62,14 @@ def _normalize(value: Any) -> Any:
     raise TypeError(f"{type(value).__qualname__} is not JSON-serializable")
 
 
-def canonical_json(value: Any) -> str:
-    """Deterministic JSON text for ``value``; raises TypeError/ValueError if it cannot be encoded."""
+def canonical_json(value: Any, *, allow_nan: bool = False) -> str:
+    """Deterministic, strict JSON text for ``value``; TypeError/ValueError if it cannot be encoded.
+
+    ``allow_nan=True`` is for hashing only: the text is then not strict JSON.
+    """
     return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_normalize
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_normalize,
+        allow_nan=allow_nan,
     )
 
 
@@ -71,15 +80,17 @@ def encode_record(record: dict[str, Any]) -> bytes:
     which UTF-8 cannot carry: that record is written with ASCII escapes, so the
     file is always valid UTF-8 and the value round-trips exactly.
     """
-    text = json.dumps(record, separators=(",", ":"), ensure_ascii=False, default=_normalize)
+    text = json.dumps(
+        record, separators=(",", ":"), ensure_ascii=False, default=_normalize, allow_nan=False
+    )
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(record, separators=(",", ":"), default=_normalize).encode("ascii")
+        return json.dumps(record, separators=(",", ":"), default=_normalize, allow_nan=False).encode("ascii")
 
 
 def jsonable_or_repr(value: Any) -> Any:
-    """``value`` if it encodes as JSON (normalised), else its ``repr()``: for audit-only fields."""
+    """``value`` if it encodes as strict JSON (normalised), else its ``repr()``: for audit-only fields."""
     try:
         return json.loads(canonical_json(value))
     except (TypeError, ValueError, RecursionError):
@@ -99,7 +110,7 @@ def fingerprint(prompt: str, context: Any) -> str:
     be encoded as JSON are hashed through ``repr()`` (see the module docstring).
     """
     try:
-        context_bytes = b"j" + _utf8(canonical_json(context))
+        context_bytes = b"j" + _utf8(canonical_json(context, allow_nan=True))
     except (TypeError, ValueError, RecursionError):
         context_bytes = b"r" + _utf8(repr(context))
     prompt_bytes = _utf8(prompt)

@@ -52,7 +52,7 @@ class StoredRecord:
     fingerprint: str
     """The input fingerprint (prompt + context) the result was produced for."""
     result: dict[str, Any]
-    """The result in :meth:`WorkItemResult.to_dict` form."""
+    """The result in :meth:`WorkItemResult.to_dict` form (the output decoded, if the store decodes)."""
     identity_matches: bool
     """Whether it was written under the identity this store was opened with."""
     prompt: str | None = None
@@ -69,19 +69,28 @@ class StoredRecord:
         return WorkItemResult.from_dict(self.result, replayed=replayed)
 
 
-def encode_result(
-    result: WorkItemResult[Any], envelope: Callable[[dict[str, Any]], dict[str, Any]]
-) -> bytes:
-    """Encode ``envelope(result.to_dict())``: what a store keeps of a result.
+_UNSET: Final[Any] = object()
 
-    ``output`` must be JSON-encodable (normalised types allowed) because a
-    replay returns it; if it is not, TypeError/ValueError propagates.
-    ``context`` and ``metadata`` values that cannot be encoded are kept as
-    their ``repr()``, since they are audit copies (a replay takes the current
-    item's context). The common case encodes once; only a failure pays for
-    the value-by-value fallback.
+
+def encode_result(
+    result: WorkItemResult[Any],
+    envelope: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    output: Any = _UNSET,
+) -> bytes:
+    """Encode ``envelope(result.to_dict())`` as strict JSON: what a store keeps of a result.
+
+    ``output`` replaces ``result.output`` (a store passes what its
+    :class:`~._codec.OutputCodec` made of it). The output must encode because
+    a replay returns it; if it does not, TypeError/ValueError propagates.
+    ``context`` and ``metadata`` values that cannot be encoded (an arbitrary
+    object, a ``NaN``) are kept as their ``repr()``, since they are audit
+    copies (a replay takes the current item's context). The common case
+    encodes once; only a failure pays for the value-by-value fallback.
     """
     payload = result.to_dict()
+    if output is not _UNSET:
+        payload["output"] = output
     try:
         return encode_record(envelope(payload))
     except (TypeError, ValueError, RecursionError):
@@ -126,7 +135,12 @@ class ArtifactStore(Protocol):
     async def append(
         self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None
     ) -> None:
-        """Return only once ``result`` is written and flushed (fsynced / committed)."""
+        """Return only once ``result`` is written and flushed (fsynced / committed).
+
+        Raise :class:`ArtifactEncodeError` before writing anything when this one
+        result cannot be stored faithfully: the engine then stores and
+        publishes a failure of the item instead, and goes on.
+        """
 
     async def aclose(self) -> None:
         """Close; idempotent; closes even when cancelled."""

@@ -14,6 +14,14 @@ Schema (``PRAGMA application_id`` marks the file as ours)::
 
 Records are only inserted; the newest ``seq`` for an item supersedes older
 ones, and the history stays for audit.
+
+A file is written only when it is provably ours or holds nothing
+(:func:`classify_database`): our ``application_id`` *and* our tables, or an
+empty database (no tables, ``application_id`` and ``user_version`` both 0; a
+new, zero-byte file is one). Anything else, including a database with only
+our ``application_id``, is refused before the first write (even before WAL
+mode is set, which would change the file's header), and never migrated. The
+run repository opens its files through the same check.
 """
 
 from __future__ import annotations
@@ -23,17 +31,19 @@ import datetime
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
-from typing import Any, Final, final
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Final, Literal, final
 
 from .._config import ArtifactIdentity
 from .._errors import ArtifactStoreError
 from .._results import WorkItemResult
 from .._version import __version__
+from ._codec import JSONValue
+from ._fingerprint import encode_record
 from ._protocol import FORMAT_NAME, FORMAT_VERSION, StoredRecord, encode_result
 from ._store_base import ThreadedStore, logger
 
-__all__ = ["SqliteArtifactStore"]
+__all__ = ["APPLICATION_ID", "SqliteArtifactStore", "classify_database"]
 
 APPLICATION_ID: Final = 0x54424C4C  # "TBLL"
 _BUSY_TIMEOUT_SECONDS: Final = 5.0
@@ -59,6 +69,42 @@ _INSERT: Final = (
 )
 
 Row = tuple[str, str, str, int, str | None, str, str | None]
+_OUR_TABLES: Final = frozenset({"meta", "results"})
+
+
+def classify_database(conn: sqlite3.Connection, path: object) -> Literal["empty", "ours"]:
+    """Whether the open database is empty (may be initialised) or ours; ArtifactStoreError otherwise.
+
+    Reads only: nothing is written, whatever the answer.
+    """
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        user_version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        entries = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorname", None) != "SQLITE_NOTADB":
+            raise
+        raise ArtifactStoreError(
+            f"{path}: opening failed: {exc}: it is not a trio-batch-llm database; it was left untouched"
+        ) from exc
+    if app_id == APPLICATION_ID and tables >= _OUR_TABLES:
+        return "ours"
+    if app_id == 0 and user_version == 0 and entries == 0:
+        return "empty"
+    if app_id == APPLICATION_ID:
+        why = f"it has trio-batch-llm's application_id but not its tables ({', '.join(sorted(_OUR_TABLES))})"
+    elif app_id != 0:
+        why = f"its application_id is {app_id:#x}, not trio-batch-llm's ({APPLICATION_ID:#x})"
+    elif tables or entries:
+        names = ", ".join(sorted(tables)) or "no tables"
+        why = f"it holds {entries} schema object(s) ({names}) and no trio-batch-llm application_id"
+    else:
+        why = f"its user_version is {user_version}, set by another program"
+    raise ArtifactStoreError(
+        f"{path} is not a trio-batch-llm database ({why}); a SQLite database not written by "
+        "trio-batch-llm is never changed or migrated, and it was left untouched"
+    )
 
 
 def _utf8_safe(text: str) -> str:
@@ -77,7 +123,14 @@ class SqliteArtifactStore(ThreadedStore[Row]):
     A commit is durable against a process crash (``synchronous=NORMAL``);
     ``fsync=True`` selects ``synchronous=FULL``, durable against power loss.
     Raw prompts are stored only with ``store_prompts=True``.
+
+    Outputs are kept only when they come back from JSON as themselves (plain
+    JSON); pass ``output_encoder`` and ``output_decoder`` together to keep any
+    other type. A result that cannot be kept raises :class:`ArtifactEncodeError`
+    from ``append()`` and writes nothing.
     """
+
+    _position_name = "row"
 
     _io_error_types = (OSError, sqlite3.Error)
 
@@ -89,28 +142,30 @@ class SqliteArtifactStore(ThreadedStore[Row]):
         fsync: bool = False,
         store_prompts: bool = False,
         allow_identity_mismatch: bool = False,
+        output_encoder: Callable[[Any], JSONValue] | None = None,
+        output_decoder: Callable[[JSONValue], Any] | None = None,
     ) -> None:
         super().__init__(
             path,
             identity=identity,
             store_prompts=store_prompts,
             allow_identity_mismatch=allow_identity_mismatch,
+            output_encoder=output_encoder,
+            output_decoder=output_decoder,
         )
         self._fsync = bool(fsync)
         self._conn: sqlite3.Connection | None = None
 
     # -- event loop side ---------------------------------------------------------
 
-    def _encode(self, result: WorkItemResult[Any], fingerprint: str, prompt: str | None) -> Row:
-        item_id = result.item_id
-        try:
-            item_id.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"item id {item_id!r} is not valid UTF-8 text") from exc
+    def _encode(
+        self, result: WorkItemResult[Any], output: JSONValue, fingerprint: str, prompt: str | None
+    ) -> Row:
+        # The base class checked the id: valid UTF-8 text, as SQLite text must be.
         category = result.error_category.value if result.error_category else None
-        text = encode_result(result, lambda payload: payload).decode("utf-8")
+        text = encode_result(result, lambda payload: payload, output=output).decode("utf-8")
         return (
-            item_id, fingerprint, self._identity_fp, int(result.success), category, text,
+            result.item_id, fingerprint, self._identity_fp, int(result.success), category, text,
             None if prompt is None else _utf8_safe(prompt),
         )
 
@@ -129,20 +184,18 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             self._conn = conn
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
+        classify_database(conn, self._path)  # before WAL mode: that would already change the file
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
         conn.execute("BEGIN IMMEDIATE")
         try:
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if app_id == 0 and tables == 0:
+            # Again, under the write lock: another process may have created it meanwhile.
+            if classify_database(conn, self._path) == "empty":
                 self._create(conn)
-            elif app_id == APPLICATION_ID:
-                self._check_identity(self._read_header(conn)["identity"])
             else:
-                raise ArtifactStoreError(f"{self._path} is a SQLite database not written by trio-batch-llm")
+                self._check_identity(self._read_header(conn)["identity"])
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:
@@ -160,7 +213,9 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
             "library_version": __version__,
         }
-        conn.execute("INSERT INTO meta (key, value) VALUES ('header', ?)", (json.dumps(header),))
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('header', ?)", (encode_record(header).decode("utf-8"),)
+        )
 
     def _read_header(self, conn: sqlite3.Connection) -> dict[str, Any]:
         row = conn.execute("SELECT value FROM meta WHERE key = 'header'").fetchone()
@@ -243,11 +298,11 @@ class SqliteArtifactStore(ThreadedStore[Row]):
         with self._io_errors("reading"):
             conn = sqlite3.connect(self._path.resolve().as_uri() + "?mode=ro", uri=True)
             try:
-                if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+                if classify_database(conn, self._path) != "ours":
                     raise ArtifactStoreError(f"{self._path} is not a trio-batch-llm artifact database")
                 self._read_header(conn)
                 with contextlib.closing(conn.execute(_SELECT_ALL)) as rows:
                     for row in rows:
-                        yield self._stored(row).to_result(replayed=False)
+                        yield self._decoded(self._stored(row)).to_result(replayed=False)
             finally:
                 conn.close()

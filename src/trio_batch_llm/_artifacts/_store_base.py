@@ -6,6 +6,11 @@ worker thread through ``anyio.to_thread.run_sync`` behind the store's own
 call, so one store never runs two blocking operations at once even if a
 native asyncio cancellation unwinds the task that started one.
 
+Before a record is built, :meth:`ThreadedStore.append` checks the item id and
+turns the output into what the store keeps (see ``_codec.py``); a result that
+cannot be kept faithfully raises :class:`ArtifactEncodeError` and writes
+nothing. Loading decodes stored outputs (in the thread, with the rest of the load).
+
 Subclasses implement the synchronous halves: ``_encode`` (on the event loop,
 cheap: builds the bytes or row of one record), and ``_open_sync``,
 ``_load_sync``, ``_count_sync``, ``_write_sync``, ``_close_sync`` (in the
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -28,8 +34,9 @@ import anyio
 import anyio.lowlevel
 
 from .._config import ArtifactIdentity
-from .._errors import ArtifactMismatchError, ArtifactStoreError, ConfigurationError
-from .._results import WorkItemResult
+from .._errors import ArtifactEncodeError, ArtifactMismatchError, ArtifactStoreError, ConfigurationError
+from .._results import WorkItemResult, item_id_problem
+from ._codec import JSONValue, OutputCodec
 from ._fingerprint import identity_fingerprint
 from ._group_commit import GroupCommitter
 from ._protocol import StoredRecord, StoreState, StoreStatistics
@@ -46,6 +53,8 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
     """Base of the built-in stores; see the module docstring."""
 
     _io_error_types: tuple[type[Exception], ...] = (OSError,)
+    _position_name = "line"
+    """What :attr:`StoredRecord.position` counts, for messages."""
 
     def __init__(
         self,
@@ -54,9 +63,12 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         identity: ArtifactIdentity,
         store_prompts: bool = False,
         allow_identity_mismatch: bool = False,
+        output_encoder: Callable[[Any], JSONValue] | None = None,
+        output_decoder: Callable[[JSONValue], Any] | None = None,
     ) -> None:
         if not isinstance(identity, ArtifactIdentity):
             raise ConfigurationError("identity", identity, "must be an ArtifactIdentity")
+        self._codec = OutputCodec(output_encoder, output_decoder)
         self._path = Path(path)
         self._identity = identity
         self._identity_fp = identity_fingerprint(identity)
@@ -143,9 +155,28 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
     # -- reading and writing -----------------------------------------------------
 
     async def load(self) -> dict[str, StoredRecord]:
-        """Every item's newest stored record, by item id."""
+        """Every item's newest stored record, by item id, its output decoded."""
         limiter = await self._require_open()
-        return await anyio.to_thread.run_sync(self._locked, self._load_sync, limiter=limiter)
+        return await anyio.to_thread.run_sync(self._locked, self._load_decoded, limiter=limiter)
+
+    def _load_decoded(self) -> dict[str, StoredRecord]:
+        records = self._load_sync()
+        if not self._codec.decodes:
+            return records
+        return {item_id: self._decoded(record) for item_id, record in records.items()}
+
+    def _decoded(self, record: StoredRecord) -> StoredRecord:
+        """``record`` with its output decoded; ArtifactStoreError naming it if the decoder fails."""
+        if not self._codec.decodes:
+            return record
+        try:
+            output = self._codec.decode(record.result.get("output"))
+        except Exception as exc:  # the user's decoder: any failure is reported, naming the record
+            raise ArtifactStoreError(
+                f"{self._path}: output_decoder failed on the stored output of item {record.item_id!r} "
+                f"({self._position_name} {record.position}): {exc!r}"
+            ) from exc
+        return dataclasses.replace(record, result={**record.result, "output": output})
 
     async def count_records(self) -> int:
         """How many result records the store holds (superseded ones included)."""
@@ -168,13 +199,22 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         committer = self._committer
         assert committer is not None
         try:
-            encoded = self._encode(result, fingerprint, prompt if self._store_prompts else None)
+            encoded = self._encode(
+                result, self._stored_output(result), fingerprint, prompt if self._store_prompts else None
+            )
         except (TypeError, ValueError, RecursionError) as exc:
             await anyio.lowlevel.checkpoint()
-            raise ArtifactStoreError(
+            raise ArtifactEncodeError(
                 f"{self._path}: the result of item {result.item_id!r} cannot be stored: {exc}"
             ) from exc
         await committer.submit(encoded)
+
+    def _stored_output(self, result: WorkItemResult[Any]) -> JSONValue:
+        """What is kept of the output (ValueError if the id or the output cannot be kept)."""
+        problem = item_id_problem(result.item_id)
+        if problem is not None:
+            raise ValueError(f"its item_id {problem}")
+        return self._codec.encode(result.output)
 
     def statistics(self) -> StoreStatistics:
         stats = self._committer.statistics() if self._committer is not None else None
@@ -242,8 +282,10 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         logger.warning("%s", message)
 
     @abc.abstractmethod
-    def _encode(self, result: WorkItemResult[Any], fingerprint: str, prompt: str | None) -> EncodedT:
-        """Build one record (event loop; raise TypeError/ValueError if it cannot be encoded)."""
+    def _encode(
+        self, result: WorkItemResult[Any], output: JSONValue, fingerprint: str, prompt: str | None
+    ) -> EncodedT:
+        """Build one record keeping ``output`` (event loop; TypeError/ValueError if it cannot be encoded)."""
 
     @abc.abstractmethod
     def _open_sync(self) -> None: ...

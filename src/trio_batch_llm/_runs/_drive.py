@@ -32,10 +32,17 @@ from typing import Any, Final, Literal, final
 import anyio
 import anyio.lowlevel
 
+from .._artifacts._codec import unstorable_failure
 from .._artifacts._protocol import encode_result
 from .._config import ProcessorConfig
 from .._deliveries import unwrap_group
-from .._errors import AdmissionClosedError, ArtifactStoreError, BatchInterruptedError, ErrorCategory
+from .._errors import (
+    AdmissionClosedError,
+    ArtifactEncodeError,
+    ArtifactStoreError,
+    BatchInterruptedError,
+    ErrorCategory,
+)
 from .._processor import ParallelBatchProcessor
 from .._results import BatchTermination, LLMWorkItem, RetryState, TokenUsage, WorkItemResult
 from .._strategies._base import LLMCallStrategy
@@ -348,13 +355,20 @@ class SegmentDriver(DriverBase):
 
 
 def encode_new_result(result: WorkItemResult[Any], location: str) -> NewResult:
-    """What the repository stores of a terminal result (ArtifactStoreError if its output cannot be stored)."""
+    """What the repository stores of a terminal result.
+
+    An output that cannot be stored (strict JSON: no NaN) makes the item a
+    ``PARSE`` failure, stored instead; the run goes on.
+    """
     try:
         text = encode_result(result, lambda payload: payload).decode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ArtifactStoreError(
+        error = ArtifactEncodeError(
             f"{location}: the result of item {result.item_id!r} cannot be stored: {exc}"
-        ) from exc
+        )
+        error.__cause__ = exc
+        result = unstorable_failure(result, error)
+        text = encode_result(result, lambda payload: payload).decode("utf-8")
     usage = result.token_usage
     inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
     return NewResult(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, final
 
 from .._artifacts._fingerprint import canonical_json, identity_fingerprint
-from .._artifacts._sqlite import APPLICATION_ID, SqliteArtifactStore
+from .._artifacts._sqlite import SqliteArtifactStore, classify_database
 from .._config import ArtifactIdentity
 from .._errors import ArtifactMismatchError, ArtifactStoreError
 from ._claims import FileClaims
@@ -126,25 +126,22 @@ class SqliteRunRepository:
         # Only to reuse its header checks; this object never opens its own connection.
         header_store = SqliteArtifactStore(self._path, identity=self._identity)
         if self._read_only:
-            if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            if classify_database(conn, self._path) != "ours":
                 raise ArtifactStoreError(f"{self._path} is not a trio-batch-llm database")
             header_store._read_header(conn)
             self._stored_schema_version(conn)
             self._has_submissions = "submission" in self._columns(conn, "run_items")
             return
+        classify_database(conn, self._path)  # a foreign file is refused before WAL mode changes it
         mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
         with self._transaction(conn):
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if app_id == 0 and tables == 0:
+            if classify_database(conn, self._path) == "empty":
                 header_store._create(conn)  # an artifact database that also holds runs
-            elif app_id == APPLICATION_ID:
-                header_store._read_header(conn)
             else:
-                raise ArtifactStoreError(f"{self._path} is a SQLite database not written by trio-batch-llm")
+                header_store._read_header(conn)
             meta = self._stored_schema_version(conn)
             for statement in TABLES:
                 conn.execute(statement)

@@ -1,0 +1,157 @@
+"""What a store keeps of an output, so that a replay gives back the original.
+
+A replay must return the output the item produced, not a look-alike. JSON can
+carry only a few Python types faithfully, so without help a store keeps an
+output only when it is *plain JSON*, checked exactly (subclasses and look-alikes
+do not count, because they would come back as their base type):
+
+* ``str``, ``int``, ``bool``, ``None``, and ``float`` when finite;
+* ``list`` of plain JSON; ``dict`` with ``str`` keys and plain-JSON values.
+
+Anything else (a tuple, a set, a dict with int keys, a datetime, an enum, a
+dataclass, a pydantic model, ``NaN``) is refused for that item before it is
+published: :meth:`OutputCodec.encode` raises, the store raises
+:class:`ArtifactEncodeError`, and the engine publishes (and stores) a ``PARSE``
+failure that names the type, so a resume runs the item again.
+
+A user who stores such outputs passes both halves of a codec to the store:
+``output_encoder(output) -> plain JSON`` and ``output_decoder(json) -> output``.
+The encoder's result is checked by the same rule; the decoder runs when the
+store loads (before any work starts), so a decoder that fails is reported at
+open. ``None`` (no output) is stored as ``null`` and never passed to either.
+
+Hook for structured output: a response model's codec (``model_dump(mode="json")``
+one way, ``model_validate`` the other) is an encoder/decoder pair, and plugs in
+here; nothing else in the stores needs to know about models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Final, final
+
+from .._errors import ConfigurationError, ErrorCategory
+from .._results import WorkItemResult
+
+__all__ = ["JSONValue", "OutputCodec", "unstorable_failure"]
+
+JSONValue = None | bool | int | float | str | list[Any] | dict[str, Any]
+"""A plain JSON value (the containers hold plain JSON values)."""
+
+_SCALARS: Final = frozenset({str, int, bool, type(None)})
+_HINT: Final = "pass output_encoder= and output_decoder= to the store to keep it"
+
+
+def _type_name(kind: type) -> str:
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def plain_json_problem(value: object) -> str | None:
+    """Why ``value`` would not come back from JSON as itself, or ``None`` if it would.
+
+    Iterative, so a deeply nested output cannot exhaust the stack.
+    """
+    stack: list[tuple[object, str]] = [(value, "output")]
+    while stack:
+        current, where = stack.pop()
+        kind = type(current)
+        if kind in _SCALARS:
+            continue
+        if isinstance(current, float) and kind is float:
+            if not math.isfinite(current):
+                return f"{where} is {current!r}, a float that is not finite (JSON has no NaN or Infinity)"
+        elif isinstance(current, list) and kind is list:
+            stack.extend((item, f"{where}[{i}]") for i, item in enumerate(current))
+        elif isinstance(current, dict) and kind is dict:
+            for key, item in current.items():
+                if type(key) is not str:
+                    return (f"{where} has the key {key!r} ({_type_name(type(key))}); JSON object keys "
+                            "are strings, so it would come back as a different dict")
+                stack.append((item, f"{where}[{key!r}]"))
+        else:
+            return (f"{where} is of type {_type_name(kind)}, which JSON cannot carry faithfully "
+                    "(it would come back changed)")
+    return None
+
+
+@final
+class OutputCodec:
+    """The stores' rule for outputs; see the module docstring."""
+
+    __slots__ = ("_decoder", "_encoder")
+
+    def __init__(
+        self,
+        encoder: Callable[[Any], JSONValue] | None = None,
+        decoder: Callable[[JSONValue], Any] | None = None,
+    ) -> None:
+        for name, fn in (("output_encoder", encoder), ("output_decoder", decoder)):
+            if fn is not None and not callable(fn):
+                raise ConfigurationError(name, fn, "must be a callable")
+        if (encoder is None) != (decoder is None):
+            given, missing = ("output_encoder", "output_decoder") if decoder is None else (
+                "output_decoder", "output_encoder")
+            raise ConfigurationError(
+                given, encoder if decoder is None else decoder,
+                f"needs {missing} as well: a replay must turn the stored JSON back into the output",
+            )
+        self._encoder = encoder
+        self._decoder = decoder
+
+    def encode(self, output: Any) -> JSONValue:
+        """The plain JSON to store for ``output``; ValueError saying why it cannot be kept.
+
+        Runs on the event loop, in ``append()``: the encoder should be quick.
+        """
+        if output is None:
+            return None
+        if self._encoder is None:
+            if type(output) is str:  # the common case, without the walk
+                return output
+            problem = plain_json_problem(output)
+            if problem is not None:
+                raise ValueError(f"{problem}; {_HINT}")
+            return output  # type: ignore[no-any-return]
+        try:
+            encoded = self._encoder(output)
+        except Exception as exc:  # the user's encoder: any failure is this item's alone
+            raise ValueError(f"output_encoder raised {exc!r}") from exc
+        if encoded is None:
+            raise ValueError("output_encoder returned None, which a replay cannot tell from no output")
+        problem = plain_json_problem(encoded)
+        if problem is not None:
+            raise ValueError(f"output_encoder returned a value that is not plain JSON: {problem}")
+        return encoded
+
+    def decode(self, stored: JSONValue) -> Any:
+        """The output for a stored value (the decoder's exceptions propagate)."""
+        if stored is None or self._decoder is None:
+            return stored
+        return self._decoder(stored)
+
+    @property
+    def decodes(self) -> bool:
+        return self._decoder is not None
+
+
+def unstorable_failure(result: WorkItemResult[Any], error: BaseException) -> WorkItemResult[Any]:
+    """The failed result that replaces one whose output cannot be stored.
+
+    ``PARSE``: the output did not take the form the run keeps, like a failed
+    post-processor; a resume runs the item again. What the call cost, its
+    timing, context and metadata are kept.
+    """
+    return WorkItemResult(
+        item_id=result.item_id,
+        success=False,
+        output=None,
+        error=str(error),
+        exception=error,
+        error_category=ErrorCategory.PARSE,
+        attempts=result.attempts,
+        token_usage=dict(result.token_usage),
+        timing=result.timing,
+        context=result.context,
+        metadata=dict(result.metadata),
+    )
