@@ -31,6 +31,7 @@ from ._errors import (
     QueueFullError,
 )
 from ._host import ExecutorHost, RuntimeTasks
+from ._item_checks import check_item
 from ._ledger import WORKER_CANCELLATION_TIMEOUT
 from ._observers import BatchFinished, BatchStarted, Hooks, ItemStarted
 from ._owner import HostedOwner
@@ -226,6 +227,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
         if not isinstance(item, LLMWorkItem):
             raise TypeError(f"item={item!r}: must be an LLMWorkItem")
+        check_item(item.item_id, item.prompt, item.context)
         replay = self._replay_for(item)
         if self._record_order:
             self._input_order.append(item.item_id)
