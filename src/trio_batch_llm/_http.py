@@ -18,6 +18,7 @@ import httpx2
 
 from ._errors import ErrorCategory, ProviderError
 from ._strategies._wire import Secret
+from ._urls import redact_urls
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -96,7 +97,8 @@ def encode_json_body(body: Mapping[str, Any]) -> bytes:
     except UnicodeEncodeError as exc:
         raise ProviderError(
             f"the request cannot be sent: its JSON has a lone surrogate (U+{ord(text[exc.start]):04X} at "
-            f"character {exc.start}), which UTF-8 cannot encode; a prompt, system prompt or parameter holds it",
+            f"character {exc.start}), which UTF-8 cannot encode; a prompt, system prompt or parameter "
+            "holds it",
             category=ErrorCategory.INVALID_REQUEST,
         ) from exc
 
@@ -194,7 +196,7 @@ def transport_error(exc: BaseException, *, secret: Secret | None = None) -> Prov
     elif isinstance(exc, httpx2.DecodingError):
         category = ErrorCategory.PARSE
     detail = str(exc) or "no detail"
-    message = f"{type(exc).__name__}: {detail}"
+    message = redact_urls(f"{type(exc).__name__}: {detail}")
     if secret is not None:
         message = secret.redact(message)
     return ProviderError(message, category=category)
