@@ -33,6 +33,8 @@ import anyio.from_thread
 import httpx2
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trio_batch_llm import (
     ArtifactIdentity,
@@ -53,6 +55,7 @@ from trio_batch_llm import (
 )
 from trio_batch_llm._classify import classify
 from trio_batch_llm._cli_input import read_input
+from trio_batch_llm._item_checks import nesting_exceeds, text_nesting_column
 from trio_batch_llm._runs import open_run
 from trio_batch_llm._strategies._factory import llm
 from trio_batch_llm._strategies._openai import OpenAIStrategy
@@ -170,6 +173,32 @@ def test_rel5_cli_nesting_limit_is_exact_and_ignores_brackets_in_strings(tmp_pat
     # the line's object is one level, so the context's 257th level is its bracket at column 39 + 256
     with pytest.raises(ValueError, match=f"line 1: nested more than {LIMIT} levels deep at column 295"):
         read_input(source)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='[]{}"\\ ,:ab\n'),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(alphabet='[]{}"\\a'), inner, max_size=4),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values, ascii_only=st.booleans())
+def test_rel5_both_nesting_measures_agree_with_the_recursive_depth(value: Any, ascii_only: bool) -> None:
+    depth = _depth(value)
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    for limit in range(max(0, depth - 2), depth + 2):
+        assert nesting_exceeds(value, limit) == (depth > limit)
+        assert (text_nesting_column(text, limit) is not None) == (depth > limit)
 
 
 async def test_rel5_api_deep_context_refused_before_any_call(tmp_path: Path) -> None:

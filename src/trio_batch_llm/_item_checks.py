@@ -43,7 +43,8 @@ MAX_NESTING_DEPTH: Final = 256
 
 _CONTAINERS: Final = (dict, list, tuple, set, frozenset)
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
-_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+# A string, or an unterminated one up to the end: the match never fails, so the scan stays linear.
+_JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
 _BRACKET: Final = re.compile(r"[\[\]{}]")
 
 
@@ -115,7 +116,7 @@ def nesting_exceeds(value: object, limit: int) -> bool:
 
 
 def _blank(string: re.Match[str]) -> str:
-    return '"' + " " * (len(string.group()) - 2) + '"'
+    return " " * len(string.group())
 
 
 def text_nesting_column(text: str, limit: int) -> int | None:
