@@ -24,7 +24,7 @@ because ``json.loads`` itself recurses.
 from __future__ import annotations
 
 import re
-from itertools import chain, compress
+from itertools import compress
 from typing import Any, Final
 
 __all__ = [
@@ -42,6 +42,7 @@ MAX_NESTING_DEPTH: Final = 256
 """The deepest a context may nest (``[]`` is 1 level, ``[[]]`` 2): see the module docstring."""
 
 _CONTAINERS: Final = (dict, list, tuple, set, frozenset)
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})  # what JSON leaves are made of
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 # A string, or an unterminated one up to the end: the match never fails, so the scan stays linear.
 _JSON_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
@@ -102,16 +103,19 @@ def nesting_exceeds(value: object, limit: int) -> bool:
         return False
     level: list[Any] = [value]
     for _ in range(limit):
-        members = list(chain.from_iterable(level))  # a dict gives its keys ...
-        dict_kinds = {kind for kind in set(map(type, level)) if issubclass(kind, dict)}
-        if dict_kinds:  # ... and its values
-            dicts = compress(level, map(dict_kinds.__contains__, map(type, level)))
-            members.extend(chain.from_iterable(map(dict.values, dicts)))
-        kinds = {kind for kind in set(map(type, members)) if issubclass(kind, _CONTAINERS)}
+        members: list[Any] = []
+        for container in level:
+            members.extend(container)  # a dict gives its keys ...
+            if isinstance(container, dict):
+                members.extend(container.values())  # ... and its values
+        kinds = set(map(type, members))
+        if kinds <= _SCALARS:
+            return False
+        kinds = {kind for kind in kinds if issubclass(kind, _CONTAINERS)}
         if not kinds:
             return False
         nested = list(compress(members, map(kinds.__contains__, map(type, members))))
-        level = list(dict(zip(map(id, nested), nested, strict=True)).values())
+        level = list(dict(zip(map(id, nested), nested, strict=True)).values()) if len(nested) > 1 else nested
     return True
 
 
