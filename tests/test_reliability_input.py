@@ -301,7 +301,7 @@ def test_rel6a_cli_never_prints_a_key_from_base_url(capsys: pytest.CaptureFixtur
     assert code == 1, output  # b failed: the line that says how to run it again is printed
     assert "to run them again:" in output and "--resume" in output
     assert "<redacted>" in output and "127.0.0.1" in output
-    assert code2 in (0, 3), output2
+    assert code2 == 3 and "continue with:" in output2 and "<redacted>" in output2, output2
     for text in (output, output2, files_text(tmp_path)):
         assert USER_KEY not in text and QUERY_KEY not in text
     # the key still reaches the server, in the request: only its display is redacted
@@ -335,6 +335,9 @@ def test_rel6a_redaction_everywhere_a_url_is_shown(monkeypatch: pytest.MonkeyPat
         from trio_batch_llm._runs._batch_drive import capacity_scope_of
 
         shown.append(capacity_scope_of(strategies[0], ProviderBatchConfig()))  # stored in the run database
+        from trio_batch_llm._runs._schema import RunTermination
+
+        shown.append(repr(RunTermination("error", f"HTTPStatusError: 401 for url '{url}'")))  # stored too
         with pytest.raises(ValueError) as bad:
             OpenAICompatibleStrategy("m", base_url=url.replace("https", "ftp"))
         shown.append(str(bad.value))
