@@ -155,9 +155,10 @@ async def test_compatible_key_from_env_and_env_name(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
     monkeypatch.setenv("OTHER_KEY", "sk-other")
     rec = Recorder(httpx2.Response(200, json=CHAT_OK))
-    from_env, client = compat(rec, api_key=None)
+    # OPENAI_API_KEY goes to another endpoint only when named (issue 16: it is OpenAI's key)
+    from_env, client = compat(rec, api_key=None, api_key_env="OPENAI_API_KEY")
     other = OpenAICompatibleStrategy("m", base_url=BASE, client=client, api_key_env="OTHER_KEY")
-    never = OpenAICompatibleStrategy("m", base_url=BASE, client=client, api_key_env=None)
+    never = OpenAICompatibleStrategy("m", base_url=BASE, client=client)
     async with client:
         for strategy in (from_env, other, never):
             await strategy.execute("x", 1, None)
@@ -554,7 +555,7 @@ async def test_sdk_client_built_by_us(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     sized = OpenAIStrategy("m", concurrency=3)
-    default = OpenAIStrategy("m", base_url="http://127.0.0.1:9/v1/")
+    default = OpenAIStrategy("m", base_url="http://127.0.0.1:9/v1/", api_key_env="OPENAI_API_KEY")
     assert sized.base_url == "https://api.openai.com/v1"
     assert default.base_url == "http://127.0.0.1:9/v1"
     await sized.prepare()

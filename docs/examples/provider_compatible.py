@@ -17,7 +17,8 @@ async def main() -> None:
             temperature=0.0,
             max_output_tokens=16,
             extra_body={"top_k": 20},  # merged into every request body, last
-            api_key_env=None,  # this server needs no key: never read OPENAI_API_KEY
+            # No key is sent: OPENAI_API_KEY goes only to api.openai.com. A server that needs one:
+            # api_key_env="MY_SERVER_KEY" (the name of the environment variable that holds it).
         )
         print(strategy.request_body("Capital of France?"))  # exactly what will be sent
 

@@ -225,6 +225,9 @@ def _category_by_builtin_type(exc: Exception) -> ErrorCategory:
         return ErrorCategory.TRANSIENT
     if isinstance(exc, json.JSONDecodeError):
         return ErrorCategory.PARSE
+    if isinstance(exc, UnicodeEncodeError):
+        # Text that cannot be encoded (a lone surrogate in a request an SDK builds) fails alike every time.
+        return ErrorCategory.INVALID_REQUEST
     # A plain ValueError may be a bug as easily as a bad answer: UNKNOWN.
     return ErrorCategory.UNKNOWN
 

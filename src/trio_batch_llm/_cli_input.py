@@ -20,17 +20,25 @@ the record starts. A leading UTF-8 byte order mark is ignored in both formats.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import functools
+import importlib.util
 import json
 import math
+import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Final, final
 
+from ._item_checks import json_line_nesting_column, nesting_problem, surrogate_problem
 from ._results import item_id_problem
 
 __all__ = [
+    "CSV_FIELD_LIMIT",
     "PROVIDERS",
     "InputError",
     "InputRecord",
@@ -130,6 +138,9 @@ def _read_jsonl(path: Path) -> list[InputRecord]:
     for number, text in _decoded_lines(path):
         if not text.strip():
             continue
+        column = json_line_nesting_column(text)  # before json.loads, which recurses per level
+        if column is not None:
+            raise InputError(path, nesting_problem(column), line=number)
         try:
             value = json.loads(text, parse_constant=_refuse_constant)
         except json.JSONDecodeError as exc:
@@ -207,10 +218,56 @@ def _prompt(path: Path, value: object, line: int) -> str:
         raise InputError(path, f"must be a string, not {_json_type(value)}", line=line, field="prompt")
     if not value.strip():
         raise InputError(path, "is empty", line=line, field="prompt")
+    problem = surrogate_problem(value)  # only JSON's \ud800 escapes make one: UTF-8 files cannot
+    if problem is not None:
+        raise InputError(path, problem, line=line, field="prompt")
     return value
 
 
+CSV_FIELD_LIMIT: Final = 64 * 1024 * 1024
+"""Characters one CSV field may hold: far above any model's context window (the csv module's own
+default, 131,072, would refuse prompts that JSONL takes). Like a JSONL line, a field is held in memory."""
+_CSV_LIMIT_LOCK: Final = threading.Lock()
+
+
+@functools.cache
+def _private_csv() -> ModuleType | None:
+    """A private instance of the C ``_csv`` module (multi-phase init gives each instance its own state),
+    so that raising its field limit leaves ``csv.field_size_limit()`` of the process alone; ``None``
+    where the interpreter cannot make one."""
+    try:
+        spec = importlib.util.find_spec("_csv")
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001 - any failure means "use the shared module"
+        return None
+    return None if module is sys.modules.get("_csv") else module
+
+
+@contextlib.contextmanager
+def _csv_module() -> Iterator[Any]:
+    """A module with ``reader`` and ``Error`` whose field limit is :data:`CSV_FIELD_LIMIT` meanwhile."""
+    private = _private_csv()
+    if private is not None:
+        private.field_size_limit(CSV_FIELD_LIMIT)
+        yield private
+        return
+    with _CSV_LIMIT_LOCK:  # the shared limit, raised for this read only
+        saved = csv.field_size_limit(CSV_FIELD_LIMIT)
+        try:
+            yield csv
+        finally:
+            csv.field_size_limit(saved)
+
+
 def _read_csv(path: Path) -> list[InputRecord]:
+    with _csv_module() as module:
+        return _read_csv_with(module, path)
+
+
+def _read_csv_with(module: Any, path: Path) -> list[InputRecord]:
     lines = _decoded_lines(path)
     numbers: list[int] = []  # the physical line of each text handed to csv, in order
 
@@ -219,7 +276,7 @@ def _read_csv(path: Path) -> list[InputRecord]:
             numbers.append(number)
             yield text
 
-    reader = csv.reader(texts(), strict=True)
+    reader = module.reader(texts(), strict=True)
     records: list[InputRecord] = []
     ids = _Ids(path)
     header: list[str] | None = None
@@ -229,8 +286,12 @@ def _read_csv(path: Path) -> list[InputRecord]:
             row = next(reader)
         except StopIteration:
             break
-        except csv.Error as exc:
-            raise InputError(path, f"malformed CSV: {exc}", line=numbers[-1] if numbers else 1) from None
+        except module.Error as exc:
+            line = numbers[-1] if numbers else 1
+            if str(exc).startswith("field larger than field limit"):
+                raise InputError(path, f"a field is longer than {CSV_FIELD_LIMIT:,} characters "
+                                       "(the CSV field limit)", line=line) from None
+            raise InputError(path, f"malformed CSV: {exc}", line=line) from None
         if not any(cell.strip() for cell in row):
             continue
         if header is None:

@@ -42,13 +42,14 @@ import anyio
 from ._artifacts import JsonlArtifactStore
 from ._cli_input import InputError, InputRecord, read_input
 from ._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy
-from ._errors import AdmissionClosedError, BatchLLMError, ConfigurationError
+from ._errors import AdmissionClosedError, BatchLLMError, ConfigurationError, ErrorCategory
 from ._ledger import unwrap_group
 from ._processor import ParallelBatchProcessor
 from ._progress import LogProgress, Progress, ProgressSnapshot, TerminalProgressBar
 from ._results import BatchResult, BatchTermination, LLMWorkItem, WorkItemResult
 from ._strategies._base import LLMCallStrategy
 from ._strategies._factory import llm
+from ._urls import REDACTED, is_openai_api, redact_url, redact_urls
 
 __all__ = [
     "EXIT_FAILED",
@@ -56,8 +57,12 @@ __all__ = [
     "EXIT_USAGE",
     "RunPlan",
     "UsageError",
+    "api_key_from",
     "plan_run",
+    "redaction_note",
     "run_command",
+    "say",
+    "shown_command",
     "signal_receiver",
 ]
 
@@ -72,8 +77,31 @@ class UsageError(Exception):
 
 
 def say(message: str) -> None:
-    """A status line for the operator, on stderr."""
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+    """A status line for the operator, on stderr; a key inside any URL in it is never shown."""
+    print(f"{PROG}: {redact_urls(message)}", file=sys.stderr, flush=True)
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """``trio-batch-llm ARGS`` as a shell line to paste, with any key inside a URL argument redacted."""
+    return shlex.join([PROG, *(redact_urls(arg) for arg in argv)])
+
+
+def redaction_note(command: str) -> str:
+    """What to add to a printed command whose key was redacted (empty when none was)."""
+    if REDACTED not in command:
+        return ""
+    return (f" (a key in --base-url is shown as {REDACTED}: put it back, or better, pass it in an "
+            "environment variable named by --api-key-env)")
+
+
+def api_key_from(name: str | None) -> str | None:
+    """The value of the environment variable ``--api-key-env`` names; :class:`UsageError` if it is unset."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise UsageError(f"--api-key-env {name}: the environment variable {name} is not set (or is empty)")
+    return value
 
 
 @final
@@ -118,7 +146,7 @@ def _resume_command(argv: Sequence[str]) -> str:
     args = list(argv)
     if "--resume" not in args:
         args.append("--resume")
-    return shlex.join([PROG, *args])
+    return shown_command(args)
 
 
 def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
@@ -129,14 +157,16 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     provider, model = args.model
     if provider == "openai-compatible" and not args.base_url:
         raise UsageError(f"--base-url is required with --model {provider}:{model}")
-    kwargs: dict[str, Any] = {
-        "api_key": os.environ.get(args.api_key_env) or None,
-        "concurrency": args.concurrency,
-    }
+    # With --api-key-env the key is that variable's, for any endpoint; without it the strategy's own
+    # rule applies: OPENAI_API_KEY goes only to OpenAI's API, and another --base-url gets no key.
+    kwargs: dict[str, Any] = {"api_key": api_key_from(args.api_key_env), "concurrency": args.concurrency}
     if args.base_url:
         kwargs["base_url"] = args.base_url
-    if provider == "openai-compatible":
-        kwargs["api_key_env"] = None  # the key was read from --api-key-env above, or there is none
+    if provider == "openai" and args.api_key_env is None and args.base_url \
+            and not is_openai_api(args.base_url) and args.base_url != os.environ.get("OPENAI_BASE_URL"):
+        raise UsageError(f"--base-url {redact_url(args.base_url)} is not OpenAI's API, and OPENAI_API_KEY is "
+                         "sent only to https://api.openai.com: name the environment variable that holds "
+                         "this endpoint's key with --api-key-env NAME")
     try:
         strategy = llm(f"{provider}:{model}", **kwargs)
         config = ProcessorConfig(
@@ -320,6 +350,17 @@ async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
 # --- the report --------------------------------------------------------------------
 
 
+def _first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
+    """One line per failure category, with its first item's error: the reason, where it says how to fix it."""
+    first: dict[ErrorCategory, WorkItemResult[Any]] = {}
+    for result in results:
+        category = result.error_category
+        if not result.success and category is not None and category is not ErrorCategory.NOT_EXECUTED:
+            first.setdefault(category, result)
+    return [f"first {category.value} failure: item {result.item_id!r}: {result.error}"
+            for category, result in first.items()]
+
+
 def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
     termination = outcome.termination
     if outcome.forced and outcome.signal is not None:
@@ -327,14 +368,17 @@ def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
     batch = BatchResult.from_results(outcome.results, termination=termination, wall_time=outcome.wall_time)
     print(batch.summary(), flush=True)
     print(f"results: {plan.out}", flush=True)
+    for line in _first_failures(outcome.results):
+        say(line)
     unfinished = len(plan.records) - batch.succeeded
     if outcome.signal is not None:
         how = "forced stop" if outcome.forced else "stopped"
         say(f"{how} by {outcome.signal.name}: {batch.succeeded} of {len(plan.records)} item(s) succeeded; "
             f"{unfinished} still to run")
-        say(f"resume with: {plan.resume_command}")
+        say(f"resume with: {plan.resume_command}{redaction_note(plan.resume_command)}")
         return 128 + int(outcome.signal)
     if batch.failed or not termination.completed or unfinished:
-        say(f"{unfinished} item(s) did not succeed; to run them again: {plan.resume_command}")
+        say(f"{unfinished} item(s) did not succeed; to run them again: {plan.resume_command}"
+            f"{redaction_note(plan.resume_command)}")
         return EXIT_FAILED
     return EXIT_OK

@@ -28,6 +28,8 @@ __all__ = ["add_model_arguments", "add_runs_parser"]
 
 _BACKENDS = ["trio", "asyncio"]
 _MAX_BATCH_REQUESTS = 50_000  # the Batch API's lines per file (ProviderBatchConfig refuses more)
+_KEY_HELP = ("environment variable holding the endpoint's API key; without it OPENAI_API_KEY is sent "
+             "only to OpenAI's own API (https://api.openai.com), and another --base-url gets no key")
 
 
 def _start(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -85,8 +87,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, type=model_spec, metavar="PROVIDER:MODEL",
                         help=f"PROVIDER is one of {', '.join(PROVIDERS)}")
     parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
-                        help="environment variable holding the API key (default OPENAI_API_KEY)")
+    parser.add_argument("--api-key-env", metavar="NAME", help=_KEY_HELP)
 
 
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -176,8 +177,7 @@ def add_runs_parser(sub: Any) -> None:
     )
     cancel.add_argument("--reason", default="cancelled from the command line")
     cancel.add_argument("--base-url", help="provider-batch: the endpoint whose open batches to cancel")
-    cancel.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
-                        help="environment variable holding the API key (default OPENAI_API_KEY)")
+    cancel.add_argument("--api-key-env", metavar="NAME", help=_KEY_HELP)
     cancel.add_argument("--request-timeout", type=positive_float, default=30.0, metavar="S",
                         help="bound on each cancel request to the provider (default 30)")
     cancel.set_defaults(handler=_control)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any, Final
 
 import anyio
 
-from ._cli_run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, UsageError, say
+from ._cli_run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, UsageError, api_key_from, say
 from ._errors import ArtifactStoreError, BatchLLMError, RunStateError
 from ._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
 from ._strategies._openai_compatible import OpenAICompatibleStrategy
@@ -162,6 +161,7 @@ def _plan_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> None
     """The checks that need the stored run; :class:`UsageError` otherwise."""
     if args.runs_command == "export":
         _check_out(Path(args.out), db)
+    api_key_from(getattr(args, "api_key_env", None))  # only `cancel` has the endpoint flags
     if args.runs_command == "cancel" and snap.mode == "provider-batch" and snap.open_submissions \
             and not args.base_url:
         raise UsageError(
@@ -172,11 +172,9 @@ def _plan_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> None
 
 async def _open_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> Run:
     base_url: str | None = getattr(args, "base_url", None)  # only `cancel` has the endpoint flags
-    key = None
-    if base_url is not None:
-        key = os.environ.get(args.api_key_env) or None
-    strategy = OpenAICompatibleStrategy(snap.identity.model, base_url=base_url or _NEVER_CALLED,
-                                        api_key=key, api_key_env=None)
+    # The key --api-key-env names, for any endpoint; without it only OpenAI's API gets OPENAI_API_KEY.
+    key = api_key_from(args.api_key_env) if base_url is not None else None
+    strategy = OpenAICompatibleStrategy(snap.identity.model, base_url=base_url or _NEVER_CALLED, api_key=key)
     batch = None
     if snap.mode == "provider-batch":
         batch = ProviderBatchConfig(request_timeout=getattr(args, "request_timeout", None) or 120.0)

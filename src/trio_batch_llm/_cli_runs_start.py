@@ -25,7 +25,6 @@ too (the claim dies with the process).
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,18 @@ from typing import Any, Final, final
 import anyio
 
 from ._cli_input import InputError
-from ._cli_run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, UsageError, plan_run, say, signal_receiver
+from ._cli_run import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    UsageError,
+    plan_run,
+    redaction_note,
+    say,
+    shown_command,
+    signal_receiver,
+)
 from ._cli_runs_ops import check_db_path, describe, resolve_hint
 from ._config import ArtifactIdentity, ProcessorConfig
 from ._errors import ArtifactStoreError, BatchLLMError, ConfigurationError, RunSourceError, RunStateError
@@ -130,7 +140,7 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         db=db, run_id=args.run_id,
         source=[(record.item_id, record.prompt, record.context) for record in checked.records],
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
-        timeout=args.timeout, backend=args.backend, existing=existing, command=shlex.join([PROG, *argv]),
+        timeout=args.timeout, backend=args.backend, existing=existing, command=shown_command(argv),
     )
 
 
@@ -208,10 +218,11 @@ def _report(plan: StartPlan, outcome: _Outcome) -> int:
         say(resolve_hint(snap, plan.db))
     if outcome.signal is not None:
         say(f"stopped driving on {outcome.signal.name}; the run is {snap.status}; "
-            f"continue with: {plan.command}")
+            f"continue with: {plan.command}{redaction_note(plan.command)}")
         return 128 + int(outcome.signal)
     if outcome.timed_out:
-        say(f"not finished after {plan.timeout} s; the run is {snap.status}; continue with: {plan.command}")
+        say(f"not finished after {plan.timeout} s; the run is {snap.status}; continue with: {plan.command}"
+            f"{redaction_note(plan.command)}")
         return EXIT_TIMED_OUT
     if snap.status == "completed":
         if snap.failed:
@@ -220,7 +231,7 @@ def _report(plan: StartPlan, outcome: _Outcome) -> int:
         return EXIT_OK
     if snap.status == "failed":
         say(f"the run failed; after fixing the cause: {PROG} runs resume {plan.db} {plan.run_id}, "
-            f"then: {plan.command}")
+            f"then: {plan.command}{redaction_note(plan.command)}")
     return EXIT_FAILED
 
 

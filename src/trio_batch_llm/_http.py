@@ -18,12 +18,14 @@ import httpx2
 
 from ._errors import ErrorCategory, ProviderError
 from ._strategies._wire import Secret
+from ._urls import redact_urls
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "HttpReply",
     "PoolStatistics",
     "create_client",
+    "encode_json_body",
     "is_async_client",
     "is_transport_error",
     "pool_statistics",
@@ -86,6 +88,21 @@ def is_async_client(value: object) -> bool:
     return isinstance(value, httpx2.AsyncClient)
 
 
+def encode_json_body(body: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON; a lone surrogate (which UTF-8 cannot carry) is an INVALID_REQUEST
+    :class:`ProviderError`: the same request can never be sent, so it must not be retried."""
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise ProviderError(
+            f"the request cannot be sent: its JSON has a lone surrogate (U+{ord(text[exc.start]):04X} at "
+            f"character {exc.start}), which UTF-8 cannot encode; a prompt, system prompt or parameter "
+            "holds it",
+            category=ErrorCategory.INVALID_REQUEST,
+        ) from exc
+
+
 async def post_json(
     client: httpx2.AsyncClient,
     url: str,
@@ -102,7 +119,7 @@ async def post_json(
     scrubbed from the message). Cancellation propagates untouched; httpx2 closes
     the half-used connection on the way out, so nothing stays checked out of the pool.
     """
-    content = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    content = encode_json_body(body)
     request_headers = {"content-type": "application/json", **headers}
     try:
         if timeout is None:
@@ -141,7 +158,7 @@ async def send_request(
     request_headers = dict(headers)
     content: bytes | None = None
     if json_body is not None:
-        content = json.dumps(json_body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        content = encode_json_body(json_body)
         request_headers["content-type"] = "application/json"
     files = None
     if upload is not None:
@@ -179,7 +196,7 @@ def transport_error(exc: BaseException, *, secret: Secret | None = None) -> Prov
     elif isinstance(exc, httpx2.DecodingError):
         category = ErrorCategory.PARSE
     detail = str(exc) or "no detail"
-    message = f"{type(exc).__name__}: {detail}"
+    message = redact_urls(f"{type(exc).__name__}: {detail}")
     if secret is not None:
         message = secret.redact(message)
     return ProviderError(message, category=category)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from ._item_checks import check_item
 from ._results import LLMWorkItem, item_id_problem
 from ._strategies._base import LLMCallStrategy
 
@@ -30,7 +31,13 @@ def is_sized_source(prompts: object) -> bool:
 
 
 def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LLMWorkItem[TOutput]:
-    """One entry: ``str``, ``(id, prompt)``, ``(id, prompt, context)`` or an ``LLMWorkItem``."""
+    """One entry, checked (:mod:`._item_checks`): ``str``, ``(id, prompt[, context])`` or ``LLMWorkItem``."""
+    item = _to_item(entry, index, strategy)
+    check_item(item.item_id, item.prompt, item.context, where=f"prompts[{index}]")
+    return item
+
+
+def _to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LLMWorkItem[TOutput]:
     if isinstance(entry, LLMWorkItem):
         _check_id(entry.item_id, index)
         return entry

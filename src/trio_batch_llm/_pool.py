@@ -17,6 +17,7 @@ from ._admission import QuotaScopeStatistics
 from ._config import ProcessorConfig
 from ._errors import AdmissionClosedError, ConfigurationError, ErrorCategory, LLMCallError, QueueFullError
 from ._host import ExecutorHost
+from ._item_checks import check_item
 from ._owner import HostedOwner
 from ._results import LLMWorkItem, WorkItemResult
 from ._runner import ItemRunner, ItemTally, UserClassifier
@@ -140,6 +141,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         item = LLMWorkItem(
             item_id=f"request-{self._sequence}", strategy=self.strategy, prompt=prompt, context=context
         )
+        check_item(item.item_id, prompt, context)
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
         try:

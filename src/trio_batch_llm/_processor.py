@@ -32,6 +32,7 @@ from ._errors import (
     QueueFullError,
 )
 from ._host import ExecutorHost, RuntimeTasks
+from ._item_checks import check_item
 from ._ledger import WORKER_CANCELLATION_TIMEOUT
 from ._observers import BatchFinished, BatchStarted, Hooks, ItemStarted
 from ._owner import HostedOwner
@@ -236,6 +237,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             raise TypeError(f"item={item!r}: must be an LLMWorkItem")
         if (problem := item_id_problem(item.item_id)) is not None:
             raise ValueError(f"item_id={item.item_id!r} {problem}")
+        check_item(item.item_id, item.prompt, item.context)
         replay = self._replay_for(item)
         if self._record_order:
             self._input_order.append(item.item_id)

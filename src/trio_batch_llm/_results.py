@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, final
 
 from ._errors import ErrorCategory
+from ._urls import redact_urls
 
 if TYPE_CHECKING:
     from ._strategies._base import LLMCallStrategy
@@ -144,6 +145,12 @@ class WorkItemResult(Generic[TOutput]):
     context: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
+
+    def __post_init__(self) -> None:
+        # The error text goes to files and logs: a key inside a URL in it (an HTTP client's
+        # "... for url 'http://user:KEY@host/v1'") must not.
+        if self.error is not None and "://" in self.error:
+            self.error = redact_urls(self.error)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -27,6 +27,7 @@ import anyio.lowlevel
 from .._errors import ErrorCategory, ProviderError
 from .._strategies._openai_compatible import _EndpointStrategy
 from .._strategies._wire import API_PATHS, Api, decode_error_body, error_from_status
+from .._urls import join_url
 
 __all__ = ["BatchEndpoint", "BatchInfo", "SendMark", "create_outcome_unknown"]
 
@@ -149,7 +150,8 @@ class BatchEndpoint:
         reply = None
         with anyio.move_on_after(self._timeout):
             reply = await self._http.send_request(
-                self._client, method, self._base + path, headers=self._headers, timeout=self._timeout,
+                self._client, method, join_url(self._base, path), headers=self._headers,
+                timeout=self._timeout,
                 secret=self._secret, **kwargs,
             )
         if reply is None:

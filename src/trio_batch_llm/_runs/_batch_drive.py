@@ -47,6 +47,7 @@ from .._errors import ErrorCategory, ProviderError
 from .._results import WorkItemResult
 from .._strategies._openai_compatible import _EndpointStrategy
 from .._strategies._wire import Api, prompt_text_of_request
+from .._urls import redact_url
 from ._batch_api import BatchEndpoint, BatchInfo, SendMark, create_outcome_unknown
 from ._batch_config import ProviderBatchConfig
 from ._batch_lines import LineOutcome, estimate_input_tokens, parse_result_files, request_line
@@ -77,7 +78,7 @@ def capacity_scope_of(strategy: _EndpointStrategy, batch: ProviderBatchConfig) -
     if batch.capacity_scope is not None:
         return batch.capacity_scope
     secret = strategy.secret
-    return f"batch|{strategy.base_url}|{secret.fingerprint() if secret else '-'}|{strategy.model}"
+    return f"batch|{redact_url(strategy.base_url)}|{secret.fingerprint() if secret else '-'}|{strategy.model}"
 
 
 @final

@@ -52,6 +52,7 @@ from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 from .._config import ArtifactIdentity
 from .._errors import RunSourceError, RunStateError
 from .._results import WorkItemResult
+from .._urls import redact_urls
 
 __all__ = [
     "LIVE_SUBMISSION_STATES",
@@ -97,6 +98,10 @@ class RunTermination:
 
     kind: str
     reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reason is not None and "://" in self.reason:  # stored and printed: no key in a URL
+            object.__setattr__(self, "reason", redact_urls(self.reason))
 
     def to_dict(self) -> dict[str, str | None]:
         return {"kind": self.kind, "reason": self.reason}

@@ -34,6 +34,7 @@ import anyio.lowlevel
 
 from .._artifacts._fingerprint import canonical_json, fingerprint
 from .._inputs import to_item
+from .._item_checks import json_line_nesting_column, nesting_problem
 from .._results import LLMWorkItem
 from .._strategies._base import LLMCallStrategy
 from ._schema import NewItem, RunSourceError, SourceCheckpoint
@@ -111,6 +112,9 @@ def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
         raise ValueError(f"{place}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})") from None
     if entry.start == 0 and text.startswith("\ufeff"):
         text = text[1:]
+    column = json_line_nesting_column(text)  # before json.loads, which recurses per level
+    if column is not None:
+        raise ValueError(f"{place}: {nesting_problem(column)}")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -17,7 +17,9 @@ _PROVIDERS = ("openai", "openai-compatible")
 def llm(spec: str, **kwargs: Any) -> LLMCallStrategy[str]:
     """Build a strategy: ``"openai:gpt-4o-mini"`` or ``"openai-compatible:NAME"`` (needs ``base_url=``).
 
-    Keyword arguments go to the strategy's constructor unchanged.
+    Keyword arguments go to the strategy's constructor unchanged. Either strategy sends
+    ``OPENAI_API_KEY`` only to OpenAI's own API; another ``base_url=`` takes ``api_key=`` or
+    ``api_key_env=`` (the name of the environment variable holding its key), or sends no key.
     """
     if not isinstance(spec, str) or ":" not in spec:
         raise ConfigurationError("spec", spec, f'expected "PROVIDER:MODEL" with PROVIDER in {_PROVIDERS}')

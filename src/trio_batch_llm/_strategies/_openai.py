@@ -23,19 +23,37 @@ from typing import Any, final
 
 from .._errors import ConfigurationError, ErrorCategory
 from .._results import RetryState, TokenUsage
+from .._urls import is_openai_api, redact_url
 from ._openai_compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
 from ._wire import (
     Secret,
     build_request_body,
+    endpoint_api_key,
     parse_response_body,
     parse_retry_after,
-    resolve_api_key,
     status_category,
 )
 
 __all__ = ["OpenAIStrategy"]
 
 _OPENAI_URL = "https://api.openai.com/v1"
+
+
+def _sdk_api_key(api_key: str | None, api_key_env: str | None, base_url: str, *, paired: bool) -> Secret:
+    """The SDK needs a key; ``OPENAI_API_KEY`` goes only to OpenAI, or to the ``OPENAI_BASE_URL`` set
+    beside it."""
+    if api_key is not None or api_key_env is not None or paired or is_openai_api(base_url):
+        secret = endpoint_api_key(api_key, api_key_env, _OPENAI_URL if paired else base_url)
+        if secret is not None:
+            return secret
+        source = f"the environment variable {api_key_env}" if api_key_env else "OPENAI_API_KEY"
+        raise ConfigurationError("api_key", None, f"no key: pass api_key=, api_key_env=, or set {source}")
+    raise ConfigurationError(
+        "api_key", None,
+        f"base_url={redact_url(base_url)!r} is not OpenAI's API, and OPENAI_API_KEY is sent only to "
+        "https://api.openai.com (or to the OPENAI_BASE_URL set beside it): pass api_key=, or api_key_env= "
+        "naming the environment variable that holds this endpoint's key",
+    )
 
 
 @final
@@ -46,8 +64,11 @@ class OpenAIStrategy(_EndpointStrategy):
     calls ``client.chat.completions.create`` (sending ``max_output_tokens`` as
     ``max_completion_tokens``). ``client`` may be a ready ``AsyncOpenAI``: it is
     used through ``with_options(max_retries=0)`` and never closed by us. Without
-    one, the key comes from ``api_key`` or ``OPENAI_API_KEY`` and ``base_url``
-    from the argument, ``OPENAI_BASE_URL`` or the public endpoint.
+    one, ``base_url`` comes from the argument, ``OPENAI_BASE_URL`` or the public
+    endpoint, and the key from ``api_key``, else the environment variable named
+    by ``api_key_env``, else ``OPENAI_API_KEY`` -- which is read only for
+    OpenAI's own API or for the ``OPENAI_BASE_URL`` set beside it (the SDK's
+    pairing): another ``base_url=`` needs its key named explicitly.
     ``concurrency`` sizes and caps the SDK's httpx2 connection pool (by default
     the engine's concurrency sizes it, through :meth:`configure_concurrency`).
     Failures raise the SDK's own exceptions.
@@ -70,6 +91,7 @@ class OpenAIStrategy(_EndpointStrategy):
         max_output_tokens: int | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = _DEFAULT_TIMEOUT,
+        api_key_env: str | None = None,
     ) -> None:
         try:
             import openai
@@ -81,8 +103,9 @@ class OpenAIStrategy(_EndpointStrategy):
         if client is not None:
             if not isinstance(client, openai.AsyncOpenAI):
                 raise ConfigurationError("client", type(client).__name__, "must be an openai.AsyncOpenAI")
-            if base_url is not None or api_key is not None:
-                conflict = "base_url" if base_url is not None else "api_key"
+            if base_url is not None or api_key is not None or api_key_env is not None:
+                conflict = "base_url" if base_url is not None else "api_key" if api_key is not None \
+                    else "api_key_env"
                 raise ConfigurationError(conflict, "<given>", "client= already decides it; pass one")
             base_url = str(client.base_url)
             key = getattr(client, "api_key", None)
@@ -90,10 +113,9 @@ class OpenAIStrategy(_EndpointStrategy):
             self._identity_client = client
             client = client.with_options(max_retries=0)
         else:
-            base_url = base_url or os.environ.get("OPENAI_BASE_URL") or _OPENAI_URL
-            secret = resolve_api_key(api_key)
-            if secret is None:
-                raise ConfigurationError("api_key", None, "pass api_key= or set OPENAI_API_KEY")
+            env_base_url = os.environ.get("OPENAI_BASE_URL") or None
+            base_url = base_url or env_base_url or _OPENAI_URL
+            secret = _sdk_api_key(api_key, api_key_env, base_url, paired=base_url == env_base_url)
         super().__init__(model, base_url=base_url, api=api, concurrency=concurrency,
                          extra_body=extra_body, system_prompt=system_prompt, temperature=temperature,
                          max_output_tokens=max_output_tokens, headers=headers, timeout=timeout)

@@ -20,8 +20,9 @@ from typing import Any, ClassVar, final
 
 import anyio.lowlevel
 
-from .._errors import ConfigurationError
+from .._errors import ConfigurationError, ErrorCategory, ProviderError
 from .._results import RetryState, TokenUsage
+from .._urls import join_url, normalize_base_url, redact_url, redact_urls
 from .._version import __version__
 from ._base import LLMCallStrategy
 from ._wire import (
@@ -32,15 +33,28 @@ from ._wire import (
     check_api,
     decode_error_body,
     decode_json,
+    endpoint_api_key,
     error_from_status,
     parse_response_body,
-    resolve_api_key,
 )
 
 __all__ = ["OpenAICompatibleStrategy"]
 
 _DEFAULT_TIMEOUT = 600.0  # mirrors _http.DEFAULT_TIMEOUT without importing httpx2
 _CLIENTS: anyio.lowlevel.RunVar[dict[object, Any]] = anyio.lowlevel.RunVar("trio_batch_llm_clients")
+
+
+def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None) -> ProviderError:
+    """A 401 to a request that carried no key: say so, and how to pass one."""
+    if api_key_env is not None:
+        why = f"the environment variable {api_key_env} (api_key_env=) is not set"
+    else:
+        why = "OPENAI_API_KEY goes only to https://api.openai.com unasked"
+    return ProviderError(
+        f"{error} -- no API key was sent to {redact_url(base_url)} ({why}): pass api_key=, or api_key_env= "
+        "naming the environment variable that holds this endpoint's key (command line: --api-key-env NAME)",
+        category=ErrorCategory.AUTHENTICATION, retry_after=error.retry_after, status_code=error.status_code,
+    )
 
 
 def _registry() -> dict[object, Any]:
@@ -75,7 +89,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         if timeout is not None and not timeout > 0:
             raise ConfigurationError("timeout", timeout, "must be positive or None")
         self.model = model
-        self.base_url = base_url.rstrip("/")
+        self.base_url = normalize_base_url(base_url)
         self.api: Api = check_api(api)
         self.concurrency = concurrency
         self.extra_body = dict(extra_body or {})
@@ -143,7 +157,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         per model costs some throughput, while separate scopes on a shared limit
         cause 429 storms. Override this method for per-model scopes.
         """
-        return ("openai-endpoint", self.base_url, self._fingerprint())
+        return ("openai-endpoint", redact_url(self.base_url), self._fingerprint())
 
     def _open_client(self) -> Any:
         raise NotImplementedError
@@ -184,7 +198,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         return client
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r}, "
+        return (f"{type(self).__name__}(model={self.model!r}, base_url={redact_url(self.base_url)!r}, "
                 f"api={self.api!r})")
 
 
@@ -194,10 +208,16 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
 
     ``api="chat"`` posts to ``/chat/completions`` (sending ``max_output_tokens``
     as ``max_tokens``, which compatible servers understand most widely);
-    ``api="responses"`` posts to ``/responses``. ``extra_body`` keys are merged
-    into every request body last. The key comes from ``api_key`` or the
-    environment variable ``api_key_env`` (``None`` to never read one); without
-    a key no ``Authorization`` header is sent. ``concurrency`` sizes the
+    ``api="responses"`` posts to ``/responses`` (either path goes before the
+    base URL's query, if it has one). ``extra_body`` keys are merged into every
+    request body last.
+
+    The key, sent as a bearer token, is ``api_key``, else the environment
+    variable named by ``api_key_env``, for any ``base_url``. Given neither,
+    ``OPENAI_API_KEY`` is read only when ``base_url`` is OpenAI's own API
+    (``https://api.openai.com``): a key in your shell is never handed to
+    another endpoint unasked. Without a key no ``Authorization`` header is
+    sent, and a 401 answer says how to pass one. ``concurrency`` sizes the
     connection pool and caps it (by default the engine's concurrency sizes
     it, through :meth:`configure_concurrency`). ``timeout`` bounds each HTTP phase; the engine's cancel
     scopes bound whole attempts. ``client`` may be your own ``httpx2.AsyncClient``
@@ -222,10 +242,11 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         max_output_tokens: int | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = _DEFAULT_TIMEOUT,
-        api_key_env: str | None = "OPENAI_API_KEY",
+        api_key_env: str | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ConfigurationError("base_url", base_url, "must be an http:// or https:// URL")
+            shown = redact_urls(base_url) if isinstance(base_url, str) else base_url
+            raise ConfigurationError("base_url", shown, "must be an http:// or https:// URL")
         super().__init__(model, base_url=base_url, api=api, concurrency=concurrency,
                          extra_body=extra_body, system_prompt=system_prompt, temperature=temperature,
                          max_output_tokens=max_output_tokens, headers=headers, timeout=timeout)
@@ -235,8 +256,9 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         if client is not None and not _http.is_async_client(client):
             raise ConfigurationError("client", type(client).__name__, "must be an httpx2.AsyncClient")
         self._user_client = client
-        self._secret = resolve_api_key(api_key, env=api_key_env)
-        self._url = self.base_url + API_PATHS[self.api]
+        self._secret = endpoint_api_key(api_key, api_key_env, self.base_url)
+        self._api_key_env = api_key_env
+        self._url = join_url(self.base_url, API_PATHS[self.api])
 
     def _open_client(self) -> Any:
         return self._http.create_client(
@@ -265,7 +287,10 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         )
         if not 200 <= reply.status_code < 300:
             body = decode_error_body(reply.content)
-            raise error_from_status(reply.status_code, reply.headers, body, secret=self._secret)
+            error = error_from_status(reply.status_code, reply.headers, body, secret=self._secret)
+            if reply.status_code == 401 and self._secret is None:
+                raise no_key_error(error, self.base_url, self._api_key_env)
+            raise error
         text, usage, metadata = parse_response_body(self.api, decode_json(reply.content))
         metadata["api"] = self.api
         metadata["status_code"] = reply.status_code

@@ -24,6 +24,7 @@ from typing import Any, Literal, final
 
 from .._errors import ConfigurationError, ErrorCategory, ProviderError
 from .._results import TokenUsage
+from .._urls import is_openai_api
 
 __all__ = [
     "API_PATHS",
@@ -33,6 +34,7 @@ __all__ = [
     "chat_completion_payload",
     "decode_error_body",
     "decode_json",
+    "endpoint_api_key",
     "error_from_status",
     "error_payload",
     "parse_response_body",
@@ -55,6 +57,7 @@ _CONTEXT_LENGTH_TEXT = re.compile(
     r"context[ _]length|maximum context|prompt is too long|too many (input )?tokens", re.I
 )
 _CONTENT_POLICY_TEXT = re.compile(r"content[ _](management )?polic|content[ _]filter|safety system", re.I)
+OPENAI_KEY_ENV = "OPENAI_API_KEY"
 _MESSAGE_LIMIT = 500
 _MIN_SECRET_LENGTH = 8
 
@@ -91,11 +94,25 @@ class Secret:
 
 def resolve_api_key(api_key: str | None, *, env: str | None = "OPENAI_API_KEY") -> Secret | None:
     """The key from the argument, else from the environment variable ``env``; ``None`` if neither."""
+    if env is not None and (not isinstance(env, str) or not env):
+        raise ConfigurationError("api_key_env", env, "must be the name of an environment variable, or None")
     if api_key is None and env:
         api_key = os.environ.get(env) or None
     if api_key is not None and not isinstance(api_key, str):
         raise ConfigurationError("api_key", type(api_key).__name__, "must be a string")
     return Secret(api_key) if api_key else None
+
+
+def endpoint_api_key(api_key: str | None, api_key_env: str | None, base_url: str) -> Secret | None:
+    """The key for ``base_url``: ``api_key``, else the variable ``api_key_env`` (for any endpoint),
+    else ``OPENAI_API_KEY`` only when ``base_url`` is OpenAI's own API; ``None`` if none applies.
+
+    A key is sent only where it belongs: the user named this key for this
+    endpoint, or it is OpenAI's key and this is OpenAI.
+    """
+    if api_key is not None or api_key_env is not None:
+        return resolve_api_key(api_key, env=api_key_env)
+    return resolve_api_key(None, env=OPENAI_KEY_ENV if is_openai_api(base_url) else None)
 
 
 def check_api(api: str) -> Api:
