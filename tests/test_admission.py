@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_batch_llm import AdmissionClosedError, ProcessorConfig, RateLimitConfig
-from trio_batch_llm._admission import Admission, QuotaRegistry, QuotaScope
-from trio_batch_llm._quota_core import QuotaCore
-from trio_batch_llm._quota_limits import CooldownCore
+from trio_batch_llm._admission._core import QuotaCore
+from trio_batch_llm._admission._limits import CooldownCore
+from trio_batch_llm._admission._scope import Admission, QuotaRegistry, QuotaScope
 
 from .conftest import trio_virtual_clock
 from .test_admission_stateful import max_overlap

@@ -26,8 +26,8 @@ from hypothesis.stateful import (
 )
 
 from trio_batch_llm import AdmissionClosedError, RateLimitConfig
-from trio_batch_llm._quota_core import Admission, QuotaCore, Ticket
-from trio_batch_llm._quota_limits import (
+from trio_batch_llm._admission._core import Admission, QuotaCore, Ticket
+from trio_batch_llm._admission._limits import (
     WINDOW_SECONDS,
     CooldownCore,
     RequestRateCore,

@@ -44,7 +44,7 @@ from trio_batch_llm import (
     process_stream,
     with_cleanup,
 )
-from trio_batch_llm._leases import lease_registry
+from trio_batch_llm._core._leases import lease_registry
 
 from .conftest import ASYNCIO_ONLY, raise_foreign_cancellation, trio_virtual_clock
 

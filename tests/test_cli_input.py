@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from trio_batch_llm import ArtifactIdentity
 from trio_batch_llm._artifacts import JsonlArtifactStore
-from trio_batch_llm._cli_input import InputError, InputRecord, read_input
+from trio_batch_llm._cli._input import InputError, InputRecord, read_input
 from trio_batch_llm.cli import main
 
 DEAD_URL = "http://127.0.0.1:9/v1"

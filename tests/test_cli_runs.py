@@ -26,7 +26,7 @@ import pytest
 
 from trio_batch_llm import ArtifactIdentity
 from trio_batch_llm._runs import open_run, read_run_snapshot
-from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 from trio_batch_llm.cli import main
 from trio_batch_llm.testing import MockServer, MockServerConfig, serve_mock
 

@@ -14,8 +14,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-import trio_batch_llm._processor as processor_module
-import trio_batch_llm._runner as runner_module
+import trio_batch_llm._engine._item as runner_module
+import trio_batch_llm._engine._processor as processor_module
 from trio_batch_llm import (
     AbortMode,
     BatchInterruptedError,
@@ -31,9 +31,9 @@ from trio_batch_llm import (
     RetryConfig,
     process_prompts,
 )
-from trio_batch_llm._deliveries import unwrap_group
-from trio_batch_llm._observers import ItemFailed
-from trio_batch_llm._processor import _DRAIN_CHUNK
+from trio_batch_llm._core._deliveries import unwrap_group
+from trio_batch_llm._engine._processor import _DRAIN_CHUNK
+from trio_batch_llm._observe._observers import ItemFailed
 
 from .conftest import trio_virtual_clock
 
@@ -507,7 +507,7 @@ async def test_a_worker_takes_queued_items_without_a_scheduler_round_up_to_a_str
     """A queued item is taken at once (an HTTP connection handed back is checked out again without
     sitting idle in the pool), but never more than _NOWAIT_STREAK in a row without a real round."""
     from trio_batch_llm import CallableStrategy
-    from trio_batch_llm._processor import _NOWAIT_STREAK
+    from trio_batch_llm._engine._processor import _NOWAIT_STREAK
 
     rounds = 0
     seen: list[int] = []

@@ -38,11 +38,11 @@ from trio_batch_llm import (
     RetryConfig,
     process_prompts,
 )
-from trio_batch_llm._strategies._openai import OpenAIStrategy
-from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
-from trio_batch_llm.testing._mock_app import mock_token_count
-from trio_batch_llm.testing._mock_server import MockServer, serve_mock
-from trio_batch_llm.testing._mock_state import MockServerConfig, RecordedRequest
+from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
+from trio_batch_llm.mock._app import mock_token_count
+from trio_batch_llm.mock._server import MockServer, serve_mock
+from trio_batch_llm.mock._state import MockServerConfig, RecordedRequest
 
 pytestmark = pytest.mark.anyio
 

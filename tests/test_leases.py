@@ -15,10 +15,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from trio_batch_llm._errors import CleanupInterruptedError
-from trio_batch_llm._leases import Lease, LeaseRegistry, LeaseState, lease_registry
-from trio_batch_llm._ledger import CleanupLedger, LedgerState
+from trio_batch_llm._core._leases import Lease, LeaseRegistry, LeaseState, lease_registry
+from trio_batch_llm._core._ledger import CleanupLedger, LedgerState
 from trio_batch_llm._strategies._base import LLMCallStrategy
+from trio_batch_llm._values._errors import CleanupInterruptedError
 
 pytestmark = pytest.mark.anyio
 

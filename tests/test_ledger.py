@@ -23,8 +23,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from trio_batch_llm._errors import AdmissionClosedError, CleanupInterruptedError
-from trio_batch_llm._ledger import (
+from trio_batch_llm._core._ledger import (
     CLEANUP_SLOW_WARNING_SECONDS,
     PHASES,
     PROGRESS_TASK_CANCELLATION_TIMEOUT,
@@ -34,7 +33,8 @@ from trio_batch_llm._ledger import (
     LedgerState,
     unwrap_group,
 )
-from trio_batch_llm._ledger import logger as cleanup_logger
+from trio_batch_llm._core._ledger import logger as cleanup_logger
+from trio_batch_llm._values._errors import AdmissionClosedError, CleanupInterruptedError
 
 from .conftest import ASYNCIO_ONLY, raise_foreign_cancellation, trio_virtual_clock
 

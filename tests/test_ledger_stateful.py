@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from trio_batch_llm._errors import CleanupInterruptedError
-from trio_batch_llm._ledger import PHASES, CleanupLedger, CleanupStep, LedgerState, Phase
+from trio_batch_llm._core._ledger import PHASES, CleanupLedger, CleanupStep, LedgerState, Phase
+from trio_batch_llm._values._errors import CleanupInterruptedError
 
 from .test_ledger import raise_foreign_cancellation
 

@@ -16,10 +16,10 @@ import openai
 import pytest
 
 from trio_batch_llm import ConfigurationError
-from trio_batch_llm.testing._mock_app import MockOpenAIApp, mock_token_count
-from trio_batch_llm.testing._mock_batches import EPOCH
-from trio_batch_llm.testing._mock_server import serve_mock
-from trio_batch_llm.testing._mock_state import MockServerConfig, MockServerStats
+from trio_batch_llm.mock._app import MockOpenAIApp, mock_token_count
+from trio_batch_llm.mock._batches import EPOCH
+from trio_batch_llm.mock._server import serve_mock
+from trio_batch_llm.mock._state import MockServerConfig, MockServerStats
 
 from .conftest import trio_virtual_clock
 

@@ -33,8 +33,8 @@ from trio_batch_llm import (
     process_prompts,
 )
 from trio_batch_llm._artifacts import JsonlArtifactStore
-from trio_batch_llm._metrics import MetricsObserver, _escape
-from trio_batch_llm._observers import (
+from trio_batch_llm._observe._metrics import MetricsObserver, _escape
+from trio_batch_llm._observe._observers import (
     AttemptFailed,
     BatchFinished,
     BatchStarted,
@@ -46,8 +46,8 @@ from trio_batch_llm._observers import (
     Middleware,
     terminal_event,
 )
-from trio_batch_llm._results import BatchTermination, ItemTiming, LLMWorkItem, WorkItemResult
-from trio_batch_llm._stats import CounterSnapshot
+from trio_batch_llm._values._results import BatchTermination, ItemTiming, LLMWorkItem, WorkItemResult
+from trio_batch_llm._values._stats import CounterSnapshot
 
 from .conftest import trio_virtual_clock
 

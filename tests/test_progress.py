@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_batch_llm._progress import (
+from trio_batch_llm._observe._progress import (
     CallbackProgress,
     LogProgress,
     Progress,

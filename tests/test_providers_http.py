@@ -16,13 +16,13 @@ import openai
 import pytest
 
 from trio_batch_llm import BatchLLMError, ErrorCategory, ProviderError
-from trio_batch_llm._classify import Classification, classify
-from trio_batch_llm._http import pool_statistics
-from trio_batch_llm._strategies._openai import OpenAIStrategy
-from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
-from trio_batch_llm.testing._mock_app import mock_token_count
-from trio_batch_llm.testing._mock_server import MockServer, serve_mock
-from trio_batch_llm.testing._mock_state import MockServerConfig
+from trio_batch_llm._engine._classify import Classification, classify
+from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._http import pool_statistics
+from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
+from trio_batch_llm.mock._app import mock_token_count
+from trio_batch_llm.mock._server import MockServer, serve_mock
+from trio_batch_llm.mock._state import MockServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -22,11 +22,11 @@ import openai
 import pytest
 
 from trio_batch_llm import BatchLLMError, ConfigurationError, ErrorCategory, ProviderError
-from trio_batch_llm._classify import Classification, classify
+from trio_batch_llm._engine._classify import Classification, classify
 from trio_batch_llm._strategies._factory import llm
-from trio_batch_llm._strategies._openai import OpenAIStrategy
-from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
-from trio_batch_llm._strategies._wire import Secret, error_from_status, parse_retry_after
+from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
+from trio_batch_llm._strategies.openai._wire import Secret, error_from_status, parse_retry_after
 
 pytestmark = pytest.mark.anyio
 
@@ -643,8 +643,8 @@ def test_llm_factory(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_import_pulls_in_no_http_stack() -> None:
     code = (
         "import sys, trio_batch_llm\n"
-        "import trio_batch_llm._strategies._openai, trio_batch_llm._strategies._openai_compatible\n"
-        "import trio_batch_llm._strategies._factory, trio_batch_llm.testing._mock_server\n"
+        "import trio_batch_llm._strategies.openai._sdk, trio_batch_llm._strategies.openai._compatible\n"
+        "import trio_batch_llm._strategies._factory, trio_batch_llm.mock._server\n"
         "heavy = ('openai', 'httpx2', 'httpcore2', 'hypercorn', 'httpx')\n"
         "bad = sorted(m for m in heavy if m in sys.modules)\n"
         "print(','.join(bad))\n"

@@ -53,13 +53,13 @@ from trio_batch_llm import (
     process_prompts,
     process_stream,
 )
-from trio_batch_llm._classify import classify
-from trio_batch_llm._cli_input import read_input
-from trio_batch_llm._item_checks import nesting_exceeds, text_nesting_column
+from trio_batch_llm._cli._input import read_input
+from trio_batch_llm._engine._classify import classify
 from trio_batch_llm._runs import open_run
 from trio_batch_llm._strategies._factory import llm
-from trio_batch_llm._strategies._openai import OpenAIStrategy
-from trio_batch_llm._strategies._openai_compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
+from trio_batch_llm._values._item_checks import nesting_exceeds, text_nesting_column
 from trio_batch_llm.cli import main
 from trio_batch_llm.testing import MockServer, MockServerConfig, serve_mock
 
@@ -310,7 +310,7 @@ def test_rel6a_cli_never_prints_a_key_from_base_url(capsys: pytest.CaptureFixtur
 
 def test_rel6a_redaction_everywhere_a_url_is_shown(monkeypatch: pytest.MonkeyPatch,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    from trio_batch_llm._urls import redact_url, redact_urls
+    from trio_batch_llm._values._urls import redact_url, redact_urls
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     url = f"https://user:{USER_KEY}@llm.example/v1?api-version=2024&key={QUERY_KEY}&token={QUERY_KEY}"
@@ -591,7 +591,7 @@ def test_rel7_csv_field_over_131072_characters_is_read(tmp_path: Path,
     assert records[0].context == {"note": long_note}
     assert csv.field_size_limit() == before  # the process-wide limit is not touched
     # where the interpreter cannot make a private csv module, the shared limit is raised and restored
-    from trio_batch_llm import _cli_input
+    from trio_batch_llm._cli import _input as _cli_input
 
     monkeypatch.setattr(_cli_input, "_private_csv", lambda: None)
     assert [r.item_id for r in read_input(source)] == ["a", "b"]
@@ -600,7 +600,7 @@ def test_rel7_csv_field_over_131072_characters_is_read(tmp_path: Path,
 
 def test_rel7_csv_field_over_the_documented_limit_names_the_line(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from trio_batch_llm import _cli_input
+    from trio_batch_llm._cli import _input as _cli_input
 
     assert _cli_input.CSV_FIELD_LIMIT == 64 * 1024 * 1024
     monkeypatch.setattr(_cli_input, "CSV_FIELD_LIMIT", 1000)

@@ -40,7 +40,7 @@ from trio_batch_llm import (
     process_stream,
 )
 from trio_batch_llm._artifacts import JsonlArtifactStore, SqliteArtifactStore, fingerprint
-from trio_batch_llm._runs._sqlite_repo import SqliteRunRepository
+from trio_batch_llm._runs.repository._sqlite import SqliteRunRepository
 from trio_batch_llm.cli import main
 
 pytestmark = pytest.mark.anyio

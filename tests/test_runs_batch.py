@@ -433,7 +433,7 @@ async def test_a_run_stopped_at_any_point_and_reattached_runs_each_item_once(
 
 def test_a_create_answer_that_cannot_be_read_leaves_the_outcome_unknown() -> None:
     from trio_batch_llm import ProviderError
-    from trio_batch_llm._runs._batch_api import create_outcome_unknown
+    from trio_batch_llm._strategies.openai._batch_api import create_outcome_unknown
 
     def outcome(status: int | None) -> bool:
         return create_outcome_unknown(ProviderError("x", category=ErrorCategory.PARSE, status_code=status))

@@ -38,7 +38,7 @@ from trio_batch_llm._runs._schema import (
     RunSpec,
     SourceCheckpoint,
 )
-from trio_batch_llm._runs._sqlite_tables import RUNS_SCHEMA_VERSION
+from trio_batch_llm._runs.repository._sqlite_tables import RUNS_SCHEMA_VERSION
 
 IDENTITY = ArtifactIdentity("test-model", "batch-prompts")
 SCOPE = "batch|https://api.example|key|model"
@@ -665,7 +665,7 @@ def test_reservations_racing_in_threads_never_exceed_the_limit(tmp_path: Path) -
 _CHILD = """
 import sys
 from trio_batch_llm._runs._schema import NewSubmission
-from trio_batch_llm._runs._sqlite_repo import SqliteRunRepository
+from trio_batch_llm._runs.repository._sqlite import SqliteRunRepository
 db, run_id, scope, tokens, limit = sys.argv[1:]
 repo = SqliteRunRepository(db)
 repo.open()

@@ -1,5 +1,5 @@
 """``python -m trio_batch_llm`` runs the command line."""
 
-from .cli import main
+from ._cli._main import main
 
 raise SystemExit(main())

@@ -30,7 +30,7 @@ import pathlib
 import uuid
 from typing import Any
 
-from .._config import ArtifactIdentity
+from .._values._config import ArtifactIdentity
 
 __all__ = [
     "canonical_json",

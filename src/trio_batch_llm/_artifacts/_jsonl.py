@@ -29,9 +29,9 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, Final, final
 
-from .._config import ArtifactIdentity
-from .._errors import ArtifactStoreError
-from .._results import WorkItemResult
+from .._values._config import ArtifactIdentity
+from .._values._errors import ArtifactStoreError
+from .._values._results import WorkItemResult
 from .._version import __version__
 from ._codec import JSONValue
 from ._fingerprint import encode_record

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
-from .._results import WorkItemResult
+from .._values._results import WorkItemResult
 from ._fingerprint import encode_record, jsonable_or_repr
 
 __all__ = [

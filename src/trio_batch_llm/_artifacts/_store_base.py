@@ -33,9 +33,14 @@ from typing import Any, Generic, Self, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._config import ArtifactIdentity
-from .._errors import ArtifactEncodeError, ArtifactMismatchError, ArtifactStoreError, ConfigurationError
-from .._results import WorkItemResult, item_id_problem
+from .._values._config import ArtifactIdentity
+from .._values._errors import (
+    ArtifactEncodeError,
+    ArtifactMismatchError,
+    ArtifactStoreError,
+    ConfigurationError,
+)
+from .._values._results import WorkItemResult, item_id_problem
 from ._codec import JSONValue, OutputCodec
 from ._fingerprint import identity_fingerprint
 from ._group_commit import GroupCommitter

@@ -17,7 +17,7 @@ from ._schema import RunSourceError as RunSourceError
 from ._schema import RunStateError as RunStateError
 from ._schema import RunTermination as RunTermination
 from ._schema import SourceCheckpoint as SourceCheckpoint
-from ._sqlite_repo import SqliteRunRepository as SqliteRunRepository
+from .repository._sqlite import SqliteRunRepository as SqliteRunRepository
 
 __all__ = [
     "ProviderBatchConfig",

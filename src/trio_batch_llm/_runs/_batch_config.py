@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, final
 
-from .._errors import ConfigurationError
+from .._values._errors import ConfigurationError
 
 __all__ = ["ProviderBatchConfig"]
 

@@ -41,17 +41,21 @@ from typing import Any, Final, cast, final
 import anyio
 import anyio.lowlevel
 
-from .._config import ProcessorConfig
-from .._deliveries import unwrap_group
-from .._errors import ErrorCategory, ProviderError
-from .._results import WorkItemResult
-from .._strategies._openai_compatible import _EndpointStrategy
-from .._strategies._wire import Api, prompt_text_of_request
-from .._urls import redact_url
-from ._batch_api import BatchEndpoint, BatchInfo, SendMark, create_outcome_unknown
+from .._core._deliveries import unwrap_group
+from .._strategies.openai._batch_api import BatchEndpoint, BatchInfo, SendMark, create_outcome_unknown
+from .._strategies.openai._batch_lines import (
+    LineOutcome,
+    estimate_input_tokens,
+    parse_result_files,
+    request_line,
+)
+from .._strategies.openai._compatible import _EndpointStrategy
+from .._strategies.openai._wire import Api, prompt_text_of_request
+from .._values._config import ProcessorConfig
+from .._values._errors import ErrorCategory, ProviderError
+from .._values._results import WorkItemResult
+from .._values._urls import redact_url
 from ._batch_config import ProviderBatchConfig
-from ._batch_lines import LineOutcome, estimate_input_tokens, parse_result_files, request_line
-from ._client import RepositoryClient
 from ._drive import DriverBase, Segment, encode_new_result
 from ._ingest import Ingestor, decode_context
 from ._schema import (
@@ -63,6 +67,7 @@ from ._schema import (
     RunTermination,
     SubmissionRecord,
 )
+from .repository._client import RepositoryClient
 
 __all__ = ["METADATA_KEY", "BatchSegmentDriver", "capacity_scope_of"]
 

@@ -34,21 +34,21 @@ import anyio.lowlevel
 
 from .._artifacts._codec import unstorable_failure
 from .._artifacts._protocol import encode_result
-from .._config import ProcessorConfig
-from .._deliveries import unwrap_group
-from .._errors import (
+from .._core._deliveries import unwrap_group
+from .._engine._processor import ParallelBatchProcessor
+from .._strategies._base import LLMCallStrategy
+from .._values._config import ProcessorConfig
+from .._values._errors import (
     AdmissionClosedError,
     ArtifactEncodeError,
     ArtifactStoreError,
     BatchInterruptedError,
     ErrorCategory,
 )
-from .._processor import ParallelBatchProcessor
-from .._results import BatchTermination, LLMWorkItem, RetryState, TokenUsage, WorkItemResult
-from .._strategies._base import LLMCallStrategy
-from ._client import RepositoryClient
+from .._values._results import BatchTermination, LLMWorkItem, RetryState, TokenUsage, WorkItemResult
 from ._ingest import Ingestor, decode_context
 from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
+from .repository._client import RepositoryClient
 
 __all__ = ["DeadlineGate", "DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
 

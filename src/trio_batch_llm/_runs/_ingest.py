@@ -31,9 +31,9 @@ import anyio
 import anyio.lowlevel
 
 from .._strategies._base import LLMCallStrategy
-from ._client import RepositoryClient
 from ._schema import NewItem, SourceCheckpoint
 from ._source import RawEntry, RunSource, to_new_item
+from .repository._client import RepositoryClient
 
 __all__ = ["IngestedItem", "Ingestor"]
 

@@ -14,10 +14,10 @@ from typing import Final
 
 import anyio
 
-from .._results import WorkItemResult
-from ._client import RepositoryClient
+from .._values._results import WorkItemResult
 from ._schema import RunRepository, RunResult, RunSnapshot, StoredResult
-from ._sqlite_repo import SqliteRunRepository
+from .repository._client import RepositoryClient
+from .repository._sqlite import SqliteRunRepository
 
 __all__ = ["export_results_jsonl", "iter_run_results", "list_runs", "load_results", "read_run_snapshot"]
 

@@ -28,20 +28,20 @@ import anyio.lowlevel
 
 from .._artifacts._fingerprint import jsonable_or_repr
 from .._artifacts._sqlite import SqliteArtifactStore
-from .._config import ArtifactIdentity, ProcessorConfig
-from .._deliveries import unwrap_group
-from .._errors import ConfigurationError
+from .._core._deliveries import unwrap_group
 from .._strategies._base import LLMCallStrategy
-from .._strategies._openai_compatible import _EndpointStrategy
+from .._strategies.openai._compatible import _EndpointStrategy
+from .._values._config import ArtifactIdentity, ProcessorConfig
+from .._values._errors import ConfigurationError
 from ._batch_config import ProviderBatchConfig
 from ._batch_drive import BatchSegmentDriver
-from ._client import RepositoryClient
 from ._drive import Segment, SegmentDriver, deadline_after
 from ._ingest import Ingestor
 from ._reader import export_results_jsonl, load_results
 from ._schema import RunMode, RunRepository, RunResult, RunSnapshot, RunSpec, RunStateError, RunTermination
 from ._source import make_source
-from ._sqlite_repo import SqliteRunRepository
+from .repository._client import RepositoryClient
+from .repository._sqlite import SqliteRunRepository
 
 __all__ = ["Run", "open_run"]
 

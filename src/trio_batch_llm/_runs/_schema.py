@@ -49,10 +49,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
-from .._config import ArtifactIdentity
-from .._errors import RunSourceError, RunStateError
-from .._results import WorkItemResult
-from .._urls import redact_urls
+from .._values._config import ArtifactIdentity
+from .._values._errors import RunSourceError, RunStateError
+from .._values._results import WorkItemResult
+from .._values._urls import redact_urls
 
 __all__ = [
     "LIVE_SUBMISSION_STATES",

@@ -6,8 +6,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio.lowlevel
 
-from .._errors import ErrorCategory
-from .._results import RetryState, TokenUsage
+from .._values._errors import ErrorCategory
+from .._values._results import RetryState, TokenUsage
 
 __all__ = ["LLMCallStrategy"]
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, final, overload
 
-from .._results import RetryState, TokenUsage
+from .._values._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
 
 __all__ = ["CallOutcome", "CallableStrategy"]

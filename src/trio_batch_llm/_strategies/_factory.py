@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._errors import ConfigurationError
+from .._values._errors import ConfigurationError
 from ._base import LLMCallStrategy
-from ._openai import OpenAIStrategy
-from ._openai_compatible import OpenAICompatibleStrategy
+from .openai._compatible import OpenAICompatibleStrategy
+from .openai._sdk import OpenAIStrategy
 
 __all__ = ["llm"]
 

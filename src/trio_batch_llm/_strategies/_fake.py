@@ -9,8 +9,8 @@ from typing import Any, final
 import anyio
 import anyio.lowlevel
 
-from .._errors import ErrorCategory, ProviderError
-from .._results import RetryState, TokenUsage
+from .._values._errors import ErrorCategory, ProviderError
+from .._values._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
 
 __all__ = ["FakeStrategy"]

@@ -1,0 +1,1 @@
+"""Admission: pure quota cores, the combined scope state, async admission, the registry."""

@@ -1,0 +1,1 @@
+"""The ``trio-batch-llm`` command line: parsers, commands, the demo, terminal output."""

@@ -1,0 +1,185 @@
+"""The ``trio-batch-llm`` command line: ``run``, ``runs``, ``demo`` and ``serve-mock``.
+
+``run`` is in :mod:`._run` (checks, the batch, signals), its input in
+:mod:`._input`; ``runs`` (durable runs) in :mod:`._runs`; ``demo`` in
+:mod:`._demo`. Every command checks its arguments before doing anything; a bad
+one exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+
+from ._input import non_negative_float, positive_float, positive_int, probability
+from ._runs import add_model_arguments, add_runs_parser
+
+__all__ = ["build_parser", "main"]
+
+_BACKENDS = ["trio", "asyncio"]
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from ._run import run_command
+
+    return run_command(args, argv)
+
+
+def _demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from ._demo import run_demo
+
+    return run_demo(items=args.items, concurrency=args.concurrency, backend=args.backend,
+                    progress=args.progress)
+
+
+def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .._values._errors import ConfigurationError
+    from ..mock import MockServerConfig, run_mock_server
+
+    latency: float | tuple[float, float] = args.latency
+    if args.latency_max is not None:
+        latency = (args.latency, args.latency_max)
+    try:
+        config = MockServerConfig(
+            latency=latency, rate_limit_rate=args.rate_limit_rate, retry_after=args.retry_after,
+            server_error_rate=args.server_error_rate, hang_rate=args.hang_rate, rpm_limit=args.rpm_limit,
+            tpm_limit=args.tpm_limit, output_tokens=args.output_tokens, seed=args.seed, api_key=args.api_key,
+            model=args.model,
+        )
+    except ConfigurationError as exc:
+        print(f"trio-batch-llm serve-mock: error: {exc}", file=sys.stderr)
+        return 2
+
+    def ready(server: object) -> None:
+        print(getattr(server, "base_url"), flush=True)  # noqa: B009 - the one line scripts read
+
+    run_mock_server(args.host, args.port, config, backend=args.backend, on_ready=ready)
+    return 0
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trio-batch-llm", description="Run many LLM calls concurrently.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run", help="run every prompt of a JSONL or CSV file; the output file is the checkpoint",
+        description="Run every prompt of INPUT (.jsonl: objects with id, prompt, context, or strings; "
+                    ".csv: id,prompt columns). Results go to --out, one JSON line each, written as they "
+                    "finish; --resume continues an interrupted run from that file. Ctrl+C once stops "
+                    "admission and drains the calls in flight; twice abandons them.",
+    )
+    add_model_arguments(run)  # INPUT, --model, --base-url, --api-key-env (shared with `runs start`)
+    run.add_argument("--out", required=True, metavar="RESULTS.jsonl", help="results and checkpoint file")
+    run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
+    run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
+    run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
+    run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
+                     help="seconds one attempt may take (default 120)")
+    run.add_argument("--batch-timeout", type=positive_float, metavar="S",
+                     help="seconds the whole run may take")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the run recorded in --out: keep its successes, run the rest")
+    run.add_argument("--backend", choices=_BACKENDS, default="trio")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="a progress bar on stderr (default: when stderr is a terminal; "
+                          "otherwise periodic log lines)")
+    run.set_defaults(handler=_run)
+
+    add_runs_parser(sub)
+
+    demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
+    demo.add_argument("--items", type=positive_int, default=200)
+    demo.add_argument("--concurrency", type=positive_int, default=32)
+    demo.add_argument("--backend", choices=_BACKENDS, default="trio")
+    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    demo.set_defaults(handler=_demo)
+
+    serve = sub.add_parser("serve-mock", help="serve the OpenAI-compatible mock server until Ctrl+C")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=8000, help="0 lets the system choose")
+    serve.add_argument("--backend", choices=_BACKENDS, default="trio")
+    serve.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S")
+    serve.add_argument("--latency-max", type=non_negative_float, metavar="S",
+                       help="draw each latency uniformly from [--latency, --latency-max]")
+    serve.add_argument("--rate-limit-rate", type=probability, default=0.0, metavar="P")
+    serve.add_argument("--retry-after", type=non_negative_float, default=1.0, metavar="S")
+    serve.add_argument("--server-error-rate", type=probability, default=0.0, metavar="P")
+    serve.add_argument("--hang-rate", type=probability, default=0.0, metavar="P")
+    serve.add_argument("--rpm-limit", type=positive_int)
+    serve.add_argument("--tpm-limit", type=positive_int)
+    serve.add_argument("--output-tokens", type=positive_int)
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--api-key", help="require this bearer key")
+    serve.add_argument("--model", help="the model name /v1/models reports")
+    serve.set_defaults(handler=_serve_mock)
+    return parser
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging's own convention
+            self.handleError(record)
+
+
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"trio-batch-llm: {level}{record.getMessage()}"
+
+
+@contextlib.contextmanager
+def _cli_logging() -> Iterator[None]:
+    """Library warnings and progress lines on stderr for the duration of a command, then as before."""
+    package = logging.getLogger("trio_batch_llm")
+    progress = logging.getLogger("trio_batch_llm.progress")
+    saved = (package.level, package.propagate, progress.level)
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter())
+    package.addHandler(handler)
+    package.setLevel(logging.WARNING)
+    package.propagate = False
+    progress.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(saved[0])
+        package.propagate = saved[1]
+        progress.setLevel(saved[2])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (``argv`` defaults to ``sys.argv[1:]``)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+    except SystemExit as exc:  # argparse printed the problem (or --help)
+        return exc.code if isinstance(exc.code, int) else 2
+    with _cli_logging():
+        try:
+            return int(args.handler(args, args_list))
+        except KeyboardInterrupt:
+            print("trio-batch-llm: interrupted", file=sys.stderr)
+            return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""``trio-batch-llm run``: check everything, run the batch, stop cleanly on signals.
+
+Everything that can be wrong with the command is found before the first
+call and before the output file is touched (exit status 2). The output file
+*is* the checkpoint: a :class:`JsonlArtifactStore` under the identity
+``(provider, model)``, so ``--resume`` continues it with
+``ResumePolicy.REUSE_SUCCESSES`` (stored successes are replayed, everything
+else runs again), and a later record for an item supersedes an earlier one.
+
+Signals (SIGINT, SIGTERM), received by a task of the run's own task group:
+
+1. the first stops admission: nothing new starts, calls in flight finish and
+   are checkpointed, queued items are recorded as not executed; the summary
+   and the command that resumes are printed;
+2. the second abandons the calls in flight (the run's scope is cancelled, so
+   the processor closes in contract order with that cancellation deferred)
+   and forces a close already in flight (``force_close()``, CONTRACT C3);
+3. any further one forces the close again.
+
+Exit status: 0 every item succeeded; 1 some failed or a guardrail stopped the
+batch; 2 bad usage or input; 128 + the signal number when interrupted (130
+for SIGINT, 143 for SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import shlex
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, final
+
+import anyio
+
+from .._artifacts import JsonlArtifactStore
+from .._core._ledger import unwrap_group
+from .._engine._processor import ParallelBatchProcessor
+from .._observe._progress import LogProgress, Progress, ProgressSnapshot, TerminalProgressBar
+from .._strategies._base import LLMCallStrategy
+from .._strategies._factory import llm
+from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy
+from .._values._errors import AdmissionClosedError, BatchLLMError, ConfigurationError, ErrorCategory
+from .._values._results import BatchResult, BatchTermination, LLMWorkItem, WorkItemResult
+from .._values._urls import REDACTED, is_openai_api, redact_url, redact_urls
+from ._input import InputError, InputRecord, read_input
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "RunPlan",
+    "UsageError",
+    "api_key_from",
+    "plan_run",
+    "redaction_note",
+    "run_command",
+    "say",
+    "shown_command",
+    "signal_receiver",
+]
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+PROG: Final = "trio-batch-llm"
+
+
+class UsageError(Exception):
+    """The command cannot run as given; the message says why. Nothing was written."""
+
+
+def say(message: str) -> None:
+    """A status line for the operator, on stderr; a key inside any URL in it is never shown."""
+    print(f"{PROG}: {redact_urls(message)}", file=sys.stderr, flush=True)
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """``trio-batch-llm ARGS`` as a shell line to paste, with any key inside a URL argument redacted."""
+    return shlex.join([PROG, *(redact_urls(arg) for arg in argv)])
+
+
+def redaction_note(command: str) -> str:
+    """What to add to a printed command whose key was redacted (empty when none was)."""
+    if REDACTED not in command:
+        return ""
+    return (f" (a key in --base-url is shown as {REDACTED}: put it back, or better, pass it in an "
+            "environment variable named by --api-key-env)")
+
+
+def api_key_from(name: str | None) -> str | None:
+    """The value of the environment variable ``--api-key-env`` names; :class:`UsageError` if it is unset."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise UsageError(f"--api-key-env {name}: the environment variable {name} is not set (or is empty)")
+    return value
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    records: list[InputRecord]
+    provider: str
+    model: str
+    strategy: LLMCallStrategy[str]
+    out: Path
+    config: ProcessorConfig
+    resume: bool
+    backend: str
+    progress: str
+    """``bar``, ``log`` or ``off``."""
+    resume_command: str
+
+
+def _check_out(out: Path, source: Path, *, resume: bool) -> None:
+    if out.exists() and not out.is_file():
+        raise UsageError(f"--out {out}: not a regular file")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: the directory {out.parent} does not exist")
+    if out.exists() and source.exists() and out.samefile(source):
+        raise UsageError(f"--out {out} is the input file; choose another path")
+    if not resume and out.exists() and out.stat().st_size > 0:
+        raise UsageError(
+            f"--out {out} already exists and is not empty: pass --resume to continue that run "
+            "(its successes are kept, the rest runs again), or choose another --out"
+        )
+
+
+def _progress_mode(flag: bool | None) -> str:
+    if flag is False:
+        return "off"
+    if flag or sys.stderr.isatty():
+        return "bar"
+    return "log"
+
+
+def _resume_command(argv: Sequence[str]) -> str:
+    args = list(argv)
+    if "--resume" not in args:
+        args.append("--resume")
+    return shown_command(args)
+
+
+def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
+    """Everything the run needs, checked; :class:`UsageError` (or :class:`InputError`) otherwise."""
+    source, out = Path(args.input), Path(args.out)
+    _check_out(out, source, resume=args.resume)
+    records = read_input(source)
+    provider, model = args.model
+    if provider == "openai-compatible" and not args.base_url:
+        raise UsageError(f"--base-url is required with --model {provider}:{model}")
+    # With --api-key-env the key is that variable's, for any endpoint; without it the strategy's own
+    # rule applies: OPENAI_API_KEY goes only to OpenAI's API, and another --base-url gets no key.
+    kwargs: dict[str, Any] = {"api_key": api_key_from(args.api_key_env), "concurrency": args.concurrency}
+    if args.base_url:
+        kwargs["base_url"] = args.base_url
+    if provider == "openai" and args.api_key_env is None and args.base_url \
+            and not is_openai_api(args.base_url) and args.base_url != os.environ.get("OPENAI_BASE_URL"):
+        raise UsageError(f"--base-url {redact_url(args.base_url)} is not OpenAI's API, and OPENAI_API_KEY is "
+                         "sent only to https://api.openai.com: name the environment variable that holds "
+                         "this endpoint's key with --api-key-env NAME")
+    try:
+        strategy = llm(f"{provider}:{model}", **kwargs)
+        config = ProcessorConfig(
+            concurrency=args.concurrency,
+            attempt_timeout=args.attempt_timeout,
+            max_requests_per_minute=args.rpm,
+            max_tokens_per_minute=args.tpm,
+            # Bounded, so a huge input is read only as fast as it runs and a stop leaves few queued items.
+            max_queue_size=max(2 * args.concurrency, 64),
+            guardrails=GuardrailConfig(batch_timeout=args.batch_timeout),
+        )
+    except (ConfigurationError, ImportError) as exc:
+        raise UsageError(str(exc)) from None
+    return RunPlan(
+        records=records, provider=provider, model=model, strategy=strategy, out=out, config=config,
+        resume=args.resume, backend=args.backend, progress=_progress_mode(args.progress),
+        resume_command=_resume_command(argv),
+    )
+
+
+def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    try:
+        plan = plan_run(args, argv)
+    except (UsageError, InputError) as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    outcome = _RunOutcome()
+    try:
+        anyio.run(_run_batch, plan, outcome, backend=plan.backend)
+    except (BatchLLMError, OSError) as exc:
+        if not outcome.opened:  # e.g. --resume on a file written for another model
+            say(f"error: cannot use --out {plan.out}: {exc}")
+            return EXIT_USAGE
+        say(f"error: the run failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    return _report(plan, outcome)
+
+
+# --- the run ---------------------------------------------------------------------
+
+
+@final
+class _RunOutcome:
+    """What the run produced, and what its signal task decided."""
+
+    def __init__(self) -> None:
+        self.opened = False
+        self.results: list[WorkItemResult[Any]] = []
+        self.termination = BatchTermination()
+        self.wall_time = 0.0
+        self.signal: signal.Signals | None = None
+        self.forced = False
+        self.abandoned = 0
+        self.processor: ParallelBatchProcessor[Any] | None = None
+        self.run_scope: anyio.CancelScope | None = None
+
+    # --- the signal task ---------------------------------------------------------
+
+    async def watch_signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            self.on_signal(signal.Signals(signum))
+
+    def on_signal(self, sig: signal.Signals) -> None:
+        if self.signal is None:
+            self.signal = sig
+            self._stop_admission()
+        elif not self.forced:
+            self.forced = True
+            self.abandoned = self._in_flight()
+            say(f"second {sig.name}: forced stop: abandoning {self.abandoned} call(s) in flight "
+                "(they get no result; --resume runs them again)")
+            if self.processor is not None:
+                self.processor.force_close()  # a close already in flight is aborted (CONTRACT C3.3)
+            if self.run_scope is not None:
+                self.run_scope.cancel(reason=f"forced stop by a second {sig.name}")
+        elif self.processor is not None:
+            say(f"{sig.name} again: forcing the close")
+            self.processor.force_close()
+
+    def attach(self, processor: ParallelBatchProcessor[Any]) -> None:
+        self.processor = processor
+        if self.signal is not None:  # the signal came while the store was opening
+            self._stop_admission()
+
+    def _in_flight(self) -> int:
+        if self.processor is None:
+            return 0
+        stats = self.processor.statistics()
+        # An item handed to add_work() but not yet queued counts as accepted: cap at the workers.
+        return max(0, min(stats.workers, stats.counters.accepted - stats.counters.finished - stats.queued))
+
+    def _stop_admission(self) -> None:
+        processor, sig = self.processor, self.signal
+        if processor is None or sig is None:
+            return
+        processor.request_stop(f"interrupted by {sig.name}")
+        say(f"{sig.name}: stopping: no new calls start; waiting for {self._in_flight()} call(s) in flight "
+            "to finish (press Ctrl+C again to abandon them)")
+
+
+@final
+class _KnownTotal(Progress):
+    """Fills in the total a streaming run's snapshots lack: the CLI read the whole input first."""
+
+    def __init__(self, inner: Progress, total: int) -> None:
+        self._inner = inner
+        self._total = total
+
+    def _fill(self, snapshot: ProgressSnapshot) -> ProgressSnapshot:
+        if snapshot.total is not None:
+            return snapshot
+        remaining = max(0, self._total - snapshot.completed)
+        eta = 0.0 if remaining == 0 else (remaining / snapshot.rate if snapshot.rate > 0 else None)
+        return dataclasses.replace(snapshot, total=self._total, eta=eta)
+
+    def update(self, snapshot: ProgressSnapshot) -> None:
+        self._inner.update(self._fill(snapshot))
+
+    def close(self, final: ProgressSnapshot) -> None:
+        self._inner.close(self._fill(final))
+
+    async def aclose(self, final: ProgressSnapshot) -> None:
+        await self._inner.aclose(self._fill(final))
+
+
+def signal_receiver() -> AbstractContextManager[AsyncIterator[int] | None]:
+    """SIGINT and SIGTERM as a stream, from now until the block ends; ``None`` where unsupported."""
+    try:
+        return anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except NotImplementedError:  # pragma: no cover - Windows asyncio: Ctrl+C stays KeyboardInterrupt
+        return contextlib.nullcontext(None)
+
+
+def _make_progress(mode: str, total: int) -> Progress | None:
+    if mode == "bar":
+        return _KnownTotal(TerminalProgressBar(sys.stderr), total)
+    if mode == "log":
+        return _KnownTotal(LogProgress(), total)
+    return None
+
+
+async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan) -> None:
+    try:
+        for record in plan.records:
+            await processor.add_work(
+                LLMWorkItem(item_id=record.item_id, strategy=plan.strategy, prompt=record.prompt,
+                            context=record.context)
+            )
+    except AdmissionClosedError:
+        pass  # a stop (a signal, a guardrail) closed admission; the rest is for --resume
+    await processor.finish()
+
+
+async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
+    store = JsonlArtifactStore(plan.out, identity=ArtifactIdentity(provider=plan.provider, model=plan.model))
+    policy = ResumePolicy.REUSE_SUCCESSES if plan.resume else ResumePolicy.NONE
+    started = anyio.current_time()
+    with unwrap_group(), signal_receiver() as signals:
+        async with anyio.create_task_group() as run_group:
+            if signals is not None:
+                run_group.start_soon(outcome.watch_signals, signals, name="signal watcher")
+            with anyio.CancelScope() as run_scope:
+                outcome.run_scope = run_scope
+                processor: ParallelBatchProcessor[str] = ParallelBatchProcessor(
+                    plan.config, progress_callback=_make_progress(plan.progress, len(plan.records)),
+                    artifact_store=store, resume=policy,
+                )
+                async with processor:
+                    outcome.opened = True
+                    outcome.attach(processor)
+                    processor.start()
+                    async with anyio.create_task_group() as feeding:
+                        feeding.start_soon(_feed, processor, plan)
+                        async for result in processor.results():
+                            outcome.results.append(result)
+                    outcome.termination = processor.termination
+            outcome.wall_time = anyio.current_time() - started
+            run_group.cancel_scope.cancel(reason="the run finished")
+
+
+# --- the report --------------------------------------------------------------------
+
+
+def _first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
+    """One line per failure category, with its first item's error: the reason, where it says how to fix it."""
+    first: dict[ErrorCategory, WorkItemResult[Any]] = {}
+    for result in results:
+        category = result.error_category
+        if not result.success and category is not None and category is not ErrorCategory.NOT_EXECUTED:
+            first.setdefault(category, result)
+    return [f"first {category.value} failure: item {result.item_id!r}: {result.error}"
+            for category, result in first.items()]
+
+
+def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
+    termination = outcome.termination
+    if outcome.forced and outcome.signal is not None:
+        termination = BatchTermination("interrupted", f"forced by a second {outcome.signal.name}")
+    batch = BatchResult.from_results(outcome.results, termination=termination, wall_time=outcome.wall_time)
+    print(batch.summary(), flush=True)
+    print(f"results: {plan.out}", flush=True)
+    for line in _first_failures(outcome.results):
+        say(line)
+    unfinished = len(plan.records) - batch.succeeded
+    if outcome.signal is not None:
+        how = "forced stop" if outcome.forced else "stopped"
+        say(f"{how} by {outcome.signal.name}: {batch.succeeded} of {len(plan.records)} item(s) succeeded; "
+            f"{unfinished} still to run")
+        say(f"resume with: {plan.resume_command}{redaction_note(plan.resume_command)}")
+        return 128 + int(outcome.signal)
+    if batch.failed or not termination.completed or unfinished:
+        say(f"{unfinished} item(s) did not succeed; to run them again: {plan.resume_command}"
+            f"{redaction_note(plan.resume_command)}")
+        return EXIT_FAILED
+    return EXIT_OK

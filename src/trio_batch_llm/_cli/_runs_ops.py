@@ -1,0 +1,232 @@
+"""``runs status``, ``pause``, ``resume``, ``cancel``, ``resolve`` and ``export``; snapshot reports.
+
+``status`` reads the run through :func:`read_run_snapshot` (a read-only
+connection, no event loop), so it works while another process drives the run.
+The other commands need a :class:`Run` handle, and ``open_run`` needs a
+strategy and the run's identity and mode: they are read from the stored
+snapshot first (which also means a mistyped RUN_ID is reported instead of
+creating an empty run). The handle's strategy is never called, except by
+``cancel`` of a provider-batch run with open batches, which asks the provider
+to cancel them and so needs ``--base-url``: without it the strategy points
+at :data:`_NEVER_CALLED`.
+
+Exit status: 0 done; 1 the run refused (a :class:`RunStateError`: pausing a
+completed run, resolving when nothing is unresolved) or the operation failed;
+2 bad usage (no such database or run, a bad path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+
+from .._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
+from .._strategies.openai._compatible import OpenAICompatibleStrategy
+from .._values._errors import ArtifactStoreError, BatchLLMError, RunStateError
+from ._run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, UsageError, api_key_from, say
+
+__all__ = [
+    "check_db_path",
+    "control_command",
+    "describe",
+    "resolve_hint",
+    "status_command",
+    "stored_snapshot",
+]
+
+# The discard port on this host: a handle that only controls a run never calls its strategy,
+# and if a bug made it call, the connection is refused at once instead of reaching anything.
+_NEVER_CALLED: Final = "http://127.0.0.1:9/v1"
+
+
+# --- reading and describing ------------------------------------------------------------
+
+
+def check_db_path(db: Path) -> None:
+    if db.exists() and not db.is_file():
+        raise UsageError(f"{db}: not a regular file")
+    if not db.parent.is_dir():
+        raise UsageError(f"{db}: the directory {db.parent} does not exist")
+
+
+def stored_snapshot(db: Path, run_id: str) -> RunSnapshot:
+    """The run as stored; :class:`UsageError` if there is no such database or run."""
+    check_db_path(db)
+    if not db.exists():
+        raise UsageError(f"{db}: no such run database")
+    try:
+        return read_run_snapshot(db, run_id)
+    except RunStateError as exc:  # "no run named ..."
+        raise UsageError(str(exc)) from None
+    except ArtifactStoreError as exc:  # not a run database (or not SQLite at all)
+        raise UsageError(f"cannot read run {run_id!r}: {exc}") from None
+
+
+def resolve_hint(snap: RunSnapshot, db: Path) -> str:
+    base = shlex.join([PROG, "runs", "resolve", str(db), snap.run_id])
+    return (f"a batch create's outcome is unknown: look for a batch whose metadata "
+            f"trio_batch_llm_submission is {snap.unresolved_submission}, then run: "
+            f"{base} --created BATCH_ID  (or --not-created)")
+
+
+def describe(snap: RunSnapshot) -> list[str]:
+    """The snapshot as lines for an operator."""
+    status: str = snap.status
+    if snap.termination is not None and snap.termination.kind != snap.status:
+        status += f" ({snap.termination.kind})"
+    if snap.termination is not None and snap.termination.reason:
+        status += f": {snap.termination.reason}"
+    read = ("input fully read" if snap.ingestion_complete
+            else f"input read to entry {snap.checkpoint.position}")
+    lines = [
+        f"run {snap.run_id}: {status}",
+        f"  mode {snap.mode}, model {snap.identity.provider}:{snap.identity.model}",
+        f"  items {snap.items} ({read}): done {snap.done} (succeeded {snap.succeeded}, "
+        f"failed {snap.failed}), pending {snap.pending}",
+        f"  tokens: input {snap.input_tokens}, output {snap.output_tokens}, total {snap.total_tokens}",
+        f"  results: {snap.last_sequence} (sequences 1 to {snap.last_sequence})" if snap.last_sequence
+        else "  results: none yet",
+    ]
+    if snap.mode == "provider-batch":
+        lines.append(f"  provider batches open: {snap.open_submissions} (holding {snap.batched} item(s))")
+        if snap.unresolved_submission is not None:
+            lines.append(f"  unresolved batch create: submission {snap.unresolved_submission}")
+    lines.append(f"  created {snap.created_at}, updated {snap.updated_at}")
+    return lines
+
+
+def snapshot_json(snap: RunSnapshot) -> dict[str, Any]:
+    data = dataclasses.asdict(snap)
+    data.update(pending=snap.pending, ingestion_complete=snap.ingestion_complete, terminal=snap.terminal)
+    return data
+
+
+def list_command(args: argparse.Namespace) -> int:
+    db = Path(args.db)
+    if not db.is_file():
+        say(f"error: {db}: no such run database")
+        return EXIT_USAGE
+    try:
+        snaps = list_runs(db)
+    except (ArtifactStoreError, RunStateError) as exc:
+        say(f"error: cannot list the runs of {db}: {exc}")
+        return EXIT_USAGE
+    for snap in snaps:
+        if args.json:
+            print(json.dumps(snapshot_json(snap), sort_keys=True))
+        else:
+            print(f"{snap.run_id}\t{snap.status}\t{snap.mode}\t{snap.done}/{snap.items} done"
+                  f"\t{snap.failed} failed" + ("" if snap.ingestion_complete else "\tingesting"))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+def status_command(args: argparse.Namespace) -> int:
+    db = Path(args.db)
+    try:
+        snap = stored_snapshot(db, args.run_id)
+    except UsageError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(snapshot_json(snap), sort_keys=True), flush=True)
+        return EXIT_OK
+    print("\n".join(describe(snap)), flush=True)
+    if snap.unresolved_submission is not None:
+        say(resolve_hint(snap, db) + " (while a create is in flight it is named here too: resolve only "
+            "one that stays unresolved)")
+    return EXIT_OK
+
+
+# --- control -----------------------------------------------------------------------------
+
+
+def _check_out(out: Path, db: Path) -> None:
+    if out.exists() and not out.is_file():
+        raise UsageError(f"{out}: not a regular file")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out}: the directory {out.parent} does not exist")
+    if out.exists() and out.samefile(db):
+        raise UsageError(f"{out} is the run database; choose another path")
+
+
+def _plan_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> None:
+    """The checks that need the stored run; :class:`UsageError` otherwise."""
+    if args.runs_command == "export":
+        _check_out(Path(args.out), db)
+    api_key_from(getattr(args, "api_key_env", None))  # only `cancel` has the endpoint flags
+    if args.runs_command == "cancel" and snap.mode == "provider-batch" and snap.open_submissions \
+            and not args.base_url:
+        raise UsageError(
+            f"run {snap.run_id!r} has {snap.open_submissions} batch(es) open at the provider: pass "
+            "--base-url (and the key, see --api-key-env) so that cancel can cancel them there"
+        )
+
+
+async def _open_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> Run:
+    base_url: str | None = getattr(args, "base_url", None)  # only `cancel` has the endpoint flags
+    # The key --api-key-env names, for any endpoint; without it only OpenAI's API gets OPENAI_API_KEY.
+    key = api_key_from(args.api_key_env) if base_url is not None else None
+    strategy = OpenAICompatibleStrategy(snap.identity.model, base_url=base_url or _NEVER_CALLED, api_key=key)
+    batch = None
+    if snap.mode == "provider-batch":
+        batch = ProviderBatchConfig(request_timeout=getattr(args, "request_timeout", None) or 120.0)
+    # The stored identity and mode: open_run refuses any other. The run exists (stored_snapshot).
+    return await open_run(db, snap.run_id, strategy, None, mode=snap.mode, identity=snap.identity,
+                          batch=batch)
+
+
+async def _control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> list[str]:
+    """Do it; the lines to print."""
+    command = args.runs_command
+    async with await _open_control(args, db, snap) as run:
+        if command == "pause":
+            after = await run.pause(args.reason)
+            resume = shlex.join([PROG, "runs", "resume", str(db), run.run_id])
+            return [*describe(after), "paused: a process driving it starts no new call and finishes "
+                    f"those in flight; continue with: {resume}"]
+        if command == "resume":
+            after = await run.resume()
+            return [*describe(after), "running again: it makes progress while a `runs start` drives it "
+                    "(one that is already waiting carries on by itself)"]
+        if command == "cancel":
+            after = await run.cancel(args.reason)
+            return [*describe(after), f"cancelled: its {after.pending} pending item(s) will never run"]
+        if command == "resolve":
+            before = await run.snapshot()
+            after = await run.resolve_submission(created=args.created is not None, batch_id=args.created)
+            how = (f"created as batch {args.created}: it is collected like any other" if args.created
+                   else "not created: its items go back to pending")
+            return [*describe(after), f"resolved submission {before.unresolved_submission}: {how} (at the "
+                    "next `runs start`, or by the one driving it)"]
+        written = await run.export_jsonl(args.out, after_sequence=args.after)
+        last = args.after + written
+        span = f" (sequences {args.after + 1} to {last})" if written else ""
+        return [f"wrote {written} result(s) to {args.out}{span}"]
+
+
+def control_command(args: argparse.Namespace) -> int:
+    db = Path(args.db)
+    try:
+        snap = stored_snapshot(db, args.run_id)
+        _plan_control(args, db, snap)
+    except UsageError as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    try:
+        lines = anyio.run(_control, args, db, snap, backend=args.backend)
+    except RunStateError as exc:
+        say(f"error: {exc}")
+        return EXIT_FAILED
+    except (BatchLLMError, OSError) as exc:
+        say(f"error: {args.runs_command} failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    print("\n".join(lines), flush=True)
+    return EXIT_OK

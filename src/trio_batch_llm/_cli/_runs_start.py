@@ -1,0 +1,266 @@
+"""``trio-batch-llm runs start``: create or reattach a durable run, and drive it.
+
+Checks first (exit status 2, before any call): the input file, the model,
+the endpoint, the key and the live-mode limits go through ``run``'s own
+:func:`plan_run`; then the flags of the other mode are refused, and a stored
+run of that name must have been started with the same ``--mode`` and
+``--model``. The validated records are the run's source (a list, so on
+reattach it is fast-forwarded to the stored checkpoint and checked against the
+item id recorded there), which is also why a ``.csv`` input works.
+
+Driving is ``run.wait(timeout)``: in this process if it gets the run's claim,
+otherwise it watches the driver elsewhere and takes over if that one dies.
+
+Signals (SIGINT, SIGTERM) stop *this process's* drive at once, exactly as
+``--timeout`` does: calls in flight are abandoned (their items stay pending and
+are called again), provider batches keep running, and the run's stored status
+does not change, so the next ``runs start`` (here or anywhere) continues it.
+Unlike ``run``, the first signal does not drain: the only drain a run has is
+:meth:`Run.pause`, which changes the status for every process, and a deploy
+that sends SIGTERM to its workers must not leave its runs paused. To drain,
+use ``runs pause`` first. Further signals are ignored; ``SIGKILL`` is safe
+too (the claim dies with the process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, final
+
+import anyio
+
+from .._core._ledger import unwrap_group
+from .._runs import ProviderBatchConfig, Run, RunSnapshot, open_run, read_run_snapshot
+from .._strategies._base import LLMCallStrategy
+from .._values._config import ArtifactIdentity, ProcessorConfig
+from .._values._errors import (
+    ArtifactStoreError,
+    BatchLLMError,
+    ConfigurationError,
+    RunSourceError,
+    RunStateError,
+)
+from ._input import InputError
+from ._run import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    UsageError,
+    plan_run,
+    redaction_note,
+    say,
+    shown_command,
+    signal_receiver,
+)
+from ._runs_ops import check_db_path, describe, resolve_hint
+
+__all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
+
+EXIT_TIMED_OUT: Final = 3
+_PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is not terminal
+_LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
+                      "attempt_timeout": "--attempt-timeout"}
+_BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--enqueued-token-limit",
+                       "poll_interval": "--poll-interval", "request_timeout": "--request-timeout"}
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    db: Path
+    run_id: str
+    source: list[tuple[str, str, Any]]
+    strategy: LLMCallStrategy[str]
+    identity: ArtifactIdentity
+    config: ProcessorConfig
+    mode: str
+    batch: ProviderBatchConfig | None
+    timeout: float | None
+    backend: str
+    existing: RunSnapshot | None
+    command: str
+    """This command line again: what continues the run."""
+
+
+def _existing(db: Path, run_id: str) -> RunSnapshot | None:
+    """The stored run, or ``None`` if there is none yet (or the file cannot tell: open_run will)."""
+    if not db.exists():
+        return None
+    try:
+        return read_run_snapshot(db, run_id)
+    except (RunStateError, ArtifactStoreError):
+        return None
+
+
+def _refuse_other_mode_flags(args: argparse.Namespace) -> None:
+    other = _BATCH_FLAGS if args.mode == "live" else _LIVE_FLAGS
+    for name, flag in other.items():
+        if getattr(args, name) is not None:
+            raise UsageError(f"{flag} is not used with --mode {args.mode}")
+
+
+def _check_matches(snap: RunSnapshot, args: argparse.Namespace, identity: ArtifactIdentity) -> None:
+    if snap.mode != args.mode:
+        raise UsageError(f"run {snap.run_id!r} was started with --mode {snap.mode}; pass that again "
+                         "(the mode of a run never changes), or choose another RUN_ID")
+    if snap.identity != identity:
+        stored = f"{snap.identity.provider}:{snap.identity.model}"
+        raise UsageError(f"run {snap.run_id!r} was started with --model {stored}; pass that again, "
+                         "or choose another RUN_ID")
+
+
+def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
+    """Everything ``start`` needs, checked; :class:`UsageError` or :class:`InputError` otherwise."""
+    db, source = Path(args.db), Path(args.input)
+    check_db_path(db)
+    if db.exists() and source.exists() and db.samefile(source):
+        raise UsageError(f"{db} is the input file; the database needs a path of its own")
+    _refuse_other_mode_flags(args)
+    # `run`'s checks and construction, reused as they are: the database stands where `run`'s
+    # --out would, with resume=True so an existing file is accepted; check_db_path above has
+    # already refused every path plan_run's --out checks would.
+    checked = plan_run(argparse.Namespace(
+        input=args.input, out=str(db), resume=True, model=args.model, base_url=args.base_url,
+        api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
+        attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
+        progress=False,
+    ), argv)
+    identity = ArtifactIdentity(provider=checked.provider, model=checked.model)
+    existing = _existing(db, args.run_id)
+    if existing is not None:
+        _check_matches(existing, args, identity)
+    batch = None
+    if args.mode == "provider-batch":
+        given = {"max_requests_per_batch": args.batch_size, "enqueued_token_limit": args.enqueued_token_limit,
+                 "poll_interval": args.poll_interval, "request_timeout": args.request_timeout}
+        try:
+            batch = ProviderBatchConfig(**{name: value for name, value in given.items() if value is not None})
+        except ConfigurationError as exc:  # the argparse types check each flag; this is a backstop
+            raise UsageError(str(exc)) from None
+    return StartPlan(
+        db=db, run_id=args.run_id,
+        source=[(record.item_id, record.prompt, record.context) for record in checked.records],
+        strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
+        timeout=args.timeout, backend=args.backend, existing=existing, command=shown_command(argv),
+    )
+
+
+@final
+class _Outcome:
+    def __init__(self) -> None:
+        self.opened = False
+        self.snapshot: RunSnapshot | None = None
+        self.timed_out = False
+        self.signal: signal.Signals | None = None
+
+    async def watch_signals(self, signals: AsyncIterator[int], drive: anyio.CancelScope) -> None:
+        async for signum in signals:
+            sig = signal.Signals(signum)
+            if self.signal is None:
+                self.signal = sig
+                say(f"{sig.name}: stopping the drive; calls in flight are abandoned and run again later, "
+                    "the run's status does not change")
+                drive.cancel(reason=f"interrupted by {sig.name}")
+            else:
+                say(f"{sig.name} again: already stopping")
+
+
+async def _report_progress(run: Run) -> None:
+    """A line every few seconds when something changed, so a long drive is not silent."""
+    last: tuple[str, int] | None = None
+    while True:
+        await anyio.sleep(_PROGRESS_EVERY)
+        snap = await run.snapshot()
+        if (snap.status, snap.done) != last:
+            last = (snap.status, snap.done)
+            say(f"run {snap.run_id}: {snap.status}, {snap.done}/{snap.items} done "
+                f"({snap.succeeded} succeeded, {snap.failed} failed)")
+
+
+async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
+    drive = anyio.CancelScope()  # cancelled by a signal, before or during wait()
+    with unwrap_group(), signal_receiver() as signals:
+        async with anyio.create_task_group() as group:
+            if signals is not None:
+                group.start_soon(outcome.watch_signals, signals, drive, name="signal watcher")
+            run = await open_run(plan.db, plan.run_id, plan.strategy, plan.source, config=plan.config,
+                                 mode=plan.mode, identity=plan.identity, batch=plan.batch)
+            async with run:
+                outcome.opened = True
+                group.start_soon(_report_progress, run, name="progress lines")
+                with drive:
+                    try:
+                        outcome.snapshot = await run.wait(plan.timeout)
+                    except TimeoutError:
+                        outcome.timed_out = True
+                if outcome.snapshot is None:  # stopped early: the run as this drive left it
+                    outcome.snapshot = await run.snapshot()
+                group.cancel_scope.cancel(reason="the drive ended")
+
+
+def _announce(plan: StartPlan) -> None:
+    snap = plan.existing
+    if snap is None:
+        say(f"starting run {plan.run_id} in {plan.db} ({plan.mode})")
+        return
+    say(f"continuing run {plan.run_id} in {plan.db}: {snap.status}, {snap.done}/{snap.items} done")
+    if snap.status == "paused":
+        say(f"it is paused: this waits for `{PROG} runs resume {plan.db} {plan.run_id}`"
+            + (f" or {plan.timeout} s" if plan.timeout else " (Ctrl+C to stop waiting)"))
+    elif snap.status == "failed":
+        say(f"it failed: `{PROG} runs resume {plan.db} {plan.run_id}` makes it running again")
+
+
+def _report(plan: StartPlan, outcome: _Outcome) -> int:
+    snap = outcome.snapshot
+    assert snap is not None
+    print("\n".join(describe(snap)), flush=True)
+    if snap.unresolved_submission is not None and not snap.terminal:
+        say(resolve_hint(snap, plan.db))
+    if outcome.signal is not None:
+        say(f"stopped driving on {outcome.signal.name}; the run is {snap.status}; "
+            f"continue with: {plan.command}{redaction_note(plan.command)}")
+        return 128 + int(outcome.signal)
+    if outcome.timed_out:
+        say(f"not finished after {plan.timeout} s; the run is {snap.status}; continue with: {plan.command}"
+            f"{redaction_note(plan.command)}")
+        return EXIT_TIMED_OUT
+    if snap.status == "completed":
+        if snap.failed:
+            say(f"{snap.failed} item(s) failed; their results say why")
+            return EXIT_FAILED
+        return EXIT_OK
+    if snap.status == "failed":
+        say(f"the run failed; after fixing the cause: {PROG} runs resume {plan.db} {plan.run_id}, "
+            f"then: {plan.command}{redaction_note(plan.command)}")
+    return EXIT_FAILED
+
+
+def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    try:
+        plan = plan_start(args, argv)
+    except (UsageError, InputError) as exc:
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    _announce(plan)
+    outcome = _Outcome()
+    try:
+        anyio.run(_drive, plan, outcome, backend=plan.backend)
+    except RunSourceError as exc:  # the input is not the one the run started with
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    except (BatchLLMError, OSError) as exc:
+        if not outcome.opened:  # e.g. not a run database
+            say(f"error: cannot open run {plan.run_id!r} in {plan.db}: {exc}")
+            return EXIT_USAGE
+        say(f"error: the run failed: {type(exc).__name__}: {exc}")
+        try:
+            outcome.snapshot = read_run_snapshot(plan.db, plan.run_id)
+        except BatchLLMError:
+            return EXIT_FAILED
+    return _report(plan, outcome)

@@ -1,0 +1,672 @@
+"""CleanupLedger: the ordered, resumable close of one owner (CONTRACT C2–C4, C7.3–C7.4).
+
+An owner (host, processor, pool) registers named steps in four dependency
+phases and closes them with :meth:`CleanupLedger.aclose`:
+
+- Phases run in order, steps within a phase one at a time, in registration
+  order (C2.1). A later phase is *discovered* (its providers are called) only
+  when every earlier step has finished, so a strategy prepared while the
+  runtime phase was draining is still closed (C2.4). Nothing starts while an
+  earlier step runs (C2.3).
+- Each step runs in a private child task of a task group the close owns,
+  under its own cancel scope; the closer waits for it at its own shielded
+  checkpoint, never in the task group's exit, so the caller's cancellation is
+  never linked to the step (C3.4). Deliveries are counted by ``_deliveries``.
+- An ordinary failure is logged with its traceback and does not stop the
+  other steps (C2.2); the first one is raised after every step was attempted,
+  unless the caller is already propagating an exception or a cancellation,
+  which is never replaced (C7.3, C7.4).
+- Completed steps are checkpointed; failed, interrupted and abandoned ones
+  are retried by the next explicit close, never twice in one call (C4.1–C4.2).
+  Concurrent closes share the attempt in flight (C4.4). The lifecycle is
+  ``open`` → ``closing`` → ``closed``; a failed or aborted close stays
+  ``closing`` (C4.7). No exception outlives the call that reported it (C4.6).
+
+What an owner does::
+
+    ledger = CleanupLedger("ExecutorHost")
+    ledger.add_step("runtime", "workers", stop_workers, slow_warning_after=WORKER_CANCELLATION_TIMEOUT)
+    ledger.add_phase_provider("strategies", lambda: [(lease.name, lease.release) for lease in leases])
+
+    async def __aexit__(self, exc_type, exc, tb):      # automatic exit (C4.3)
+        with unwrap_group():
+            await ledger.aclose(body_exception=exc, automatic=True)
+
+    async def aclose(self):                            # explicit close: retries
+        with unwrap_group():
+            await ledger.aclose()
+
+    def force_close(self):                             # second delivery (C3.3)
+        ledger.force_close()
+
+Pass ``body_exception`` wherever an exception is being handled: on asyncio a
+native cancellation that reached a bare ``finally:`` is otherwise invisible
+(its effective deadline is not ``-inf``), so it could not count as the first
+delivery.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from types import TracebackType
+from typing import Final, Literal, final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from .._backends import LoopHandle, capture_loop_handle
+from .._values._errors import AdmissionClosedError, CleanupInterruptedError
+from ._deliveries import CatchDeliveries, CloseCall, is_cancellation, unwrap_group, wait_counting
+
+__all__ = [
+    "CLEANUP_SLOW_WARNING_SECONDS",
+    "PHASES",
+    "PROGRESS_TASK_CANCELLATION_TIMEOUT",
+    "WORKER_CANCELLATION_TIMEOUT",
+    "AttemptReport",
+    "CleanupLedger",
+    "CleanupStep",
+    "LedgerState",
+    "LedgerStatistics",
+    "Phase",
+    "PhaseProvider",
+    "StepFunction",
+    "StepProblem",
+    "unwrap_group",
+]
+
+logger = logging.getLogger("trio_batch_llm.cleanup")
+
+WORKER_CANCELLATION_TIMEOUT: Final = 2.0
+"""Seconds after which a still-running worker cancellation step logs one warning (C2.7). Not a deadline."""
+PROGRESS_TASK_CANCELLATION_TIMEOUT: Final = 2.0
+"""Seconds after which a still-running progress-task cancellation step logs one warning (C2.7)."""
+CLEANUP_SLOW_WARNING_SECONDS: Final = 10.0
+"""Default seconds after which any still-running cleanup step logs one warning; the wait goes on."""
+
+Phase = Literal["runtime", "admission", "strategies", "store"]
+PHASES: Final[tuple[Phase, ...]] = ("runtime", "admission", "strategies", "store")
+"""Dependency order of a close (C2.1): (a) runtime tasks and callbacks, (b) admission
+resources, (c) prepared strategies (their leases), (d) the artifact store."""
+
+
+class LedgerState(enum.StrEnum):
+    """One-way lifecycle of an owner (C4.7): ``open`` → ``closing`` → ``closed``."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CleanupStep:
+    """One named cleanup step, as a phase provider returns it.
+
+    ``slow_warning_after`` is diagnostic only (C2.7): one warning when the step
+    runs longer, and the close keeps waiting.
+    """
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+    slow_warning_after: float = CLEANUP_SLOW_WARNING_SECONDS
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class StepProblem:
+    """A step that did not complete in an attempt, described without keeping the exception (C4.6).
+
+    ``kind`` is ``"failed"`` (it raised an ordinary exception) or
+    ``"interrupted"`` (a cancellation ended it: CleanupInterruptedError).
+    """
+
+    phase: Phase
+    name: str
+    kind: Literal["failed", "interrupted"]
+    error: str
+
+
+AttemptOutcome = Literal["completed", "failed", "aborted"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What one close attempt did; safe to keep (holds no exception or traceback).
+
+    ``completed`` lists the steps this attempt completed; ``problems`` the ones
+    that failed or were interrupted (a later explicit close retries them). An
+    ``aborted`` attempt names the step it ``abandoned`` (its private scope was
+    cancelled and it exited) and the ``skipped`` steps and ``phases_not_reached``
+    that stayed open.
+    """
+
+    outcome: AttemptOutcome
+    completed: tuple[str, ...]
+    problems: tuple[StepProblem, ...]
+    abandoned: str | None = None
+    skipped: tuple[str, ...] = ()
+    phases_not_reached: tuple[Phase, ...] = ()
+    abort_reason: str | None = None
+
+    @property
+    def problem_phases(self) -> frozenset[Phase]:
+        """The phases of the failed or interrupted steps (C7.5: were they all strategies?)."""
+        return frozenset(problem.phase for problem in self.problems)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LedgerStatistics:
+    """A snapshot of a ledger, for tests and diagnostics.
+
+    ``failures`` counts the problems of the current (or else the last) attempt;
+    ``deliveries`` every cancellation delivery counted by this ledger's close
+    calls, forces included.
+    """
+
+    state: LedgerState
+    completed: tuple[str, ...]
+    pending: tuple[str, ...]
+    running: str | None
+    failures: int
+    deliveries: int
+    attempts: int
+    closing_in_flight: bool
+
+
+StepFunction = Callable[[], Awaitable[None]]
+PhaseProvider = Callable[[], Iterable[CleanupStep | tuple[str, StepFunction]]]
+"""Returns the steps of one phase, as ``CleanupStep`` or ``(name, run)``; asked again by each attempt."""
+
+# Set inside a step's private task, so a step that closes its own ledger fails
+# loudly instead of waiting for itself forever.
+_INSIDE_STEP_OF: contextvars.ContextVar[CleanupLedger | None] = contextvars.ContextVar(
+    "trio_batch_llm_inside_cleanup_step", default=None
+)
+
+
+class _StepState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+
+
+@dataclass(eq=False, slots=True)
+class _Step:
+    phase: Phase
+    spec: CleanupStep
+    state: _StepState = _StepState.PENDING
+
+
+@dataclass(eq=False, slots=True)
+class _StepRun:
+    """One run of one step: its private scope, its end, and how it ended.
+
+    Used as a context manager around the step in its private task, it hands
+    whatever the step raised over to the closer instead of letting it escape
+    (which would cancel the closer's task group). Handed over, not swallowed:
+    ``_settle()`` reports a cancellation as a step interruption and the close
+    re-raises ``KeyboardInterrupt`` and ``SystemExit``.
+    """
+
+    step: _Step
+    scope: anyio.CancelScope
+    done: anyio.Event
+    error: BaseException | None = None
+    abandoned: bool = False
+
+    def __enter__(self) -> _StepRun:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        self.error = exc
+        self.done.set()
+        return True
+
+
+@dataclass(eq=False, slots=True)
+class _Attempt:
+    """One run through the steps, shared by every close call that arrives meanwhile (C4.4)."""
+
+    closer: CloseCall
+    finished: anyio.Event
+    running: _StepRun | None = None
+    reached: int = -1
+    steps_done: bool = False
+    aborted: bool = False
+    abort_reason: str | None = None
+    abandoned: str | None = None
+    fatal: BaseException | None = None
+    report: AttemptReport | None = None
+
+    completed: list[str] = field(default_factory=list)
+    attempted: set[str] = field(default_factory=set)
+    problems: list[tuple[StepProblem, BaseException]] = field(default_factory=list)
+
+
+def _is_fatal(error: BaseException) -> bool:
+    """KeyboardInterrupt, SystemExit and other non-Exception, non-cancellation errors abort the close."""
+    error = unwrap_group(error)
+    return not isinstance(error, Exception) and not is_cancellation(error)
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__qualname__}: {error}"
+
+
+@final
+class CleanupLedger:
+    """The ordered close of one owner; see the module docstring for the contract."""
+
+    def __init__(self, owner: str = "owner") -> None:
+        self._owner = owner
+        self._steps: dict[Phase, list[_Step]] = {phase: [] for phase in PHASES}
+        self._names: set[str] = set()
+        self._providers: dict[Phase, list[PhaseProvider]] = {phase: [] for phase in PHASES}
+        self._state = LedgerState.OPEN
+        self._reached = -1  # the furthest phase any attempt has reached
+        self._in_flight: _Attempt | None = None
+        self._last_report: AttemptReport | None = None
+        self._last_failures = 0
+        self._attempts = 0
+        self._deliveries = 0
+        self._loop: LoopHandle | None = None
+
+    # -- registration -------------------------------------------------------
+
+    def add_step(
+        self,
+        phase: Phase,
+        name: str,
+        run: StepFunction,
+        *,
+        slow_warning_after: float = CLEANUP_SLOW_WARNING_SECONDS,
+    ) -> None:
+        """Register ``run`` as the step ``name`` of ``phase``, after the phase's other steps.
+
+        Raises ``AdmissionClosedError`` once ``phase`` is closing (C4.7), and
+        ``ValueError`` for an unknown phase, a name already used or a
+        ``slow_warning_after`` that is not a positive number.
+        """
+        self._check_open_phase(phase)
+        self._register(phase, CleanupStep(name, run, slow_warning_after))
+
+    def add_phase_provider(self, phase: Phase, provider: PhaseProvider) -> None:
+        """Discover ``phase``'s steps lazily: ``provider()`` is called by each attempt on reaching it.
+
+        Steps whose names are already known are ignored, so a provider may
+        return everything it owns every time.
+        """
+        self._check_open_phase(phase)
+        self._providers[phase].append(provider)
+
+    def _check_open_phase(self, phase: Phase) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"phase={phase!r}: must be one of {', '.join(PHASES)}")
+        if self.phase_closing(phase):
+            raise AdmissionClosedError(f"{self._owner} is closing its {phase} phase; nothing new is accepted")
+
+    def _register(self, phase: Phase, spec: CleanupStep) -> None:
+        if spec.name in self._names:
+            raise ValueError(f"name={spec.name!r}: a cleanup step of {self._owner} already has this name")
+        bound = spec.slow_warning_after
+        if isinstance(bound, bool) or not isinstance(bound, int | float) or math.isnan(bound) or bound <= 0:
+            raise ValueError(f"slow_warning_after={bound!r}: must be a number > 0")
+        self._names.add(spec.name)
+        self._steps[phase].append(_Step(phase, spec))
+
+    # -- observation ----------------------------------------------------------
+
+    @property
+    def state(self) -> LedgerState:
+        return self._state
+
+    def phase_closing(self, phase: Phase) -> bool:
+        """Whether a close has reached ``phase``: from then on it admits nothing new (C4.7)."""
+        return PHASES.index(phase) <= self._reached
+
+    @property
+    def finished(self) -> bool:
+        """Whether every step has completed (the state is ``closed``)."""
+        return self._state is LedgerState.CLOSED
+
+    def only_failed_in(self, phase: Phase) -> bool:
+        """Whether the last attempt failed, and only in ``phase`` (C7.5: ``"strategies"``).
+
+        ``False`` after an abort: an abandoned close is never only a strategy problem.
+        """
+        report = self._last_report
+        return report is not None and report.outcome == "failed" and report.problem_phases == {phase}
+
+    @property
+    def last_attempt_report(self) -> AttemptReport | None:
+        """The report of the last finished attempt (no exceptions kept), for an automatic exit (C4.3)."""
+        return self._last_report
+
+    def statistics(self) -> LedgerStatistics:
+        attempt = self._in_flight
+        running = attempt.running if attempt is not None else None
+        steps = [step for phase in PHASES for step in self._steps[phase]]
+        return LedgerStatistics(
+            state=self._state,
+            completed=tuple(s.spec.name for s in steps if s.state is _StepState.COMPLETED),
+            pending=tuple(
+                s.spec.name for s in steps if s.state not in (_StepState.COMPLETED, _StepState.RUNNING)
+            ),
+            running=running.step.spec.name if running is not None else None,
+            failures=len(attempt.problems) if attempt is not None else self._last_failures,
+            deliveries=self._deliveries,
+            attempts=self._attempts,
+            closing_in_flight=attempt is not None,
+        )
+
+    # -- closing --------------------------------------------------------------
+
+    async def aclose(
+        self, *, body_exception: BaseException | None = None, automatic: bool = False
+    ) -> AttemptReport:
+        """Run (or join) one close attempt and report it.
+
+        ``body_exception`` is the exception the caller is already propagating
+        (an owner's ``__aexit__`` passes its ``exc_val``): the call then returns
+        normally so that exception goes on, unchanged, unless a
+        ``KeyboardInterrupt`` or ``SystemExit`` (or a native cancellation
+        caught meanwhile) must win. ``automatic=True`` is for automatic exits
+        (C4.3): if an attempt has already finished, nothing is retried and its
+        report is returned; otherwise it runs (or joins) an attempt as usual.
+
+        Raises, in this order of precedence: a ``KeyboardInterrupt`` that
+        reached this call's wait, or a ``KeyboardInterrupt``/``SystemExit`` a
+        step raised (this call ran the attempt); the caller's cancellation
+        (deferred until teardown finished, or at once on a forced abort);
+        ``CleanupInterruptedError`` for an abort; the first failure (an
+        interrupted step as ``CleanupInterruptedError``).
+        """
+        if _INSIDE_STEP_OF.get() is self:
+            raise RuntimeError(f"{self._owner}: aclose() was called from one of its own cleanup steps")
+        call = CloseCall(body_exception, self._count_delivery)
+        call.note_entry()  # before the first checkpoint: a cancelled caller is the first delivery
+        attempt = self._in_flight
+        if attempt is None:
+            report = self._last_report
+            if report is not None and (self._state is LedgerState.CLOSED or automatic):
+                if call.body_exception is not None:
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
+                else:
+                    await anyio.lowlevel.checkpoint()
+                return report
+            attempt = self._begin(call)
+            await self._run(attempt, call)
+        else:
+            await wait_counting(attempt.finished, call, partial(self._force, attempt))
+            call.note_exit()
+        verdict = self._verdict(call, attempt)
+        if verdict is _REPEAT_CALLER_CANCELLATION:
+            try:
+                # Level-triggered: the first checkpoint outside our shields raises it again.
+                await anyio.lowlevel.checkpoint()
+            except BaseException:
+                del attempt, call  # no failure outlives the call (C4.6)
+                raise
+            verdict = self._failure(attempt)
+        report = attempt.report
+        assert report is not None
+        del attempt
+        call.release()
+        if verdict is not None:
+            assert isinstance(verdict, BaseException)
+            try:
+                raise verdict
+            finally:
+                del verdict
+        return report
+
+    def force_close(self) -> bool:
+        """A second delivery from anywhere in the loop's thread: abort the close in flight (C3.3).
+
+        The running step's private scope is cancelled; the close waits for it
+        to exit, starts nothing else, logs one warning and stays ``closing``.
+        Returns whether a close was in flight to abort (otherwise nothing happens).
+        """
+        attempt = self._in_flight
+        if attempt is None or attempt.steps_done:
+            return False
+        self._count_delivery()
+        return self._force(attempt, "force_close()")
+
+    def force_close_from_thread(self) -> bool:
+        """:meth:`force_close`, asked for from any thread; never blocks.
+
+        Returns whether the request was handed to the event loop of a close in
+        flight; the abort itself happens there, soon after.
+        """
+        loop = self._loop
+        if self._in_flight is None or loop is None:
+            return False
+        return loop.run_sync_soon(self.force_close)
+
+    def _count_delivery(self) -> None:
+        self._deliveries += 1
+
+    def _begin(self, call: CloseCall) -> _Attempt:
+        attempt = _Attempt(closer=call, finished=anyio.Event())
+        self._in_flight = attempt
+        self._state = LedgerState.CLOSING
+        self._attempts += 1
+        self._loop = capture_loop_handle()
+        return attempt
+
+    async def _run(self, attempt: _Attempt, call: CloseCall) -> None:  # noqa: ASYNC910  (the group's exit checkpoints)
+        try:
+            with anyio.CancelScope(shield=True):
+                # asyncio only: a native Task.cancel() can land on the task
+                # group's exit checkpoint, after every step finished. Still a
+                # delivery at the closer's own checkpoint (C3): counted, and
+                # re-raised by aclose() like one caught while waiting.
+                with CatchDeliveries(call, partial(self._force, attempt)):
+                    async with anyio.create_task_group() as steps:
+                        await self._run_phases(steps, attempt, call)
+            call.note_exit()
+        finally:
+            self._finish(attempt)
+
+    async def _run_phases(  # noqa: ASYNC910  (with no step to run, _run's task-group exit checkpoints)
+        self, steps: anyio.abc.TaskGroup, attempt: _Attempt, call: CloseCall
+    ) -> None:
+        # An abort can only land while a step is awaited, so checking after
+        # each step is enough: nothing later is discovered or started.
+        for index, phase in enumerate(PHASES):
+            attempt.reached = index
+            self._reached = max(self._reached, index)
+            self._discover(phase, attempt)
+            for step in list(self._steps[phase]):
+                if step.state is not _StepState.COMPLETED:
+                    await self._run_step(steps, step, attempt, call)
+                if attempt.aborted:
+                    return
+        attempt.steps_done = True
+
+    def _discover(self, phase: Phase, attempt: _Attempt) -> None:
+        for provider in self._providers[phase]:
+            try:
+                for found in list(provider()):
+                    spec = found if isinstance(found, CleanupStep) else CleanupStep(*found)
+                    if spec.name not in self._names:
+                        self._register(phase, spec)
+            except Exception as exc:
+                name = f"{phase} phase discovery"
+                logger.exception("%s: %s failed", self._owner, name)
+                attempt.problems.append((StepProblem(phase, name, "failed", _describe(exc)), exc))
+
+    async def _run_step(
+        self, steps: anyio.abc.TaskGroup, step: _Step, attempt: _Attempt, call: CloseCall
+    ) -> None:
+        run = _StepRun(step, anyio.CancelScope(), anyio.Event())
+        step.state = _StepState.RUNNING
+        attempt.attempted.add(step.spec.name)
+        attempt.running = run
+        steps.start_soon(self._step_task, run, name=f"cleanup step {step.spec.name!r} of {self._owner}")
+        await wait_counting(
+            run.done,
+            call,
+            partial(self._force, attempt),
+            slow_after=step.spec.slow_warning_after,
+            on_slow=partial(self._warn_slow, step),
+        )
+        attempt.running = None
+        self._settle(run, attempt)
+
+    async def _step_task(self, run: _StepRun) -> None:  # noqa: ASYNC910  (a child task; the closer checkpoints)
+        _INSIDE_STEP_OF.set(self)
+        with run, run.scope:  # `run` hands whatever the step raised over to the closer
+            await run.step.spec.run()
+
+    def _warn_slow(self, step: _Step) -> None:
+        logger.warning(
+            "%s: cleanup step %r (%s phase) still running after %s s; still waiting for it",
+            self._owner, step.spec.name, step.phase, step.spec.slow_warning_after,
+        )
+
+    def _settle(self, run: _StepRun, attempt: _Attempt) -> None:
+        step, error = run.step, run.error
+        run.error = None
+        name = step.spec.name
+        if error is not None and _is_fatal(error):
+            step.state = _StepState.INTERRUPTED
+            if attempt.fatal is None:
+                attempt.fatal = unwrap_group(error)
+            self._force(attempt, f"step {name!r} raised {type(unwrap_group(error)).__name__}")
+            attempt.abandoned = attempt.abandoned or name
+            return
+        if run.abandoned:
+            step.state = _StepState.ABANDONED
+            if error is not None and not is_cancellation(error):
+                # Part of the abort, which logs its one warning in _finish().
+                logger.debug("%s: abandoned step %r raised while exiting", self._owner, name, exc_info=error)
+            return
+        if error is None:
+            step.state = _StepState.COMPLETED
+            attempt.completed.append(name)
+            return
+        if is_cancellation(error):
+            step.state = _StepState.INTERRUPTED
+            reported: BaseException = CleanupInterruptedError(
+                f"{self._owner}: cleanup step {name!r} ({step.phase} phase) was interrupted by a "
+                "cancellation; a later close retries it"
+            )
+            reported.__cause__ = error
+            kind: Literal["failed", "interrupted"] = "interrupted"
+            logger.warning("%s: cleanup step %r was interrupted", self._owner, name, exc_info=error)
+        else:
+            step.state = _StepState.FAILED
+            reported, kind = error, "failed"
+            logger.error(
+                "%s: cleanup step %r (%s phase) failed", self._owner, name, step.phase, exc_info=error
+            )
+        attempt.problems.append((StepProblem(step.phase, name, kind, _describe(error)), reported))
+
+    def _force(self, attempt: _Attempt, reason: str) -> bool:
+        if attempt.aborted:
+            return True
+        if attempt.steps_done:
+            return False
+        attempt.aborted = True
+        attempt.abort_reason = reason
+        run = attempt.running
+        if run is not None and not run.done.is_set():
+            run.abandoned = True
+            attempt.abandoned = run.step.spec.name
+            run.scope.cancel(reason=f"close of {self._owner} forced: {reason}")
+        return True
+
+    def _finish(self, attempt: _Attempt) -> None:
+        self._in_flight = None
+        skipped: tuple[str, ...] = ()
+        not_reached: tuple[Phase, ...] = ()
+        if attempt.aborted:
+            skipped = tuple(
+                s.spec.name
+                for phase in PHASES
+                for s in self._steps[phase]
+                if s.state is not _StepState.COMPLETED and s.spec.name not in attempt.attempted
+            )
+            not_reached = PHASES[attempt.reached + 1 :]
+        outcome: AttemptOutcome = (
+            "aborted" if attempt.aborted else "failed" if attempt.problems else "completed"
+        )
+        if outcome == "completed" and all(
+            s.state is _StepState.COMPLETED for phase in PHASES for s in self._steps[phase]
+        ):
+            self._state = LedgerState.CLOSED
+        attempt.report = self._last_report = AttemptReport(
+            outcome=outcome,
+            completed=tuple(attempt.completed),
+            problems=tuple(problem for problem, _ in attempt.problems),
+            abandoned=attempt.abandoned,
+            skipped=skipped,
+            phases_not_reached=not_reached,
+            abort_reason=attempt.abort_reason,
+        )
+        self._last_failures = len(attempt.problems)
+        if attempt.aborted:
+            logger.warning(
+                "%s: close aborted by %s: abandoned step %s; skipped steps: %s; phases not reached: %s. "
+                "Dependent resources stay open; %s stays closing and a later close resumes.",
+                self._owner, attempt.abort_reason,
+                repr(attempt.abandoned) if attempt.abandoned else "(none running)",
+                ", ".join(repr(name) for name in skipped) or "none",
+                ", ".join(not_reached) or "none",
+                self._owner,
+            )
+        attempt.finished.set()
+
+    # -- verdict --------------------------------------------------------------
+
+    def _verdict(self, call: CloseCall, attempt: _Attempt) -> BaseException | _Marker | None:
+        """What this call raises, by precedence (C3.2, C3.3, C7.3, C7.4)."""
+        if call.interrupt is not None:
+            return call.interrupt
+        if attempt.fatal is not None and attempt.closer is call:
+            return attempt.fatal
+        if call.body_exception is not None:
+            # The caller's exception goes on; an edge-triggered cancellation we
+            # caught meanwhile must not be lost, so it wins over a body error.
+            if call.native is not None and not is_cancellation(call.body_exception):
+                return call.native
+            return None
+        if call.native is not None:
+            return call.native
+        if call.caller_cancelled:
+            return _REPEAT_CALLER_CANCELLATION
+        return self._failure(attempt)
+
+    def _failure(self, attempt: _Attempt) -> BaseException | None:
+        if attempt.aborted:
+            return CleanupInterruptedError(
+                f"{self._owner}: close aborted by {attempt.abort_reason}; "
+                f"abandoned step {attempt.abandoned!r}; a later close resumes the unfinished steps"
+            )
+        if attempt.problems:
+            return attempt.problems[0][1]
+        return None
+
+
+class _Marker(enum.Enum):
+    REPEAT_CALLER_CANCELLATION = "repeat caller cancellation"
+
+
+_REPEAT_CALLER_CANCELLATION: Final = _Marker.REPEAT_CALLER_CANCELLATION

@@ -1,0 +1,1 @@
+"""The engine: processor, workers, stops, publishing, the item path, the pool, entry points."""

@@ -1,0 +1,207 @@
+"""The result channel between workers and consumers, ending in one durable terminal (CONTRACT C6).
+
+Workers ``put`` results; consumers ``get`` them. The stream ends only through
+a terminal decision, made once (the first decision wins):
+
+- success is decided by the consumer that finds the queue empty after every
+  producer finished, and only after the owner's ordered close (the
+  *finalization*) completed;
+- failure is decided by a worker crash, a finalization failure, a cancelled
+  finalizer, or a shutdown before ``finish()``.
+
+After a failure, the results that were queued when the first reader saw the
+decision are still delivered (one shared limit, fixed then); results put later
+are dropped from the stream — they are already in the checkpoint store — so a
+busy queue never postpones the failure. Every reader then raises the
+original exception instance.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+
+from .._values._errors import StreamFinalizationError
+
+__all__ = ["ResultChannel", "ResultChannelStatistics"]
+
+T = TypeVar("T")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ResultChannelStatistics:
+    queued: int
+    delivered: int
+    max_size: int
+    producers_done: bool
+    decided: str | None
+    readers_waiting: int
+    writers_waiting: int
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_SUCCESS = object()
+
+
+class ResultChannel(Generic[T]):
+    """A bounded (``max_size`` > 0) or unbounded (0) queue with a terminal decision."""
+
+    def __init__(self, max_size: int, finalize: Callable[[], Awaitable[None]]) -> None:
+        self._queue: deque[T] = deque()
+        self._max = max_size
+        self._finalize = finalize
+        self._decision: object | None = None
+        self._limit: int | None = None
+        self._delivered = 0
+        self._producers_done = False
+        self._finalizing = False
+        self._readable: anyio.Event | None = None
+        self._writable: anyio.Event | None = None
+        self._decided_event = anyio.Event()
+        self._readers_waiting = 0
+        self._writers_waiting = 0
+        self.failure_delivered = False
+        """Whether some reader has raised the failure terminal (so nobody else must report it)."""
+
+    # --- producer side -------------------------------------------------
+
+    async def put(self, item: T) -> None:
+        """Queue ``item``; waits while the queue is full; dropped once a terminal is decided."""
+        while self._max and len(self._queue) >= self._max and self._decision is None:
+            if self._writable is None:
+                self._writable = anyio.Event()
+            event = self._writable
+            self._writers_waiting += 1
+            try:
+                await event.wait()
+            finally:
+                self._writers_waiting -= 1
+        if self._decision is not None:
+            await anyio.lowlevel.checkpoint()
+            return
+        self._queue.append(item)
+        self._wake_readers()
+        await anyio.lowlevel.checkpoint()
+
+    def producers_finished(self) -> None:
+        """Every producer is done: the next reader to find the queue empty finalizes."""
+        self._producers_done = True
+        self._wake_readers()
+
+    # --- decisions -----------------------------------------------------
+
+    def decide_failure(self, exc: BaseException) -> bool:
+        """Decide a failure terminal unless one was decided already; ``True`` if this call won."""
+        if self._decision is not None:
+            return False
+        self._decision = _Failure(exc)
+        self._settle()
+        return True
+
+    def _decide_success(self) -> None:
+        if self._decision is None:
+            self._decision = _SUCCESS
+            self._settle()
+
+    def _settle(self) -> None:
+        self._decided_event.set()
+        self._wake_readers()
+        if self._writable is not None:
+            self._writable.set()
+            self._writable = None
+
+    @property
+    def decided(self) -> bool:
+        return self._decision is not None
+
+    @property
+    def failure(self) -> BaseException | None:
+        decision = self._decision
+        return decision.exc if isinstance(decision, _Failure) else None
+
+    # --- consumer side -------------------------------------------------
+
+    async def get(self) -> T:
+        """The next result; raises ``anyio.EndOfStream`` after success, or the original failure."""
+        while True:
+            decision = self._decision
+            if isinstance(decision, _Failure):
+                if self._limit is None:
+                    self._limit = self._delivered + len(self._queue)
+                if self._delivered < self._limit and self._queue:
+                    return await self._pop()
+                await anyio.lowlevel.checkpoint()
+                self.failure_delivered = True
+                raise decision.exc
+            if self._queue:
+                return await self._pop()
+            if decision is _SUCCESS:
+                await anyio.lowlevel.checkpoint()
+                raise anyio.EndOfStream
+            if self._producers_done and not self._finalizing:
+                await self._run_finalization()
+                continue
+            if self._readable is None:
+                self._readable = anyio.Event()
+            event = self._readable
+            self._readers_waiting += 1
+            try:
+                await event.wait()
+            finally:
+                self._readers_waiting -= 1
+
+    async def _pop(self) -> T:
+        item = self._queue.popleft()
+        self._delivered += 1
+        if self._writable is not None:
+            self._writable.set()
+            self._writable = None
+        await anyio.lowlevel.checkpoint()
+        return item
+
+    async def _run_finalization(self) -> None:
+        self._finalizing = True
+        try:
+            await self._finalize()
+        except anyio.get_cancelled_exc_class() as exc:
+            failure = StreamFinalizationError("stream finalization was cancelled")
+            failure.__cause__ = exc
+            self.decide_failure(failure)
+            raise
+        except BaseException as exc:
+            self.decide_failure(exc)
+            raise
+        self._decide_success()
+
+    async def wait_decided(self) -> None:
+        await self._decided_event.wait()
+
+    def _wake_readers(self) -> None:
+        if self._readable is not None:
+            self._readable.set()
+            self._readable = None
+
+    def statistics(self) -> ResultChannelStatistics:
+        decision = self._decision
+        decided = None if decision is None else ("success" if decision is _SUCCESS else "failure")
+        return ResultChannelStatistics(
+            queued=len(self._queue),
+            delivered=self._delivered,
+            max_size=self._max,
+            producers_done=self._producers_done,
+            decided=decided,
+            readers_waiting=self._readers_waiting,
+            writers_waiting=self._writers_waiting,
+        )

@@ -1,0 +1,368 @@
+"""Error classification: one failed attempt's exception -> an :class:`ErrorCategory`.
+
+The engine has exactly one ``except Exception`` boundary around an attempt and
+calls :func:`classify` from it. Cancellation, ``KeyboardInterrupt`` and
+``SystemExit`` are ``BaseException`` subclasses that never reach that boundary,
+so they are never classified (``classify`` rejects them by type).
+
+Provider SDKs are recognised by duck typing -- class names in the exception's
+MRO and the attributes ``status_code``, ``response.status_code``,
+``response.headers``, ``code`` and ``body`` -- so this module imports neither
+``openai`` nor ``httpx2``. Matching by name also covers the other SDKs built
+from the same generator (anthropic and friends use the same class names).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Final, TypeAlias, final
+
+from .._values._errors import ErrorCategory, ItemDeadlineExceeded, ProviderError
+
+__all__ = [
+    "Classification",
+    "ErrorClassifier",
+    "StrategyClassifier",
+    "classify",
+    "parse_retry_after",
+]
+
+ClassifierVerdict: TypeAlias = ErrorCategory | tuple[ErrorCategory, float | None] | None
+ErrorClassifier: TypeAlias = Callable[[Exception], ClassifierVerdict]
+"""A user classifier: ``None`` defers; a category or ``(category, retry_after)`` decides."""
+StrategyClassifier: TypeAlias = Callable[[Exception], tuple[ErrorCategory, float | None] | None]
+"""The shape of :meth:`LLMCallStrategy.classify_error`."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """How one failed attempt is treated.
+
+    ``retry_after`` is the provider's minimum wait in seconds (``None`` when it
+    gave none); ``status_code`` is the HTTP status when the exception carried one.
+    """
+
+    category: ErrorCategory
+    retry_after: float | None = None
+    status_code: int | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.category.retryable
+
+
+# Class names looked up along the exception's MRO, most derived first, so that
+# openai's APITimeoutError (a subclass of APIConnectionError) is a TIMEOUT.
+_BY_CLASS_NAME: Final[Mapping[str, ErrorCategory]] = {
+    # openai (and other Stainless-generated SDKs)
+    "APITimeoutError": ErrorCategory.TIMEOUT,
+    "APIConnectionError": ErrorCategory.TRANSIENT,
+    "RateLimitError": ErrorCategory.RATE_LIMIT,
+    "AuthenticationError": ErrorCategory.AUTHENTICATION,
+    "PermissionDeniedError": ErrorCategory.AUTHENTICATION,
+    "BadRequestError": ErrorCategory.INVALID_REQUEST,
+    "UnprocessableEntityError": ErrorCategory.INVALID_REQUEST,
+    "InternalServerError": ErrorCategory.SERVER,
+    "ContentFilterFinishReasonError": ErrorCategory.CONTENT_POLICY,
+    # The output hit max_tokens before a structured answer was complete.
+    "LengthFinishReasonError": ErrorCategory.PARSE,
+    "APIResponseValidationError": ErrorCategory.PARSE,
+    # httpx / httpx2 (HTTPStatusError is decided by its response's status)
+    "TimeoutException": ErrorCategory.TIMEOUT,
+    "ConnectError": ErrorCategory.TRANSIENT,
+    "ReadError": ErrorCategory.TRANSIENT,
+    "WriteError": ErrorCategory.TRANSIENT,
+    "CloseError": ErrorCategory.TRANSIENT,
+    "RemoteProtocolError": ErrorCategory.TRANSIENT,
+    "NetworkError": ErrorCategory.TRANSIENT,
+    # trio's move_on/fail_after flavour, in case a strategy uses it directly
+    "TooSlowError": ErrorCategory.TIMEOUT,
+}
+
+_CONTEXT_LENGTH_MARKERS: Final = (
+    "context_length_exceeded",
+    "context length",
+    "context window",
+    "maximum context",
+    "prompt is too long",
+    "input is too long",
+    "too many tokens",
+    "too many input tokens",
+    "string_above_max_length",
+    "reduce the length",
+)
+_CONTENT_POLICY_MARKERS: Final = (
+    "content_filter",
+    "content_policy",
+    "content policy",
+    "content management policy",
+    "responsibleaipolicyviolation",
+    "moderation_blocked",
+    "invalid_prompt",
+    "safety system",
+)
+# OpenAI answers 429 with code "insufficient_quota" when the account is out of
+# credit: retrying that twenty times would only waste the rate-limit budget.
+_BALANCE_MARKERS: Final = (
+    "insufficient_quota",
+    "exceeded your current quota",
+    "insufficient balance",
+    "billing_hard_limit_reached",
+)
+_TEXT_SCAN_LIMIT: Final = 4096
+_CLASS_NAME_CACHE_SIZE: Final = 1024
+_class_name_cache: dict[type[Exception], ErrorCategory | None] = {}
+
+
+def classify(
+    exc: Exception,
+    *,
+    strategy_classifier: StrategyClassifier | None = None,
+    user_classifier: ErrorClassifier | None = None,
+    now: float | None = None,
+) -> Classification:
+    """Classify one attempt's failure.
+
+    Called only from the engine's ``except Exception`` boundary: cancellation,
+    ``KeyboardInterrupt`` and ``SystemExit`` never get here, and passing any
+    non-``Exception`` raises ``TypeError``.
+
+    Precedence: ``user_classifier``, then ``strategy_classifier`` (the
+    strategy's ``classify_error``), then the built-in rules. A classifier
+    returns ``None`` to defer to the next one. When a classifier decides the
+    category but gives no retry-after, the exception's own Retry-After is used.
+    A classifier that raises propagates (a bug in user code is not hidden).
+    ``now`` is the wall-clock time (``time.time()`` by default) used to turn an
+    HTTP-date Retry-After into seconds.
+    """
+    if not isinstance(exc, Exception):
+        raise TypeError(f"classify() takes an Exception, not {type(exc).__name__}")
+    # Fast path: the strategy has already said what the failure is.
+    if user_classifier is None and strategy_classifier is None and isinstance(exc, ProviderError):
+        return Classification(exc.category, _clean_seconds(exc.retry_after), exc.status_code)
+
+    for classifier in (user_classifier, strategy_classifier):
+        if classifier is None:
+            continue
+        verdict = classifier(exc)
+        if verdict is None:
+            continue
+        if isinstance(verdict, tuple):
+            category, retry_after = ErrorCategory(verdict[0]), _clean_seconds(verdict[1])
+        else:
+            category, retry_after = ErrorCategory(verdict), None
+        if retry_after is None:
+            retry_after = _retry_after_of(exc, now)
+        return Classification(category, retry_after, _status_code_of(exc))
+
+    return _default(exc, now)
+
+
+def _default(exc: Exception, now: float | None) -> Classification:
+    if isinstance(exc, ProviderError):
+        return Classification(exc.category, _clean_seconds(exc.retry_after), exc.status_code)
+    status = _status_code_of(exc)
+    retry_after = _retry_after_of(exc, now)
+    if isinstance(exc, ItemDeadlineExceeded):
+        return Classification(ErrorCategory.DEADLINE, retry_after, status)
+    category = _category_by_class_name(type(exc))
+    if category is None and status is not None:
+        category = _category_by_status(status)
+    if category is None:
+        category = _category_by_builtin_type(exc)
+    return Classification(_refine(category, exc), retry_after, status)
+
+
+def _category_by_class_name(exc_type: type[Exception]) -> ErrorCategory | None:
+    # An MRO never changes, so the walk is done once per exception type.
+    try:
+        return _class_name_cache[exc_type]
+    except KeyError:
+        pass
+    found = None
+    for klass in exc_type.__mro__:
+        found = _BY_CLASS_NAME.get(klass.__name__)
+        if found is not None:
+            break
+    if len(_class_name_cache) >= _CLASS_NAME_CACHE_SIZE:  # types made on the fly must not pile up
+        _class_name_cache.clear()
+    _class_name_cache[exc_type] = found
+    return found
+
+
+def _category_by_status(status: int) -> ErrorCategory | None:
+    if status == 429:
+        return ErrorCategory.RATE_LIMIT
+    if status == 408:
+        return ErrorCategory.TIMEOUT
+    if 500 <= status <= 599:
+        return ErrorCategory.SERVER
+    if status in (401, 403):
+        return ErrorCategory.AUTHENTICATION
+    if status == 402:
+        return ErrorCategory.INSUFFICIENT_BALANCE
+    # 409 (conflict / lock timeout) and 425 (too early) clear up on their own.
+    if status in (409, 425):
+        return ErrorCategory.TRANSIENT
+    if 400 <= status <= 499:
+        # 400, 422 and the other client errors (404 unknown model, 413 too large):
+        # sending the same request again gives the same answer.
+        return ErrorCategory.INVALID_REQUEST
+    return None
+
+
+def _category_by_builtin_type(exc: Exception) -> ErrorCategory:
+    if isinstance(exc, TimeoutError):
+        return ErrorCategory.TIMEOUT
+    if isinstance(exc, OSError):  # ConnectionError and the rest of the socket family
+        return ErrorCategory.TRANSIENT
+    if isinstance(exc, json.JSONDecodeError):
+        return ErrorCategory.PARSE
+    if isinstance(exc, UnicodeEncodeError):
+        # Text that cannot be encoded (a lone surrogate in a request an SDK builds) fails alike every time.
+        return ErrorCategory.INVALID_REQUEST
+    # A plain ValueError may be a bug as easily as a bad answer: UNKNOWN.
+    return ErrorCategory.UNKNOWN
+
+
+def _refine(category: ErrorCategory, exc: Exception) -> ErrorCategory:
+    """Look at the error code and wording where the status alone is ambiguous."""
+    if category is ErrorCategory.INVALID_REQUEST:
+        text = _error_text(exc)
+        if any(marker in text for marker in _CONTEXT_LENGTH_MARKERS):
+            return ErrorCategory.CONTEXT_LENGTH
+        if any(marker in text for marker in _CONTENT_POLICY_MARKERS):
+            return ErrorCategory.CONTENT_POLICY
+        if any(marker in text for marker in _BALANCE_MARKERS):
+            return ErrorCategory.INSUFFICIENT_BALANCE
+    elif category is ErrorCategory.RATE_LIMIT:
+        text = _error_text(exc)
+        if any(marker in text for marker in _BALANCE_MARKERS):
+            return ErrorCategory.INSUFFICIENT_BALANCE
+    return category
+
+
+def _error_text(exc: Exception) -> str:
+    """The exception's message, code, body and (already read) response text, lowercased."""
+    parts = [str(exc)]
+    for name in ("code", "type", "body", "message"):
+        value = getattr(exc, name, None)
+        if value is not None:
+            parts.append(str(value))
+    response = getattr(exc, "response", None)
+    if response is not None:
+        parts.append(_response_text(response))
+    return " ".join(parts)[: _TEXT_SCAN_LIMIT * 2].lower()
+
+
+def _response_text(response: object) -> str:
+    # httpx raises ResponseNotRead for a streamed body nobody read; classifying
+    # must not read the network, so an unread body simply contributes nothing.
+    try:
+        text = getattr(response, "text", "")
+    except Exception:  # noqa: BLE001 - any failure means "no body text available"
+        return ""
+    return text[:_TEXT_SCAN_LIMIT] if isinstance(text, str) else ""
+
+
+def _status_code_of(exc: Exception) -> int | None:
+    status = _as_status(getattr(exc, "status_code", None))
+    if status is None:
+        response = getattr(exc, "response", None)
+        if response is not None:
+            status = _as_status(getattr(response, "status_code", None))
+    return status
+
+
+def _as_status(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 100 <= value <= 999 else None
+    if isinstance(value, str) and value.isdigit():
+        return _as_status(int(value))
+    return None
+
+
+def _retry_after_of(exc: Exception, now: float | None) -> float | None:
+    own = getattr(exc, "retry_after", None)
+    if own is not None:
+        seconds = parse_retry_after(own, now=now) if isinstance(own, str) else _clean_seconds(own)
+        if seconds is not None:
+            return seconds
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) if response is not None else None
+    if headers is None:
+        return None
+    millis = _header(headers, "retry-after-ms")
+    if millis is not None:
+        seconds = _parse_delta(millis)
+        if seconds is not None:
+            return seconds / 1000.0
+    value = _header(headers, "retry-after")
+    return parse_retry_after(value, now=now) if value is not None else None
+
+
+def _header(headers: object, name: str) -> str | None:
+    """``headers[name]`` for httpx-style (case-insensitive) headers or a plain mapping."""
+    getter = getattr(headers, "get", None)
+    if getter is None:
+        return None
+    value = getter(name)
+    if value is None and isinstance(headers, Mapping):
+        for key, candidate in headers.items():
+            if isinstance(key, str) and key.lower() == name:
+                value = candidate
+                break
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return value if isinstance(value, str) else None
+
+
+def parse_retry_after(value: str, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header value, or ``None`` if it is not one.
+
+    Accepts delta-seconds (``"120"``; a decimal such as ``"1.5"`` too, as some
+    providers send) and an HTTP-date, which is measured from ``now`` (wall-clock
+    seconds since the epoch, ``time.time()`` by default) and clamped at 0 when
+    it lies in the past. Negative, non-finite and unparseable values give ``None``.
+    """
+    value = value.strip()
+    if not value:
+        return None
+    seconds = _parse_delta(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # "-0000" means UTC with no claim about local time
+        when = when.replace(tzinfo=UTC)
+    reference = time.time() if now is None else now
+    return max(0.0, when.timestamp() - reference)
+
+
+def _parse_delta(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _clean_seconds(value: object) -> float | None:
+    """A finite, non-negative number of seconds, or ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    seconds = float(value)
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)

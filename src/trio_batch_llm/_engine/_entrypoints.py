@@ -1,0 +1,279 @@
+"""The high-level surfaces: process_prompts, process_stream, call, call_result.
+
+Thin wrappers over :class:`ParallelBatchProcessor` and :class:`LLMCallPool`;
+they validate their input completely (for finite sources) before any call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar, final
+
+import anyio
+
+from .._observe._progress import Progress, make_progress
+from .._strategies._base import LLMCallStrategy
+from .._values._config import ProcessorConfig, ResumePolicy
+from .._values._errors import AdmissionClosedError, ConfigurationError
+from .._values._results import BatchResult, BatchTermination, LLMWorkItem, WorkItemResult
+from ._channel import ResultChannelStatistics
+from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
+from ._pool import LLMCallPool
+from ._processor import ParallelBatchProcessor
+
+__all__ = ["ResultStream", "call", "call_result", "process_prompts", "process_stream"]
+
+TOutput = TypeVar("TOutput")
+Prompts = Iterable[Any] | AsyncIterable[Any]
+ProgressArg = bool | Callable[[int, int | None, str], Any] | Progress | None
+
+logger = logging.getLogger("trio_batch_llm")
+
+
+def _resolve_config(config: ProcessorConfig | None, concurrency: int | None) -> ProcessorConfig:
+    if config is not None and not isinstance(config, ProcessorConfig):
+        raise TypeError(f"config={config!r}: must be a ProcessorConfig")
+    if concurrency is None:
+        return config if config is not None else ProcessorConfig()
+    if config is None:
+        return ProcessorConfig(concurrency=concurrency)
+    if config.workers != concurrency and (config.concurrency is not None or config.max_workers is not None):
+        raise ConfigurationError(
+            "concurrency", concurrency, f"conflicts with config.workers={config.workers}; set one of them"
+        )
+    return dataclasses.replace(config, concurrency=concurrency, max_workers=None)
+
+
+def _progress_callback(progress: ProgressArg) -> Callable[[int, int | None, str], Any] | Progress | None:
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return make_progress(True)
+    if isinstance(progress, Progress) or callable(progress):
+        return progress
+    raise TypeError(f"progress={progress!r}: must be a bool or a callable (completed, total, item_id)")
+
+
+def _check_strategy(strategy: object) -> None:
+    if not isinstance(strategy, LLMCallStrategy):
+        raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy (see CallableStrategy)")
+
+
+async def process_prompts(
+    strategy: LLMCallStrategy[TOutput],
+    prompts: Prompts,
+    *,
+    config: ProcessorConfig | None = None,
+    concurrency: int | None = None,
+    progress: ProgressArg = False,
+    preserve_order: bool = False,
+    artifact_store: Any = None,
+    resume: ResumePolicy = ResumePolicy.NONE,
+    **processor_kwargs: Any,
+) -> BatchResult[TOutput]:
+    """Run every prompt and return one result per item.
+
+    Controlled stops (batch deadline, abort, budget) still return a
+    :class:`BatchResult`; its ``termination`` says why it stopped.
+    """
+    _check_strategy(strategy)
+    validate_source(prompts)
+    cfg = _resolve_config(config, concurrency)
+    callback = _progress_callback(progress)
+    proc: ParallelBatchProcessor[TOutput]
+    batch: BatchResult[TOutput] | None = None
+    if not is_sized_source(prompts):
+        proc = ParallelBatchProcessor(
+            _bounded_input(cfg),
+            progress_callback=callback,
+            artifact_store=artifact_store,
+            resume=resume,
+            **processor_kwargs,
+        )
+        with _keep_if_only_strategy_cleanup_failed(proc, lambda: batch is not None):
+            async with proc:
+                stream = _start_stream(proc, prompts, strategy)
+                started = anyio.current_time()
+                results = [result async for result in stream]
+                batch = BatchResult.from_results(
+                    results,
+                    termination=stream.termination,
+                    wall_time=anyio.current_time() - started,
+                    input_order=stream.input_order,
+                )
+    else:
+        items = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
+        # The items are in memory already, so the input queue need not bound them.
+        proc = ParallelBatchProcessor(
+            dataclasses.replace(cfg, max_queue_size=0),
+            progress_callback=callback,
+            artifact_store=artifact_store,
+            resume=resume,
+            **processor_kwargs,
+        )
+        with _keep_if_only_strategy_cleanup_failed(proc, lambda: batch is not None):
+            async with proc:
+                for item in items:
+                    await proc.add_work(item)
+                batch = await proc.process_all()
+    assert batch is not None
+    if preserve_order:
+        batch.results = batch.in_input_order()
+    return batch
+
+
+@final
+class ResultStream(AsyncIterator[WorkItemResult[TOutput]]):
+    """What ``process_stream`` yields: results in completion order, then its terminal."""
+
+    def __init__(self, processor: ParallelBatchProcessor[TOutput]) -> None:
+        self._processor = processor
+        self._iterator = processor.results()
+
+    def __aiter__(self) -> ResultStream[TOutput]:
+        return self
+
+    async def __anext__(self) -> WorkItemResult[TOutput]:
+        return await self._iterator.__anext__()
+
+    @property
+    def termination(self) -> BatchTermination:
+        return self._processor.termination
+
+    @property
+    def input_order(self) -> list[str]:
+        return self._processor._input_order
+
+    def statistics(self) -> ResultChannelStatistics:
+        channel = self._processor._channel
+        assert channel is not None
+        return channel.statistics()
+
+
+@asynccontextmanager
+async def process_stream(
+    strategy: LLMCallStrategy[TOutput],
+    prompts: Prompts,
+    *,
+    config: ProcessorConfig | None = None,
+    concurrency: int | None = None,
+    progress: ProgressArg = False,
+    artifact_store: Any = None,
+    resume: ResumePolicy = ResumePolicy.NONE,
+    **processor_kwargs: Any,
+) -> AsyncIterator[ResultStream[TOutput]]:
+    """``async with process_stream(...) as results: async for r in results: ...``
+
+    Results arrive in completion order. Leaving the block early cancels the
+    outstanding work (with a reason) and closes everything in contract order.
+    Finite sources (lists, tuples) are validated whole before any call; lazy
+    sources are validated as they are read, and a bad entry ends the stream
+    with its error.
+    """
+    _check_strategy(strategy)
+    validate_source(prompts)
+    cfg = _resolve_config(config, concurrency)
+    if is_sized_source(prompts):
+        prompts = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
+    async with ParallelBatchProcessor(
+        _bounded_input(cfg),
+        progress_callback=_progress_callback(progress),
+        artifact_store=artifact_store,
+        resume=resume,
+        **processor_kwargs,
+    ) as proc:
+        proc._record_order = False
+        yield _start_stream(proc, prompts, strategy)
+
+
+def _bounded_input(cfg: ProcessorConfig) -> ProcessorConfig:
+    if cfg.max_queue_size:
+        return cfg
+    # Bounded by default so a lazy source of millions is read only as fast as it is processed.
+    return dataclasses.replace(cfg, max_queue_size=max(2 * cfg.workers, 64))
+
+
+def _start_stream(
+    proc: ParallelBatchProcessor[TOutput], source: Prompts, strategy: LLMCallStrategy[TOutput]
+) -> ResultStream[TOutput]:
+    proc.start()
+    proc._runtime_group().start_soon(_feed, proc, source, strategy, name="process_stream producer")
+    return ResultStream(proc)
+
+
+@contextmanager
+def _keep_if_only_strategy_cleanup_failed(
+    proc: ParallelBatchProcessor[Any] | LLMCallPool[Any], completed: Callable[[], bool]
+) -> Iterator[None]:
+    """CONTRACT C7.5: a completed result survives a failure of user strategy ``cleanup()`` alone.
+
+    Runtime, admission and store failures (and anything while the work was
+    still running) propagate.
+    """
+    try:
+        yield
+    except Exception:
+        if not completed() or not proc._ledger.only_failed_in("strategies"):
+            raise
+        logger.warning("strategy cleanup failed after the work completed; keeping the result", exc_info=True)
+
+
+async def _feed(  # noqa: ASYNC910 - add_work checkpoints on every path
+    proc: ParallelBatchProcessor[TOutput], source: Prompts, strategy: LLMCallStrategy[TOutput]
+) -> None:
+    items: AsyncIterator[LLMWorkItem[TOutput]] = aiter_items(source, strategy)
+    try:
+        async for item in items:
+            try:
+                await proc.add_work(item)
+            except AdmissionClosedError:
+                break  # a controlled stop; queued items are reported as not executed
+        await proc.finish()  # a no-op after a controlled stop
+    except Exception as exc:  # noqa: BLE001 - ends the stream with this error
+        # A bad entry or a failing source ends the stream with that error (CONTRACT C6.2).
+        proc._fail_stream(exc)
+    finally:
+        closer = getattr(source, "aclose", None)
+        if closer is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await closer()
+
+
+async def call_result(
+    strategy: LLMCallStrategy[TOutput],
+    prompt: str,
+    *,
+    config: ProcessorConfig | None = None,
+    error_classifier: Callable[[Exception], Any] | None = None,
+) -> WorkItemResult[TOutput]:
+    """One request through the full retry/admission path; never raises for provider failures."""
+    _check_strategy(strategy)
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt={prompt!r}: must be a str")
+    cfg = config if config is not None else ProcessorConfig(max_workers=1)
+    result: WorkItemResult[TOutput] | None = None
+    pool = LLMCallPool(strategy, config=cfg, error_classifier=error_classifier)
+    with _keep_if_only_strategy_cleanup_failed(pool, lambda: result is not None):
+        async with pool:
+            result = await pool.submit_result(prompt)
+    assert result is not None
+    return result
+
+
+async def call(
+    strategy: LLMCallStrategy[TOutput],
+    prompt: str,
+    *,
+    config: ProcessorConfig | None = None,
+    error_classifier: Callable[[Exception], Any] | None = None,
+) -> TOutput:
+    """One request; returns its output or raises :class:`LLMCallError`."""
+    from .._values._errors import LLMCallError
+
+    result = await call_result(strategy, prompt, config=config, error_classifier=error_classifier)
+    if result.success:
+        return result.output  # type: ignore[return-value]
+    raise LLMCallError(f"call failed: {result.error}", result=result) from result.exception

@@ -1,0 +1,190 @@
+"""LLMCallPool: one host's admission shared by independent requests (no queue, no dispatcher).
+
+Each caller's own task runs its request through the shared quota scope, so a
+cancelled caller cancels exactly its own work and releases its slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+
+from .._admission._scope import QuotaScopeStatistics
+from .._core._host import ExecutorHost
+from .._core._owner import HostedOwner
+from .._strategies._base import LLMCallStrategy
+from .._values._config import ProcessorConfig
+from .._values._errors import (
+    AdmissionClosedError,
+    ConfigurationError,
+    ErrorCategory,
+    LLMCallError,
+    QueueFullError,
+)
+from .._values._item_checks import check_item
+from .._values._results import LLMWorkItem, WorkItemResult
+from ._item import ItemRunner, ItemTally, UserClassifier
+
+__all__ = ["LLMCallPool", "PoolStatistics"]
+
+TOutput = TypeVar("TOutput")
+
+
+@final
+class LLMCallPool(HostedOwner, Generic[TOutput]):
+    """Share concurrency, RPM/TPM quotas, cooldowns and a prepared strategy across requests.
+
+    ``max_pending`` bounds waiting: at most ``concurrency + max_pending``
+    requests are admitted or waiting; past that ``submit`` raises
+    :class:`QueueFullError` at once (``submit_result`` returns a failed result).
+    ``submit_timeout`` bounds one caller's wait and call.
+    """
+
+    def __init__(
+        self,
+        strategy: LLMCallStrategy[TOutput],
+        *,
+        config: ProcessorConfig | None = None,
+        error_classifier: UserClassifier | None = None,
+        max_pending: int | None = None,
+        submit_timeout: float | None = None,
+        host: ExecutorHost | None = None,
+    ) -> None:
+        if not isinstance(strategy, LLMCallStrategy):
+            raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy")
+        if max_pending is not None and (
+            isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0
+        ):
+            raise ConfigurationError("max_pending", max_pending, "must be a whole number >= 0")
+        if submit_timeout is not None and (
+            not isinstance(submit_timeout, (int, float)) or submit_timeout <= 0
+        ):
+            raise ConfigurationError("submit_timeout", submit_timeout, "must be a number > 0")
+        self.strategy = strategy
+        self.config = config if config is not None else (host.config if host else ProcessorConfig())
+        self._init_owner(host, ExecutorHost(self.config, name="LLMCallPool"), "LLMCallPool")
+        self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier)
+        self._capacity = None if max_pending is None else self.config.provider_concurrency + max_pending
+        self._submit_timeout = submit_timeout
+        self._pending = 0
+        self._idle: anyio.Event | None = None
+        self._accepting = False
+        self._sequence = 0
+        self._ledger.add_step("runtime", "drain in-flight requests", self._drain)
+
+    async def __aenter__(self) -> LLMCallPool[TOutput]:
+        if self._accepting or self._sequence:
+            raise RuntimeError("LLMCallPool is one-shot; create a new one")
+        if self._owns_host:
+            await self._host.__aenter__()
+        else:
+            await anyio.lowlevel.checkpoint()
+        self._accepting = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        await self._exit_owner(exc_type, exc, tb)
+        return None
+
+    @property
+    def pending(self) -> int:
+        """Requests admitted or waiting right now."""
+        return self._pending
+
+    async def submit(self, prompt: str, *, context: Any = None, timeout: float | None = None) -> TOutput:
+        """Run one request and return its output; raises :class:`LLMCallError` on failure."""
+        self._check_capacity(raise_full=True)
+        result = await self._run(prompt, context, timeout)
+        if result.success:
+            return result.output  # type: ignore[return-value]
+        raise LLMCallError(f"request {result.item_id!r} failed: {result.error}", result=result) from (
+            result.exception
+        )
+
+    async def submit_result(
+        self, prompt: str, *, context: Any = None, timeout: float | None = None
+    ) -> WorkItemResult[TOutput]:
+        """Run one request; provider failures come back as a failed result, never raised."""
+        full = self._check_capacity(raise_full=False)
+        if full is not None:
+            await anyio.lowlevel.checkpoint()
+            return full
+        return await self._run(prompt, context, timeout)
+
+    def _check_capacity(self, *, raise_full: bool) -> WorkItemResult[TOutput] | None:
+        if not self._accepting:
+            state = "not open" if self._ledger.state == "open" else self._ledger.state
+            raise AdmissionClosedError(f"LLMCallPool is {state}; it accepts no new requests")
+        if self._capacity is not None and self._pending >= self._capacity:
+            message = (
+                f"LLMCallPool is full: {self._pending} requests admitted or waiting "
+                f"(concurrency + max_pending = {self._capacity})"
+            )
+            if raise_full:
+                raise QueueFullError(message)
+            self._sequence += 1
+            exc = QueueFullError(message)
+            return WorkItemResult(
+                item_id=f"request-{self._sequence}",
+                success=False,
+                error=message,
+                exception=exc,
+                error_category=ErrorCategory.NOT_EXECUTED,
+            )
+        return None
+
+    async def _run(self, prompt: str, context: Any, timeout: float | None) -> WorkItemResult[TOutput]:
+        self._sequence += 1
+        item = LLMWorkItem(
+            item_id=f"request-{self._sequence}", strategy=self.strategy, prompt=prompt, context=context
+        )
+        check_item(item.item_id, prompt, context)
+        limit = timeout if timeout is not None else self._submit_timeout
+        self._pending += 1
+        try:
+            return await self._runner.run(
+                item, ItemTally(anyio.current_time()), timeout=limit, timeout_reason="submit timeout"
+            )
+        finally:
+            self._pending -= 1
+            if self._pending == 0 and self._idle is not None:
+                self._idle.set()
+                self._idle = None
+
+    async def _drain(self) -> None:
+        # CONTRACT C2.5: admitted requests run to completion; new ones are refused.
+        self._accepting = False
+        while self._pending:
+            if self._idle is None:
+                self._idle = anyio.Event()
+            await self._idle.wait()
+        await anyio.lowlevel.checkpoint()
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            state=str(self.state),
+            pending=self._pending,
+            capacity=self._capacity,
+            admission=self._host.quota_scope(self.strategy).statistics(),
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """A snapshot of a pool: requests admitted or waiting, and its quota scope's state."""
+
+    state: str
+    pending: int
+    capacity: int | None
+    """``concurrency + max_pending``, or ``None`` when unbounded."""
+    admission: QuotaScopeStatistics

@@ -1,0 +1,1 @@
+"""Observing a run: lifecycle events and hooks, metrics, progress."""

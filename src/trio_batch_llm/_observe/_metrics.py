@@ -1,0 +1,207 @@
+"""MetricsObserver: counters and latency histograms from lifecycle events, as JSON or Prometheus text."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from typing import Any, Final, final
+
+from .._values._errors import ConfigurationError, ErrorCategory
+from .._values._results import WorkItemResult
+from ._observers import (
+    AttemptFailed,
+    BatchFinished,
+    BatchStarted,
+    ItemCompleted,
+    ItemFailed,
+    ItemReplayed,
+    ItemStarted,
+    LifecycleEvent,
+)
+
+__all__ = ["DEFAULT_LATENCY_BUCKETS", "MetricsObserver"]
+
+
+DEFAULT_LATENCY_BUCKETS: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+"""Upper bounds (seconds) of the latency histograms; ``+Inf`` is implied."""
+
+_HISTOGRAMS: Final = (
+    ("admission_wait", "admission_wait_seconds", "Time items waited for admission (slot, RPM, TPM)."),
+    ("execution", "execution_seconds", "Time items spent in provider calls, all attempts."),
+    ("total", "item_duration_seconds", "Time from an item's start to its result."),
+)
+
+
+@final
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # first bound >= value: le semantics
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        running, rows = 0, []
+        for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += count
+            rows.append((_number(bound), running))
+        return rows
+
+
+def _number(value: float) -> str:
+    if value == math.inf:
+        return "+Inf"
+    return str(value) if isinstance(value, int) else repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _bump(counter: dict[str, int], key: str, by: int = 1) -> None:
+    counter[key] = counter.get(key, 0) + by
+
+
+@final
+class MetricsObserver:
+    """Counters and latency histograms from lifecycle events; export with
+    :meth:`to_dict` (JSON-ready) or :meth:`to_prometheus` (text exposition 0.0.4).
+
+    Items count by outcome (``succeeded``, ``failed``, ``replayed``). A retry
+    is a failed attempt that was followed by another attempt of the same item,
+    counted under the failure's category. Tokens and latencies cover items
+    executed in this run (replays cost nothing now). Read it on the event
+    loop, or accept a snapshot that may be one event behind.
+    """
+
+    def __init__(self, *, buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
+                 prefix: str = "trio_batch_llm") -> None:
+        bounds = tuple(sorted(float(b) for b in buckets))
+        if not bounds or not all(0 < b < math.inf for b in bounds) or len(set(bounds)) != len(bounds):
+            raise ConfigurationError("buckets", bounds, "must be distinct finite numbers > 0")
+        self.prefix = prefix
+        self.items = {"succeeded": 0, "failed": 0, "replayed": 0}
+        self.failed_by_category: dict[str, int] = {}
+        self.attempts = 0
+        self.attempt_failures: dict[str, int] = {}
+        self.retries: dict[str, int] = {}
+        self.tokens = {"input": 0, "output": 0, "total": 0}
+        self.batches_started = 0
+        self.batches_finished: dict[str, int] = {}
+        self.histograms = {key: _Histogram(bounds) for key, _, _ in _HISTOGRAMS}
+        self._running: dict[str, list[tuple[int, str]]] = {}  # item id -> its failed attempts so far
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    @property
+    def retries_total(self) -> int:
+        return sum(self.retries.values())
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        if isinstance(event, ItemStarted):
+            self._running.setdefault(event.item_id, [])
+        elif isinstance(event, AttemptFailed):
+            _bump(self.attempt_failures, event.category.value)
+            self._running.setdefault(event.item_id, []).append((event.attempt, event.category.value))
+        elif isinstance(event, ItemCompleted | ItemFailed):
+            self._finished(event.result)
+        elif isinstance(event, ItemReplayed):
+            self.items["replayed"] += 1
+        elif isinstance(event, BatchStarted):
+            self.batches_started += 1
+        elif isinstance(event, BatchFinished):
+            _bump(self.batches_finished, event.termination.kind)
+
+    __call__ = on_event
+
+    def _finished(self, result: WorkItemResult[Any]) -> None:
+        failures = self._running.pop(result.item_id, None)
+        if result.success:
+            self.items["succeeded"] += 1
+        else:
+            self.items["failed"] += 1
+            _bump(self.failed_by_category, (result.error_category or ErrorCategory.UNKNOWN).value)
+        self.attempts += result.attempts
+        usage = result.token_usage
+        self.tokens["input"] += usage.get("input_tokens", 0)
+        self.tokens["output"] += usage.get("output_tokens", 0)
+        self.tokens["total"] += usage.get("total_tokens", 0)
+        if failures is None:
+            return  # never started (stopped before it ran): no latency to record
+        if failures and not result.success and failures[-1][0] >= result.attempts:
+            failures = failures[:-1]  # the final failure was not retried
+        for _, category in failures:
+            _bump(self.retries, category)
+        timing = result.timing
+        for key, histogram in self.histograms.items():
+            histogram.observe(getattr(timing, key))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as plain JSON types; histogram buckets are cumulative, keyed by ``le``."""
+        return {
+            "items": dict(self.items),
+            "items_failed_by_category": dict(sorted(self.failed_by_category.items())),
+            "in_flight": self.in_flight,
+            "attempts": self.attempts,
+            "attempt_failures_by_category": dict(sorted(self.attempt_failures.items())),
+            "retries": self.retries_total,
+            "retries_by_category": dict(sorted(self.retries.items())),
+            "tokens": dict(self.tokens),
+            "batches": {"started": self.batches_started,
+                        "finished_by_termination": dict(sorted(self.batches_finished.items()))},
+            "latency_seconds": {
+                key: {"buckets": dict(h.cumulative()), "sum": h.sum, "count": h.count}
+                for key, h in self.histograms.items()
+            },
+        }
+
+    def to_prometheus(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4), ending in a newline."""
+        p = self.prefix
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, str, float]]) -> None:
+            lines.append(f"# HELP {p}_{name} {help_text}")
+            lines.append(f"# TYPE {p}_{name} {kind}")
+            for suffix, labels, value in samples:
+                lines.append(f"{p}_{name}{suffix}{labels} {_number(value)}")
+
+        def labelled(label: str, counts: dict[str, int]) -> list[tuple[str, str, float]]:
+            return [("", f'{{{label}="{_escape(key)}"}}', value) for key, value in sorted(counts.items())]
+
+        family("items_total", "counter", "Items that reached a result, by outcome.",
+               labelled("outcome", self.items))
+        family("items_failed_total", "counter", "Failed items, by error category.",
+               labelled("category", self.failed_by_category))
+        family("items_in_flight", "gauge", "Items started and not yet finished.", [("", "", self.in_flight)])
+        family("attempts_total", "counter", "Provider attempts made by finished items.",
+               [("", "", self.attempts)])
+        family("attempt_failures_total", "counter", "Failed attempts, by error category.",
+               labelled("category", self.attempt_failures))
+        family("retries_total", "counter", "Failed attempts that were retried, by error category.",
+               labelled("category", self.retries))
+        family("tokens_total", "counter", "Tokens used by items executed in this run.",
+               labelled("kind", self.tokens))
+        family("batches_started_total", "counter", "Batches started.", [("", "", self.batches_started)])
+        family("batches_finished_total", "counter", "Batches finished, by termination.",
+               labelled("termination", self.batches_finished))
+        for key, name, help_text in _HISTOGRAMS:
+            histogram = self.histograms[key]
+            samples: list[tuple[str, str, float]] = [
+                ("_bucket", f'{{le="{le}"}}', count) for le, count in histogram.cumulative()
+            ]
+            samples += [("_sum", "", histogram.sum), ("_count", "", histogram.count)]
+            family(name, "histogram", help_text, samples)
+        return "\n".join(lines) + "\n"

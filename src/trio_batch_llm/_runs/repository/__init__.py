@@ -1,0 +1,1 @@
+"""Where a durable run's state lives: the repository protocol's implementations."""

@@ -1,0 +1,230 @@
+"""The OpenAI Files and Batch APIs, spoken over ``_http`` (httpx2) with an endpoint strategy's settings.
+
+:class:`BatchEndpoint` is the only thing the batch driver talks to: upload a
+request file, create a batch, look at it, find it again by its metadata,
+download its output and error files, cancel it. It owns its HTTP client (or
+borrows the ``client=`` of an :class:`OpenAICompatibleStrategy`, which it never
+closes), and it is used inside one drive segment, closed by that segment.
+
+Every request first passes :meth:`BatchEndpoint.gate`: at or after the
+``wait()`` deadline no request starts (the caller's cancel scope fires at that
+deadline, so a request that would start then parks until it does). Each
+request is bounded by ``request_timeout``; a request that gets no answer
+raises :class:`ProviderError` with ``status_code=None``, which for a *create*
+means its outcome is unknown (see :func:`create_outcome_unknown`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, final
+
+import anyio
+import anyio.lowlevel
+
+from ..._values._errors import ErrorCategory, ProviderError
+from ..._values._urls import join_url
+from ._compatible import _EndpointStrategy
+from ._wire import API_PATHS, Api, decode_error_body, error_from_status
+
+__all__ = ["BatchEndpoint", "BatchInfo", "SendMark", "create_outcome_unknown"]
+
+TERMINAL_BATCH_STATUSES: Final = frozenset({"completed", "failed", "expired", "cancelled"})
+_LIST_PAGE: Final = 100
+_MAX_LIST_PAGES: Final = 20
+# Statuses after which a create certainly made nothing: the request was refused before any work.
+_REFUSED_STATUSES: Final = frozenset({400, 401, 402, 403, 404, 409, 413, 415, 422, 429, 503})
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """What we use of a provider batch object."""
+
+    id: str
+    status: str
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: tuple[tuple[str, str], ...] = ()
+    """``(code, message)`` of batch-level errors (a failed validation, an enqueued-token refusal)."""
+    error_lines: Mapping[int, str] = field(default_factory=dict)
+    """Validation errors that name a line of the request file (1-based): ``{line: "code: message"}``."""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_BATCH_STATUSES
+
+    @property
+    def error_codes(self) -> frozenset[str]:
+        return frozenset(code for code, _ in self.errors)
+
+    @classmethod
+    def from_payload(cls, payload: Any) -> BatchInfo:
+        if not isinstance(payload, Mapping) or not isinstance(payload.get("id"), str):
+            raise ProviderError("a batch object without an id", category=ErrorCategory.PARSE)
+        errors = payload.get("errors") or {}
+        data = errors.get("data") if isinstance(errors, Mapping) else None
+        pairs = tuple(
+            (str(entry.get("code") or ""), str(entry.get("message") or ""))
+            for entry in (data if isinstance(data, list) else ())
+            if isinstance(entry, Mapping)
+        )
+        lines = {
+            entry["line"]: f"{entry.get('code') or 'invalid'}: {entry.get('message') or 'no message'}"
+            for entry in (data if isinstance(data, list) else ())
+            if isinstance(entry, Mapping) and isinstance(entry.get("line"), int)
+        }
+        metadata = payload.get("metadata")
+        return cls(
+            id=payload["id"],
+            status=str(payload.get("status") or ""),
+            output_file_id=payload.get("output_file_id") or None,
+            error_file_id=payload.get("error_file_id") or None,
+            errors=pairs,
+            error_lines=lines,
+            metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, Mapping) else {},
+        )
+
+
+@final
+@dataclass(slots=True)
+class SendMark:
+    """Whether a request got past the gate: before that, its outcome is known (it was never sent)."""
+
+    sent: bool = False
+
+
+def create_outcome_unknown(exc: ProviderError) -> bool:
+    """Whether a failed create may still have created the batch.
+
+    No answer (a timeout, a lost connection), an answer we could not read, or a
+    server error that may have come after the work (500, 502, 504) leave it
+    unknown; a refusal (4xx, 429, 503) created nothing.
+    """
+    if exc.status_code is None or 200 <= exc.status_code < 300:
+        return True  # no answer, or an answer we could not read (a 2xx means it was created)
+    return exc.status_code not in _REFUSED_STATUSES
+
+
+@final
+class BatchEndpoint:
+    """The Batch API of one endpoint strategy's ``base_url`` and key; see the module docstring."""
+
+    def __init__(self, strategy: _EndpointStrategy, *, request_timeout: float, deadline: float) -> None:
+        from . import _http  # lazily: `import trio_batch_llm` stays httpx2-free
+
+        self._http = _http
+        self.api: Api = strategy.api
+        self.endpoint = "/v1" + API_PATHS[strategy.api]
+        self._base = strategy.base_url
+        self._headers = strategy.request_headers()
+        self._secret = strategy.secret
+        self._timeout = request_timeout
+        self._deadline = deadline
+        borrowed = strategy.http_client()
+        self._owns_client = borrowed is None
+        self._client: Any = borrowed if borrowed is not None else _http.create_client(
+            concurrency=4, timeout=request_timeout
+        )
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):  # bounded: closes idle sockets
+                await self._client.aclose()
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    async def gate(self) -> None:
+        """Start nothing at or after the deadline: park until the caller's scope ends this."""
+        if anyio.current_time() >= self._deadline:
+            await anyio.sleep_forever()
+        await anyio.lowlevel.checkpoint()
+
+    async def _send(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
+        await self.gate()
+        if sending is not None:
+            sending.sent = True  # from here on the request may reach the provider
+        reply = None
+        with anyio.move_on_after(self._timeout):
+            reply = await self._http.send_request(
+                self._client, method, join_url(self._base, path), headers=self._headers,
+                timeout=self._timeout,
+                secret=self._secret, **kwargs,
+            )
+        if reply is None:
+            raise ProviderError(f"{method} {path}: no answer within {self._timeout} s",
+                                category=ErrorCategory.TIMEOUT)
+        if not 200 <= reply.status_code < 300:
+            raise error_from_status(reply.status_code, reply.headers, decode_error_body(reply.content),
+                                    secret=self._secret)
+        return reply
+
+    async def _json(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
+        reply = await self._send(method, path, sending=sending, **kwargs)
+        try:
+            return json.loads(reply.content)
+        except ValueError:
+            raise ProviderError(f"{method} {path}: the answer is not JSON",
+                                category=ErrorCategory.PARSE, status_code=reply.status_code) from None
+
+    async def upload(self, filename: str, content: bytes) -> str:
+        """Upload a request file (purpose ``batch``); its file id."""
+        payload = await self._json("POST", "/files", upload=("file", filename, content),
+                                   form={"purpose": "batch"})
+        file_id = payload.get("id") if isinstance(payload, Mapping) else None
+        if not isinstance(file_id, str):
+            raise ProviderError("POST /files: the answer has no file id", category=ErrorCategory.PARSE)
+        return file_id
+
+    async def create(self, input_file_id: str, *, completion_window: str,
+                     metadata: Mapping[str, str], sending: SendMark | None = None) -> BatchInfo:
+        """Create a batch; ``sending.sent`` turns true once the request may have left (past the gate)."""
+        body = {"input_file_id": input_file_id, "endpoint": self.endpoint,
+                "completion_window": completion_window, "metadata": dict(metadata)}
+        return BatchInfo.from_payload(await self._json("POST", "/batches", json_body=body, sending=sending))
+
+    async def retrieve(self, batch_id: str) -> BatchInfo:
+        return BatchInfo.from_payload(await self._json("GET", f"/batches/{batch_id}"))
+
+    async def cancel(self, batch_id: str) -> BatchInfo:
+        return BatchInfo.from_payload(await self._json("POST", f"/batches/{batch_id}/cancel"))
+
+    async def download(self, file_id: str) -> bytes:
+        reply = await self._send("GET", f"/files/{file_id}/content")
+        content: bytes = reply.content
+        return content
+
+    async def find(self, key: str, value: str) -> BatchInfo | None:
+        """The newest batch whose metadata has ``key == value``; ``None`` if the listing has none.
+
+        Pages through ``GET /batches`` (newest first, at most a few thousand
+        batches back). A provider without a listing answers 404: also ``None``.
+        """
+        await self.gate()
+        after: str | None = None
+        for _ in range(_MAX_LIST_PAGES):
+            params: dict[str, str | int] = {"limit": _LIST_PAGE}
+            if after is not None:
+                params["after"] = after
+            try:
+                page = await self._json("GET", "/batches", params=params)
+            except ProviderError as exc:
+                if exc.status_code == 404:
+                    return None
+                raise
+            data = page.get("data") if isinstance(page, Mapping) else None
+            if not isinstance(data, list) or not data:
+                return None
+            for entry in data:
+                if isinstance(entry, Mapping) and (entry.get("metadata") or {}).get(key) == value:
+                    return BatchInfo.from_payload(entry)
+            if not page.get("has_more"):
+                return None
+            last = data[-1]
+            after = last.get("id") if isinstance(last, Mapping) else None
+            if not isinstance(after, str):
+                return None
+        return None

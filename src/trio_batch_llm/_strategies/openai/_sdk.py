@@ -1,0 +1,186 @@
+"""Call OpenAI through the official ``openai`` SDK (which runs on httpx2).
+
+The SDK is imported when a strategy is constructed, never by ``import
+trio_batch_llm``. Clients are built with ``max_retries=0`` (retries belong to
+the engine) and shared per event loop by lease identity, like
+:class:`OpenAICompatibleStrategy`.
+
+SDK failures are not wrapped (CONTRACT C7.2): ``openai.RateLimitError`` and
+friends reach the engine, and ``WorkItemResult.exception``, as themselves.
+:meth:`OpenAIStrategy.classify_error` files status errors with the same table
+the direct client uses (``_wire.status_category``), so both strategies give a
+response the same category; everything else (timeouts, connection errors, a
+body that is not JSON) is left to the default classifier. The one thing done
+to an SDK exception on its way out is scrubbing the API key from its message,
+in place, in case a server echoed it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, final
+
+from ..._values._errors import ConfigurationError, ErrorCategory
+from ..._values._results import RetryState, TokenUsage
+from ..._values._urls import is_openai_api, redact_url
+from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
+from ._wire import (
+    Secret,
+    build_request_body,
+    endpoint_api_key,
+    parse_response_body,
+    parse_retry_after,
+    status_category,
+)
+
+__all__ = ["OpenAIStrategy"]
+
+_OPENAI_URL = "https://api.openai.com/v1"
+
+
+def _sdk_api_key(api_key: str | None, api_key_env: str | None, base_url: str, *, paired: bool) -> Secret:
+    """The SDK needs a key; ``OPENAI_API_KEY`` goes only to OpenAI, or to the ``OPENAI_BASE_URL`` set
+    beside it."""
+    if api_key is not None or api_key_env is not None or paired or is_openai_api(base_url):
+        secret = endpoint_api_key(api_key, api_key_env, _OPENAI_URL if paired else base_url)
+        if secret is not None:
+            return secret
+        source = f"the environment variable {api_key_env}" if api_key_env else "OPENAI_API_KEY"
+        raise ConfigurationError("api_key", None, f"no key: pass api_key=, api_key_env=, or set {source}")
+    raise ConfigurationError(
+        "api_key", None,
+        f"base_url={redact_url(base_url)!r} is not OpenAI's API, and OPENAI_API_KEY is sent only to "
+        "https://api.openai.com (or to the OPENAI_BASE_URL set beside it): pass api_key=, or api_key_env= "
+        "naming the environment variable that holds this endpoint's key",
+    )
+
+
+@final
+class OpenAIStrategy(_EndpointStrategy):
+    """OpenAI (or an endpoint the SDK can talk to) via ``openai.AsyncOpenAI``.
+
+    ``api="responses"`` (default) calls ``client.responses.create``; ``api="chat"``
+    calls ``client.chat.completions.create`` (sending ``max_output_tokens`` as
+    ``max_completion_tokens``). ``client`` may be a ready ``AsyncOpenAI``: it is
+    used through ``with_options(max_retries=0)`` and never closed by us. Without
+    one, ``base_url`` comes from the argument, ``OPENAI_BASE_URL`` or the public
+    endpoint, and the key from ``api_key``, else the environment variable named
+    by ``api_key_env``, else ``OPENAI_API_KEY`` -- which is read only for
+    OpenAI's own API or for the ``OPENAI_BASE_URL`` set beside it (the SDK's
+    pairing): another ``base_url=`` needs its key named explicitly.
+    ``concurrency`` sizes and caps the SDK's httpx2 connection pool (by default
+    the engine's concurrency sizes it, through :meth:`configure_concurrency`).
+    Failures raise the SDK's own exceptions.
+    """
+
+    _label = "openai"
+
+    def __init__(
+        self,
+        model: str = "gpt-4o-mini",
+        *,
+        client: Any = None,
+        api: str = "responses",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        concurrency: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        system_prompt: str | None = None,
+        temperature: float | None = None,
+        max_output_tokens: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = _DEFAULT_TIMEOUT,
+        api_key_env: str | None = None,
+    ) -> None:
+        try:
+            import openai
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "OpenAIStrategy needs the openai SDK: pip install 'trio-batch-llm[openai]'"
+            ) from exc
+        self._openai = openai
+        if client is not None:
+            if not isinstance(client, openai.AsyncOpenAI):
+                raise ConfigurationError("client", type(client).__name__, "must be an openai.AsyncOpenAI")
+            if base_url is not None or api_key is not None or api_key_env is not None:
+                conflict = "base_url" if base_url is not None else "api_key" if api_key is not None \
+                    else "api_key_env"
+                raise ConfigurationError(conflict, "<given>", "client= already decides it; pass one")
+            base_url = str(client.base_url)
+            key = getattr(client, "api_key", None)
+            secret = Secret(key) if isinstance(key, str) and key else None
+            self._identity_client = client
+            client = client.with_options(max_retries=0)
+        else:
+            env_base_url = os.environ.get("OPENAI_BASE_URL") or None
+            base_url = base_url or env_base_url or _OPENAI_URL
+            secret = _sdk_api_key(api_key, api_key_env, base_url, paired=base_url == env_base_url)
+        super().__init__(model, base_url=base_url, api=api, concurrency=concurrency,
+                         extra_body=extra_body, system_prompt=system_prompt, temperature=temperature,
+                         max_output_tokens=max_output_tokens, headers=headers, timeout=timeout)
+        self._user_client = client
+        self._secret = secret
+
+    def _open_client(self) -> Any:
+        from . import _http
+
+        assert self._secret is not None  # checked in __init__ for SDK clients we build
+        http_client = None
+        if self.pool_size is not None:
+            http_client = _http.create_client(
+                concurrency=self.concurrency, keepalive=self._concurrency_hint, timeout=self.timeout
+            )
+        return self._openai.AsyncOpenAI(
+            api_key=self._secret.reveal(), base_url=self.base_url, max_retries=0,
+            timeout=self.timeout, http_client=http_client,
+        )
+
+    async def _close_client(self, client: Any) -> None:
+        await client.close()  # closes the httpx2 client too, ours or the SDK's own
+
+    def request_body(self, prompt: str) -> dict[str, Any]:
+        """The keyword arguments :meth:`execute` passes to the SDK's ``create`` (minus extras)."""
+        return build_request_body(
+            self.api, self.model, prompt, system_prompt=self.system_prompt,
+            temperature=self.temperature, max_output_tokens=self.max_output_tokens,
+            max_tokens_field="max_completion_tokens",
+        )
+
+    async def execute(
+        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+    ) -> tuple[str, TokenUsage | None, Any]:
+        client = self._client_for_call()
+        options: dict[str, Any] = {}
+        if self.extra_body:
+            options["extra_body"] = self.extra_body
+        if self.headers:
+            options["extra_headers"] = self.headers
+        if timeout is not None:
+            options["timeout"] = timeout
+        create = client.chat.completions.create if self.api == "chat" else client.responses.create
+        try:
+            response = await create(**self.request_body(prompt), **options)
+        except Exception as exc:  # re-raised as itself (CONTRACT C7.2), only scrubbed of the key
+            _scrub_key(exc, self._secret)
+            raise
+        text, usage, metadata = parse_response_body(self.api, response.to_dict(mode="json"))
+        metadata["api"] = self.api
+        return text, usage, metadata
+
+    def classify_error(self, exception: Exception) -> tuple[ErrorCategory, float | None] | None:
+        """File an SDK status error by the wire table; ``None`` leaves the rest to the default classifier."""
+        if isinstance(exception, self._openai.APIStatusError):
+            category = status_category(exception.status_code, exception.body)
+            return category, parse_retry_after(exception.response.headers)
+        return None
+
+
+def _scrub_key(exc: BaseException, secret: Secret | None) -> None:
+    """Remove the API key from an SDK exception's message in place; its type and identity stay."""
+    if secret is None or secret.redact(text := str(exc)) == text:
+        return
+    exc.args = tuple(secret.redact(arg) if isinstance(arg, str) else arg for arg in exc.args)
+    message = getattr(exc, "message", None)
+    if isinstance(message, str):
+        exc.message = secret.redact(message)  # type: ignore[attr-defined]

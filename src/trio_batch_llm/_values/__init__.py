@@ -1,0 +1,1 @@
+"""Values: errors, configuration, results and counters. No awaits, no runtime."""

@@ -1,0 +1,371 @@
+"""Work items, per-item results, and the batch result with its summary."""
+
+from __future__ import annotations
+
+import json
+import statistics as _stats
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, final
+
+from ._errors import ErrorCategory
+from ._urls import redact_urls
+
+if TYPE_CHECKING:
+    from .._strategies._base import LLMCallStrategy
+
+__all__ = [
+    "BatchResult",
+    "BatchTermination",
+    "ItemTiming",
+    "LLMWorkItem",
+    "RetryState",
+    "TerminationKind",
+    "TokenUsage",
+    "WorkItemResult",
+    "item_id_problem",
+]
+
+TOutput = TypeVar("TOutput")
+TerminationKind = Literal["completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted"]
+
+
+class TokenUsage(TypedDict, total=False):
+    """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown."""
+
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cached_input_tokens: int
+
+
+def usage_total(usage: Mapping[str, Any] | None) -> int | None:
+    """Total tokens of ``usage``, or ``None`` when unknown (never a silent zero)."""
+    if not usage:
+        return None
+    total = usage.get("total_tokens")
+    if total is not None:
+        return int(total)
+    parts = [usage.get("input_tokens"), usage.get("output_tokens")]
+    if all(p is None for p in parts):
+        return None
+    return sum(int(p) for p in parts if p is not None)
+
+
+def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
+    """Add ``usage`` into the running sum ``into``, key by key."""
+    if not usage:
+        return
+    for key, value in usage.items():
+        if isinstance(value, int):
+            into[key] = into.get(key, 0) + value
+
+
+def item_id_problem(item_id: object) -> str | None:
+    """Why ``item_id`` cannot identify an item, or ``None``: one rule for every store and file.
+
+    An id must be a non-empty ``str`` that is valid Unicode text: a lone
+    surrogate (which ``"\\ud800"`` in JSON decodes to) has no UTF-8 encoding,
+    so no result file or database could hold it.
+    """
+    if not isinstance(item_id, str) or not item_id:
+        return "must be a non-empty string"
+    try:
+        item_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"holds a lone surrogate ({item_id[exc.start]!r} at index {exc.start}), which is not "
+                "valid Unicode text and cannot be stored")
+    return None
+
+
+@final
+@dataclass(slots=True)
+class LLMWorkItem(Generic[TOutput]):
+    """One unit of work: an id, the strategy that runs it, the prompt and optional context."""
+
+    item_id: str
+    strategy: LLMCallStrategy[TOutput]
+    prompt: str
+    context: Any = None
+
+
+@final
+@dataclass(slots=True)
+class RetryState:
+    """Per-item state carried across attempts; a strategy may use ``data`` freely."""
+
+    attempt: int = 0
+    last_error: BaseException | None = None
+    last_category: ErrorCategory | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+
+
+@final
+@dataclass(slots=True)
+class ItemTiming:
+    """Where an item's time went, in seconds."""
+
+    admission_wait: float = 0.0
+    execution: float = 0.0
+    backoff: float = 0.0
+    cooldown: float = 0.0
+    total: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "admission_wait": self.admission_wait,
+            "execution": self.execution,
+            "backoff": self.backoff,
+            "cooldown": self.cooldown,
+            "total": self.total,
+        }
+
+
+@final
+@dataclass(slots=True, kw_only=True)
+class WorkItemResult(Generic[TOutput]):
+    """The one typed outcome of one item. ``exception`` is never serialized."""
+
+    item_id: str
+    success: bool
+    output: TOutput | None = None
+    error: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    error_category: ErrorCategory | None = None
+    attempts: int = 0
+    token_usage: dict[str, int] = field(default_factory=dict)
+    timing: ItemTiming = field(default_factory=ItemTiming)
+    context: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    replayed: bool = False
+
+    def __post_init__(self) -> None:
+        # The error text goes to files and logs: a key inside a URL in it (an HTTP client's
+        # "... for url 'http://user:KEY@host/v1'") must not.
+        if self.error is not None and "://" in self.error:
+            self.error = redact_urls(self.error)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "item_id": self.item_id,
+            "success": self.success,
+            "output": self.output,
+            "error": self.error,
+            "error_category": self.error_category.value if self.error_category else None,
+            "attempts": self.attempts,
+            "token_usage": dict(self.token_usage),
+            "timing": self.timing.to_dict(),
+            "context": self.context,
+            "metadata": dict(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, replayed: bool = False) -> WorkItemResult[Any]:
+        category = data.get("error_category")
+        timing = data.get("timing") or {}
+        return cls(
+            item_id=str(data["item_id"]),
+            success=bool(data["success"]),
+            output=data.get("output"),
+            error=data.get("error"),
+            error_category=ErrorCategory(category) if category else None,
+            attempts=int(data.get("attempts", 0)),
+            token_usage=dict(data.get("token_usage") or {}),
+            timing=ItemTiming(**{k: float(v) for k, v in timing.items()}),
+            context=data.get("context"),
+            metadata=dict(data.get("metadata") or {}),
+            replayed=replayed,
+        )
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class BatchTermination:
+    """Why a batch stopped: ``completed`` or one of the controlled stops."""
+
+    kind: TerminationKind = "completed"
+    reason: str | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.kind == "completed"
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+@final
+@dataclass(slots=True)
+class BatchResult(Generic[TOutput]):
+    """Every item's result plus how the batch ended."""
+
+    results: list[WorkItemResult[TOutput]]
+    total_items: int
+    succeeded: int
+    failed: int
+    termination: BatchTermination = field(default_factory=BatchTermination)
+    wall_time: float = 0.0
+    input_order: list[str] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_results(
+        cls,
+        results: list[WorkItemResult[TOutput]],
+        *,
+        termination: BatchTermination | None = None,
+        wall_time: float = 0.0,
+        input_order: list[str] | None = None,
+    ) -> BatchResult[TOutput]:
+        succeeded = sum(1 for r in results if r.success)
+        return cls(
+            results=results,
+            total_items=len(results),
+            succeeded=succeeded,
+            failed=len(results) - succeeded,
+            termination=termination or BatchTermination(),
+            wall_time=wall_time,
+            input_order=input_order,
+        )
+
+    def __iter__(self) -> Iterator[WorkItemResult[TOutput]]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def successes(self) -> list[WorkItemResult[TOutput]]:
+        return [r for r in self.results if r.success]
+
+    def failures(self) -> list[WorkItemResult[TOutput]]:
+        return [r for r in self.results if not r.success]
+
+    def by_id(self) -> dict[str, WorkItemResult[TOutput]]:
+        return {r.item_id: r for r in self.results}
+
+    def outputs(self) -> list[TOutput | None]:
+        """Outputs of the successful items, in result order."""
+        return [r.output for r in self.results if r.success]
+
+    def in_input_order(self) -> list[WorkItemResult[TOutput]]:
+        """Results in the order the items were given (completion order if unknown)."""
+        if self.input_order is None:
+            return list(self.results)
+        by_id = self.by_id()
+        return [by_id[item_id] for item_id in self.input_order if item_id in by_id]
+
+    def total_tokens(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for r in self.results:
+            add_usage(total, r.token_usage)
+        return total
+
+    def summary(self) -> str:
+        """A readable table: items, retries, tokens, wall time, latency percentiles."""
+        executed = [r for r in self.results if not r.replayed]
+        retries = sum(max(0, r.attempts - 1) for r in executed)
+        tokens = self.total_tokens()
+        replayed = len(self.results) - len(executed)
+        rate = len(executed) / self.wall_time if self.wall_time > 0 else 0.0
+        lines = [
+            f"Batch {self.termination.kind}"
+            + (f" ({self.termination.reason})" if self.termination.reason else ""),
+            f"  items       {self.total_items:>10,}   succeeded {self.succeeded:,}"
+            f"   failed {self.failed:,}   replayed {replayed:,}",
+            f"  retries     {retries:>10,}",
+            f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
+            f"   out {tokens.get('output_tokens', 0):,}",
+            f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s",
+        ]
+        categories: dict[str, int] = {}
+        for r in self.results:
+            if not r.success and r.error_category is not None:
+                categories[r.error_category.value] = categories.get(r.error_category.value, 0) + 1
+        if categories:
+            detail = ", ".join(f"{k} {v:,}" for k, v in sorted(categories.items()))
+            lines.append(f"  failures    {detail}")
+        if executed:
+            lines.append("                    p50        p95        p99")
+            for label, attr in (("admission", "admission_wait"), ("execution", "execution")):
+                values = sorted(getattr(r.timing, attr) for r in executed)
+                p = [_percentile(values, q) * 1000 for q in (0.5, 0.95, 0.99)]
+                lines.append(f"  {label:<11}{p[0]:>8.1f}ms {p[1]:>8.1f}ms {p[2]:>8.1f}ms")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        """Strict JSON (no ``NaN``/``Infinity``); ValueError naming the item if an output holds one."""
+        return json.dumps(
+            {
+                "termination": {"kind": self.termination.kind, "reason": self.termination.reason},
+                "wall_time": self.wall_time,
+                "input_order": self.input_order,
+                "results": [_export_dict(r) for r in self.results],
+            },
+            default=str,
+            allow_nan=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchResult[Any]:
+        data = json.loads(text)
+        term = data.get("termination") or {}
+        return BatchResult.from_results(
+            [WorkItemResult.from_dict(r) for r in data.get("results", [])],
+            termination=BatchTermination(kind=term.get("kind", "completed"), reason=term.get("reason")),
+            wall_time=float(data.get("wall_time", 0.0)),
+            input_order=data.get("input_order"),
+        )
+
+    def to_jsonl(self, path: str | Path) -> None:
+        """Write one strict JSON record per result to ``path`` (blocking: call it off the event loop).
+
+        Every line is encoded before the file is opened, so an output that
+        strict JSON cannot hold (ValueError naming the item) leaves no file behind.
+        """
+        lines = [json.dumps(_export_dict(r), default=str, allow_nan=False) + "\n" for r in self.results]
+        with Path(path).open("w", encoding="utf-8") as f:
+            f.writelines(lines)
+
+
+def _strict_problem(value: Any) -> str | None:
+    try:
+        json.dumps(value, default=str, allow_nan=False)
+    except (ValueError, RecursionError) as exc:
+        return str(exc)
+    return None
+
+
+def _strict(value: Any) -> bool:
+    return _strict_problem(value) is None
+
+
+def _export_dict(result: WorkItemResult[Any]) -> dict[str, Any]:
+    """``result.to_dict()`` that strict JSON can hold: context and metadata values it cannot hold
+    (a ``NaN``) become their ``repr()``, as the stores keep them; such an output is refused."""
+    data = result.to_dict()
+    if _strict(data):
+        return data
+    problem = _strict_problem(data["output"])
+    if problem is not None:
+        raise ValueError(
+            f"item {result.item_id!r}: its output cannot be written as strict JSON ({problem}; "
+            "JSON has no NaN or Infinity): replace such values (for example with None) before exporting"
+        )
+    if not _strict(data["context"]):
+        data["context"] = repr(data["context"])
+    data["metadata"] = {str(k): v if _strict(v) else repr(v) for k, v in data["metadata"].items()}
+    return data
+
+
+def mean(values: list[float]) -> float:
+    return _stats.fmean(values) if values else 0.0
