@@ -173,3 +173,8 @@ __all__ = [
     "read_run_snapshot",
     "with_cleanup",
 ]
+
+from ._public import fixup_module_metadata as _fixup_module_metadata
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

@@ -1,5 +1,8 @@
 """CleanupLedger: the ordered, resumable close of one owner (CONTRACT C2–C4, C7.3–C7.4).
 
+Over 400 lines because it is one cohesive state machine (phases, steps, attempts, deliveries,
+force) whose transitions only make sense read together; splitting it would scatter one invariant.
+
 An owner (host, processor, pool) registers named steps in four dependency
 phases and closes them with :meth:`CleanupLedger.aclose`:
 
