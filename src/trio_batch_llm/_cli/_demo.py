@@ -16,7 +16,8 @@ from typing import Any, Final
 import anyio
 
 from .._engine._entrypoints import process_prompts
-from .._observe._progress import Progress, TerminalProgressBar
+from .._observe._display import TerminalProgressBar
+from .._observe._progress import Progress
 from .._values._config import GuardrailConfig, ProcessorConfig, RateLimitConfig, RetryConfig
 from ._run import signal_receiver
 

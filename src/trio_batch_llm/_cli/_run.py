@@ -42,7 +42,8 @@ import anyio
 from .._artifacts import JsonlArtifactStore
 from .._core._ledger import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
-from .._observe._progress import LogProgress, Progress, ProgressSnapshot, TerminalProgressBar
+from .._observe._display import LogProgress, TerminalProgressBar
+from .._observe._progress import Progress, ProgressSnapshot
 from .._strategies._base import LLMCallStrategy
 from .._strategies._factory import llm
 from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy
