@@ -23,9 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_batch_llm import ConfigurationError
-from trio_batch_llm.mock._app import MockOpenAIApp, mock_token_count
-from trio_batch_llm.mock._server import serve_mock
-from trio_batch_llm.mock._state import MockServerConfig, SlidingWindow
+from trio_batch_llm.mock import MockOpenAIApp, MockServerConfig, serve_mock
+from trio_batch_llm.mock._state import SlidingWindow, mock_token_count
 
 from .conftest import trio_virtual_clock
 
@@ -379,7 +378,7 @@ async def test_served_rpm_limit_returns_429_with_retry_after() -> None:
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_run_mock_server_serves_until_ctrl_c(backend: str) -> None:
     code = (
-        "from trio_batch_llm.mock._server import run_mock_server\n"
+        "from trio_batch_llm.mock import run_mock_server\n"
         f"run_mock_server('127.0.0.1', 0, backend={backend!r}, "
         "on_ready=lambda server: print(server.base_url, flush=True))\n"
         "print('clean exit', flush=True)\n"
