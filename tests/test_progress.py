@@ -25,13 +25,8 @@ from hypothesis import strategies as st
 
 import trio_batch_llm
 from trio_batch_llm._observe._display import LogProgress, TerminalProgressBar, format_progress_line
-from trio_batch_llm._observe._progress import (
-    CallbackProgress,
-    Progress,
-    ProgressSnapshot,
-    ProgressTracker,
-    make_progress,
-)
+from trio_batch_llm._observe._progress import CallbackProgress, ProgressTracker, make_progress
+from trio_batch_llm._observe._snapshot import Progress, ProgressSnapshot
 
 pytestmark = pytest.mark.anyio
 

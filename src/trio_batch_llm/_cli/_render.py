@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 
 from .._observe._display import LogProgress, TerminalProgressBar
-from .._observe._progress import Progress, ProgressSnapshot
+from .._observe._snapshot import Progress, ProgressSnapshot
 from .._values._errors import ErrorCategory
 from .._values._results import BatchResult, WorkItemResult
 from .._values._urls import REDACTED, redact_urls

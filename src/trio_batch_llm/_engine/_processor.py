@@ -28,7 +28,8 @@ from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
 from .._core._owner import HostedOwner
 from .._observe._events import BatchFinished, BatchStarted, ItemStarted
 from .._observe._hooks import Hooks
-from .._observe._progress import CallbackProgress, Progress, ProgressTracker, make_progress
+from .._observe._progress import CallbackProgress, ProgressTracker, make_progress
+from .._observe._snapshot import Progress
 from .._values._config import AbortMode, ProcessorConfig, ResumePolicy
 from .._values._errors import (
     AdmissionClosedError,

@@ -15,7 +15,7 @@ import math
 import sys
 from typing import IO, Any, final
 
-from ._progress import Progress, ProgressSnapshot
+from ._snapshot import Progress, ProgressSnapshot
 
 __all__ = ["LogProgress", "TerminalProgressBar", "default_display", "format_progress_line"]
 
