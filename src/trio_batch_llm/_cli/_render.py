@@ -37,7 +37,6 @@ __all__ = [
     "announce_drive",
     "describe",
     "drive_progress_line",
-    "first_failures",
     "progress_display",
     "progress_mode",
     "print_batch_report",
@@ -131,7 +130,7 @@ class _KnownTotal(Progress):
 # --- run and demo --------------------------------------------------------------------------------
 
 
-def first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
+def _first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
     """One line per failure category, with its first item's error: the reason, where it says how to fix it."""
     first: dict[ErrorCategory, WorkItemResult[Any]] = {}
     for result in results:
@@ -146,7 +145,7 @@ def print_batch_report(batch: BatchResult[Any], out: Path) -> None:
     """The batch's summary and where its results are (stdout), then its first failure of each kind."""
     print(batch.summary(), flush=True)
     print(f"results: {out}", flush=True)
-    for line in first_failures(batch.results):
+    for line in _first_failures(batch.results):
         say(line)
 
 

@@ -1,4 +1,4 @@
-"""Progress: what a run has done so far, as the engine tracks and hands it on.
+"""Progress as the engine keeps it: the tracker, the user's callback adapted, ``progress=`` resolved.
 
 The engine owns the driving. It keeps a :class:`ProgressTracker` (plain
 counters, no clock of its own), and from its one owned progress task calls
@@ -10,9 +10,10 @@ When an item finishes a worker calls ``progress.on_item(...)`` (sync, O(1)) or
 ``(completed, total, item_id)`` and ignores snapshots. A synchronous user
 callable runs in a worker thread behind a ``CapacityLimiter(1)``, never on the
 event loop; calls arriving while it is busy are coalesced into one pending
-call (the newest), and the newest call is always delivered in the end. The
-displays that draw snapshots (what ``progress=True`` shows) are in
-:mod:`._display`, loaded only when asked for.
+call (the newest), and the newest call is always delivered in the end.
+:func:`make_progress` turns the engine's ``progress=`` argument into a
+:class:`Progress`; the displays that ``progress=True`` shows are in
+:mod:`._display`, loaded only then.
 """
 
 from __future__ import annotations
