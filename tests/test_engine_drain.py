@@ -33,7 +33,7 @@ from trio_batch_llm import (
 )
 from trio_batch_llm._core._deliveries import unwrap_group
 from trio_batch_llm._engine._processor import _DRAIN_CHUNK
-from trio_batch_llm._observe._observers import ItemFailed
+from trio_batch_llm._observe._events import ItemFailed
 
 from .conftest import trio_virtual_clock
 

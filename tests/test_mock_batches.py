@@ -16,10 +16,9 @@ import openai
 import pytest
 
 from trio_batch_llm import ConfigurationError
-from trio_batch_llm.mock._app import MockOpenAIApp, mock_token_count
-from trio_batch_llm.mock._batches import EPOCH
-from trio_batch_llm.mock._server import serve_mock
-from trio_batch_llm.mock._state import MockServerConfig, MockServerStats
+from trio_batch_llm.mock import MockOpenAIApp, MockServerConfig, MockServerStats, serve_mock
+from trio_batch_llm.mock._batch_store import EPOCH
+from trio_batch_llm.mock._state import mock_token_count
 
 from .conftest import trio_virtual_clock
 

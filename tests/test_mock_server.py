@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -23,9 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_batch_llm import ConfigurationError
-from trio_batch_llm.mock._app import MockOpenAIApp, mock_token_count
-from trio_batch_llm.mock._server import serve_mock
-from trio_batch_llm.mock._state import MockServerConfig, SlidingWindow
+from trio_batch_llm.mock import MockOpenAIApp, MockServerConfig, serve_mock
+from trio_batch_llm.mock._state import SlidingWindow, mock_token_count
 
 from .conftest import trio_virtual_clock
 
@@ -46,6 +46,24 @@ def chat(prompt: str, model: str = "m") -> dict[str, Any]:
 
 def in_process(app: MockOpenAIApp) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://mock/v1")
+
+
+# -- the public package ----------------------------------------------------------------------------
+
+
+def test_the_public_package_names_itself_as_the_module_of_what_it_exports() -> None:
+    import trio_batch_llm.mock as mock
+    import trio_batch_llm.testing as testing
+
+    assert mock.__all__ == sorted(mock.__all__)
+    shown = {name: getattr(mock, name).__module__ for name in mock.__all__}
+    assert shown == dict.fromkeys(mock.__all__, "trio_batch_llm.mock")
+    # methods too, so a traceback or help() names no private module; and testing re-exports the same objects
+    methods = (mock.MockServer.wait_for, mock.MockOpenAIApp.statistics, mock.MockServerConfig.__post_init__)
+    assert {method.__module__ for method in methods} == {"trio_batch_llm.mock"}
+    assert all(getattr(testing, name) is getattr(mock, name) for name in mock.__all__)
+    config = MockServerConfig(seed=7, latency=(0.0, 0.1))
+    assert pickle.loads(pickle.dumps(config)) == config  # pickles by the public path
 
 
 # -- pure parts ----------------------------------------------------------------------------------
@@ -379,7 +397,7 @@ async def test_served_rpm_limit_returns_429_with_retry_after() -> None:
 @pytest.mark.parametrize("backend", ["trio", "asyncio"])
 def test_run_mock_server_serves_until_ctrl_c(backend: str) -> None:
     code = (
-        "from trio_batch_llm.mock._server import run_mock_server\n"
+        "from trio_batch_llm.mock import run_mock_server\n"
         f"run_mock_server('127.0.0.1', 0, backend={backend!r}, "
         "on_ready=lambda server: print(server.base_url, flush=True))\n"
         "print('clean exit', flush=True)\n"

@@ -33,19 +33,18 @@ from trio_batch_llm import (
     process_prompts,
 )
 from trio_batch_llm._artifacts import JsonlArtifactStore
-from trio_batch_llm._observe._metrics import MetricsObserver, _escape
-from trio_batch_llm._observe._observers import (
+from trio_batch_llm._observe._events import (
     AttemptFailed,
     BatchFinished,
     BatchStarted,
-    Hooks,
     ItemCompleted,
     ItemFailed,
     ItemReplayed,
     ItemStarted,
-    Middleware,
     terminal_event,
 )
+from trio_batch_llm._observe._hooks import Hooks, Middleware
+from trio_batch_llm._observe._metrics import MetricsObserver, _escape
 from trio_batch_llm._values._results import BatchTermination, ItemTiming, LLMWorkItem, WorkItemResult
 from trio_batch_llm._values._stats import CounterSnapshot
 

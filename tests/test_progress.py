@@ -8,11 +8,14 @@ clocks, but they synchronise on events, never on sleeps.
 
 from __future__ import annotations
 
+import ast
 import io
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,16 +23,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_batch_llm._observe._progress import (
-    CallbackProgress,
-    LogProgress,
-    Progress,
-    ProgressSnapshot,
-    ProgressTracker,
-    TerminalProgressBar,
-    format_progress_line,
-    make_progress,
-)
+import trio_batch_llm
+from trio_batch_llm._observe._display import LogProgress, TerminalProgressBar, format_progress_line
+from trio_batch_llm._observe._progress import CallbackProgress, ProgressTracker, make_progress
+from trio_batch_llm._observe._snapshot import Progress, ProgressSnapshot
 
 pytestmark = pytest.mark.anyio
 
@@ -249,6 +246,31 @@ def test_make_progress_choices() -> None:
     assert make_progress(mine) is mine
     with pytest.raises(TypeError, match="progress must be"):
         make_progress(3)  # type: ignore[arg-type]
+
+
+def _package_imports(package: Path) -> Iterator[tuple[str, str]]:
+    """``(module file, imported name)`` for every import in ``package``, lazy ones included."""
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                yield from ((path.name, f"{module}.{alias.name}") for alias in node.names)
+                yield path.name, module
+            elif isinstance(node, ast.Import):
+                yield from ((path.name, alias.name) for alias in node.names)
+
+
+def test_the_engine_knows_no_display_and_no_command_line() -> None:
+    # The displays are drawn only when a user asks for progress=True (make_progress loads them);
+    # the engine, its kernel, admission and runs hand snapshots on and never draw.
+    root = Path(trio_batch_llm.__file__).parent
+    leaks = sorted(
+        f"{package}/{file} imports {name}"
+        for package in ("_engine", "_core", "_admission", "_runs")
+        for file, name in _package_imports(root / package)
+        if "_observe._display" in name or re.search(r"(^|\.)_cli(\.|$)", name)
+    )
+    assert leaks == []
 
 
 # --------------------------------------------------------------------------

@@ -35,9 +35,8 @@ from trio_batch_llm import (
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 from trio_batch_llm._strategies.openai._http import create_client, pool_statistics
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
-from trio_batch_llm.mock._app import mock_token_count
-from trio_batch_llm.mock._server import MockServer, serve_mock
-from trio_batch_llm.mock._state import MockServerConfig
+from trio_batch_llm.mock import MockServer, MockServerConfig, serve_mock
+from trio_batch_llm.mock._state import mock_token_count
 
 from .test_fault_storm import autojump_backends
 

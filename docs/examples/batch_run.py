@@ -13,7 +13,7 @@ from trio_batch_llm import (
     RetryConfig,
     open_run,
 )
-from trio_batch_llm.testing import MockServerConfig, serve_mock
+from trio_batch_llm.mock import MockServerConfig, serve_mock
 
 PROMPTS = [(f"q{i:02d}", f"Classify review {i}.") for i in range(20)]
 # Two lines that get a 500 in their first batch, then succeed: they are retried in a new batch.

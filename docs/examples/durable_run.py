@@ -12,7 +12,7 @@ from trio_batch_llm import (
     open_run,
     read_run_snapshot,
 )
-from trio_batch_llm.testing import MockServerConfig, serve_mock
+from trio_batch_llm.mock import MockServerConfig, serve_mock
 
 PROMPTS = [(f"doc-{i:02d}", f"Summarise document {i}.") for i in range(80)]
 

@@ -3,7 +3,7 @@
 import asyncio
 
 from trio_batch_llm import OpenAICompatibleStrategy, call, process_prompts, process_stream
-from trio_batch_llm.testing import serve_mock
+from trio_batch_llm.mock import serve_mock
 
 REVIEWS = {
     "r1": "Great battery life, terrible screen.",

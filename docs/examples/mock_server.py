@@ -9,7 +9,7 @@ from trio_batch_llm import (
     RetryConfig,
     process_prompts,
 )
-from trio_batch_llm.testing import MockServerConfig, serve_mock
+from trio_batch_llm.mock import MockServerConfig, serve_mock
 
 
 async def main() -> None:

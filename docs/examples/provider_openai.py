@@ -4,7 +4,7 @@ import openai
 import trio
 
 from trio_batch_llm import OpenAIStrategy, process_prompts
-from trio_batch_llm.testing import serve_mock
+from trio_batch_llm.mock import serve_mock
 
 
 async def main() -> None:

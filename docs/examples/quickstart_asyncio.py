@@ -3,7 +3,7 @@
 import asyncio
 
 from trio_batch_llm import llm, process_prompts
-from trio_batch_llm.testing import serve_mock
+from trio_batch_llm.mock import serve_mock
 
 
 async def main() -> None:

@@ -1,5 +1,5 @@
 """``python -m trio_batch_llm`` runs the command line."""
 
-from ._cli._main import main
+from .cli import main
 
 raise SystemExit(main())

@@ -1,1 +1,1 @@
-"""The ``trio-batch-llm`` command line: parsers, commands, the demo, terminal output."""
+"""The ``trio-batch-llm`` command line (its public face is :mod:`trio_batch_llm.cli`)."""

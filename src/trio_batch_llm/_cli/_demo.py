@@ -8,6 +8,7 @@ over real HTTP, exactly as they would to a provider.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -16,9 +17,9 @@ from typing import Any, Final
 import anyio
 
 from .._engine._entrypoints import process_prompts
-from .._observe._progress import Progress, TerminalProgressBar
 from .._values._config import GuardrailConfig, ProcessorConfig, RateLimitConfig, RetryConfig
-from ._run import signal_receiver
+from ._command import signal_receiver
+from ._render import print_demo_report, progress_display, progress_mode
 
 __all__ = ["DEMO_MODEL", "run_demo"]
 
@@ -56,9 +57,7 @@ async def _demo(
     from ..mock import serve_mock
 
     mock, config = _configs(concurrency)
-    show: Progress | bool = False
-    if progress or (progress is None and sys.stderr.isatty()):
-        show = TerminalProgressBar(sys.stderr)
+    show = progress_display(progress_mode(progress, off_terminal="off")) or False
     prompts = [f"Summarise document {i} in one line." for i in range(items)]
     with signal_receiver() as signals:
         async with anyio.create_task_group() as group:
@@ -71,18 +70,13 @@ async def _demo(
                       f"mock server at {server.base_url}", flush=True)
                 batch = await process_prompts(strategy, prompts, config=config, progress=show)
                 stats = server.stats
-            print(batch.summary())
-            print(f"mock server: {stats.requests} requests, {stats.rate_limited} answered 429, "
-                  f"{stats.server_errors} answered 5xx", flush=True)
+            print_demo_report(batch, stats)
             group.cancel_scope.cancel(reason="demo finished")
 
 
 def run_demo(*, items: int, concurrency: int, backend: str, progress: bool | None = None) -> int:
     """Run the demo; returns the exit status (130 when interrupted)."""
-    try:
-        import httpx2  # noqa: F401
-        import hypercorn  # noqa: F401
-    except ImportError:
+    if not all(importlib.util.find_spec(name) for name in ("httpx2", "hypercorn")):
         print("trio-batch-llm demo needs the mock server: pip install 'trio-batch-llm[mock]'",
               file=sys.stderr)
         return 1

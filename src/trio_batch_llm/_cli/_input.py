@@ -1,9 +1,8 @@
 """The command line's input: read and check a whole JSONL or CSV file before any call.
 
 Every problem is an :class:`InputError` naming the file, the line and, where
-there is one, the field, so an operator can fix the file in one pass. The
-argparse ``type=`` functions below give numbers and model specs the same
-treatment: a clear message, exit status 2, nothing written.
+there is one, the field, so an operator can fix the file in one pass (exit
+status 2, nothing written).
 
 JSONL (``.jsonl``, ``.ndjson``): one JSON value per line, either an object
 ``{"id": ..., "prompt": ..., "context": ...}`` (``context`` optional, any JSON;
@@ -19,13 +18,11 @@ the record starts. A leading UTF-8 byte order mark is ignored in both formats.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import functools
 import importlib.util
 import json
-import math
 import sys
 import threading
 from collections.abc import Iterator
@@ -39,18 +36,11 @@ from .._values._results import item_id_problem
 
 __all__ = [
     "CSV_FIELD_LIMIT",
-    "PROVIDERS",
     "InputError",
     "InputRecord",
-    "model_spec",
-    "non_negative_float",
-    "positive_float",
-    "positive_int",
-    "probability",
     "read_input",
 ]
 
-PROVIDERS: Final = ("openai-compatible", "openai")
 _FORMATS: Final = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 
@@ -326,62 +316,3 @@ def _csv_header(path: Path, row: list[str], line: int) -> list[str]:
             raise InputError(path, "column named twice in the header", line=line, field=name)
         seen.add(name)
     return header
-
-
-# --- argparse types --------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
-
-
-def _float(text: str, expected: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = _float(text, "a number > 0")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _float(text, "a number >= 0")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def probability(text: str) -> float:
-    value = _float(text, "a probability between 0 and 1")
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a probability between 0 and 1, got {text!r}")
-    return value
-
-
-def model_spec(text: str) -> tuple[str, str]:
-    """``PROVIDER:MODEL`` -> ``(provider, model)``; the provider must be one we know."""
-    provider, colon, model = text.partition(":")
-    expected = " or ".join(f"{p}:MODEL" for p in PROVIDERS)
-    if not colon:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    if provider not in PROVIDERS:
-        raise argparse.ArgumentTypeError(
-            f"unknown provider {provider!r} in {text!r}; known: {', '.join(PROVIDERS)}"
-        )
-    if not model.strip():
-        raise argparse.ArgumentTypeError(f"the model name after {provider!r}: is empty")
-    return provider, model

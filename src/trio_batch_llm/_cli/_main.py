@@ -1,9 +1,12 @@
-"""The ``trio-batch-llm`` command line: ``run``, ``runs``, ``demo`` and ``serve-mock``.
+"""The ``trio-batch-llm`` command line's entry: the parser, library logging on stderr, the dispatch.
 
-``run`` is in :mod:`._run` (checks, the batch, signals), its input in
-:mod:`._input`; ``runs`` (durable runs) in :mod:`._runs`; ``demo`` in
-:mod:`._demo`. Every command checks its arguments before doing anything; a bad
-one exits with status 2.
+Each command lives in its own module, imported only when it runs (so
+``--help`` stays fast): ``run`` in :mod:`._run` (its input file in
+:mod:`._input`), ``runs`` in :mod:`._runs_parser` (then :mod:`._runs_start`
+and :mod:`._runs_ops`), ``demo`` in :mod:`._demo`; ``serve-mock`` is the
+small handler below. The argument checks are in :mod:`._args`, everything the
+commands print in :mod:`._render`. Every command checks its arguments before
+doing anything; a bad one exits with status 2.
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-from ._input import non_negative_float, positive_float, positive_int, probability
-from ._runs import add_model_arguments, add_runs_parser
+from ._args import (
+    BACKENDS,
+    add_model_arguments,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
+    probability,
+)
+from ._runs_parser import add_runs_parser
 
 __all__ = ["build_parser", "main"]
-
-_BACKENDS = ["trio", "asyncio"]
 
 
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -60,16 +69,6 @@ def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trio-batch-llm", description="Run many LLM calls concurrently.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds the whole run may take")
     run.add_argument("--resume", action="store_true",
                      help="continue the run recorded in --out: keep its successes, run the rest")
-    run.add_argument("--backend", choices=_BACKENDS, default="trio")
+    run.add_argument("--backend", choices=BACKENDS, default="trio")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="a progress bar on stderr (default: when stderr is a terminal; "
                           "otherwise periodic log lines)")
@@ -103,14 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
     demo.add_argument("--items", type=positive_int, default=200)
     demo.add_argument("--concurrency", type=positive_int, default=32)
-    demo.add_argument("--backend", choices=_BACKENDS, default="trio")
+    demo.add_argument("--backend", choices=BACKENDS, default="trio")
     demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     demo.set_defaults(handler=_demo)
 
     serve = sub.add_parser("serve-mock", help="serve the OpenAI-compatible mock server until Ctrl+C")
     serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8000, help="0 lets the system choose")
-    serve.add_argument("--backend", choices=_BACKENDS, default="trio")
+    serve.add_argument("--port", type=port, default=8000, help="0 lets the system choose")
+    serve.add_argument("--backend", choices=BACKENDS, default="trio")
     serve.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S")
     serve.add_argument("--latency-max", type=non_negative_float, metavar="S",
                        help="draw each latency uniformly from [--latency, --latency-max]")

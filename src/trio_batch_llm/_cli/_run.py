@@ -25,84 +25,37 @@ for SIGINT, 143 for SIGTERM).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import os
-import shlex
 import signal
-import sys
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, final
+from typing import Any, final
 
 import anyio
 
 from .._artifacts import JsonlArtifactStore
 from .._core._ledger import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
-from .._observe._progress import LogProgress, Progress, ProgressSnapshot, TerminalProgressBar
 from .._strategies._base import LLMCallStrategy
 from .._strategies._factory import llm
 from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy
-from .._values._errors import AdmissionClosedError, BatchLLMError, ConfigurationError, ErrorCategory
+from .._values._errors import AdmissionClosedError, BatchLLMError, ConfigurationError
 from .._values._results import BatchResult, BatchTermination, LLMWorkItem, WorkItemResult
-from .._values._urls import REDACTED, is_openai_api, redact_url, redact_urls
+from .._values._urls import is_openai_api, redact_url
+from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
 from ._input import InputError, InputRecord, read_input
+from ._render import (
+    ProgressMode,
+    print_batch_report,
+    progress_display,
+    progress_mode,
+    redaction_note,
+    say,
+    shown_command,
+)
 
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "RunPlan",
-    "UsageError",
-    "api_key_from",
-    "plan_run",
-    "redaction_note",
-    "run_command",
-    "say",
-    "shown_command",
-    "signal_receiver",
-]
-
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
-PROG: Final = "trio-batch-llm"
-
-
-class UsageError(Exception):
-    """The command cannot run as given; the message says why. Nothing was written."""
-
-
-def say(message: str) -> None:
-    """A status line for the operator, on stderr; a key inside any URL in it is never shown."""
-    print(f"{PROG}: {redact_urls(message)}", file=sys.stderr, flush=True)
-
-
-def shown_command(argv: Sequence[str]) -> str:
-    """``trio-batch-llm ARGS`` as a shell line to paste, with any key inside a URL argument redacted."""
-    return shlex.join([PROG, *(redact_urls(arg) for arg in argv)])
-
-
-def redaction_note(command: str) -> str:
-    """What to add to a printed command whose key was redacted (empty when none was)."""
-    if REDACTED not in command:
-        return ""
-    return (f" (a key in --base-url is shown as {REDACTED}: put it back, or better, pass it in an "
-            "environment variable named by --api-key-env)")
-
-
-def api_key_from(name: str | None) -> str | None:
-    """The value of the environment variable ``--api-key-env`` names; :class:`UsageError` if it is unset."""
-    if name is None:
-        return None
-    value = os.environ.get(name)
-    if not value:
-        raise UsageError(f"--api-key-env {name}: the environment variable {name} is not set (or is empty)")
-    return value
-
+__all__ = ["RunPlan", "plan_run", "run_command"]
 
 @final
 @dataclass(frozen=True, slots=True)
@@ -115,8 +68,7 @@ class RunPlan:
     config: ProcessorConfig
     resume: bool
     backend: str
-    progress: str
-    """``bar``, ``log`` or ``off``."""
+    progress: ProgressMode
     resume_command: str
 
 
@@ -132,14 +84,6 @@ def _check_out(out: Path, source: Path, *, resume: bool) -> None:
             f"--out {out} already exists and is not empty: pass --resume to continue that run "
             "(its successes are kept, the rest runs again), or choose another --out"
         )
-
-
-def _progress_mode(flag: bool | None) -> str:
-    if flag is False:
-        return "off"
-    if flag or sys.stderr.isatty():
-        return "bar"
-    return "log"
 
 
 def _resume_command(argv: Sequence[str]) -> str:
@@ -182,7 +126,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
         raise UsageError(str(exc)) from None
     return RunPlan(
         records=records, provider=provider, model=model, strategy=strategy, out=out, config=config,
-        resume=args.resume, backend=args.backend, progress=_progress_mode(args.progress),
+        resume=args.resume, backend=args.backend, progress=progress_mode(args.progress),
         resume_command=_resume_command(argv),
     )
 
@@ -267,47 +211,6 @@ class _RunOutcome:
             "to finish (press Ctrl+C again to abandon them)")
 
 
-@final
-class _KnownTotal(Progress):
-    """Fills in the total a streaming run's snapshots lack: the CLI read the whole input first."""
-
-    def __init__(self, inner: Progress, total: int) -> None:
-        self._inner = inner
-        self._total = total
-
-    def _fill(self, snapshot: ProgressSnapshot) -> ProgressSnapshot:
-        if snapshot.total is not None:
-            return snapshot
-        remaining = max(0, self._total - snapshot.completed)
-        eta = 0.0 if remaining == 0 else (remaining / snapshot.rate if snapshot.rate > 0 else None)
-        return dataclasses.replace(snapshot, total=self._total, eta=eta)
-
-    def update(self, snapshot: ProgressSnapshot) -> None:
-        self._inner.update(self._fill(snapshot))
-
-    def close(self, final: ProgressSnapshot) -> None:
-        self._inner.close(self._fill(final))
-
-    async def aclose(self, final: ProgressSnapshot) -> None:
-        await self._inner.aclose(self._fill(final))
-
-
-def signal_receiver() -> AbstractContextManager[AsyncIterator[int] | None]:
-    """SIGINT and SIGTERM as a stream, from now until the block ends; ``None`` where unsupported."""
-    try:
-        return anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
-    except NotImplementedError:  # pragma: no cover - Windows asyncio: Ctrl+C stays KeyboardInterrupt
-        return contextlib.nullcontext(None)
-
-
-def _make_progress(mode: str, total: int) -> Progress | None:
-    if mode == "bar":
-        return _KnownTotal(TerminalProgressBar(sys.stderr), total)
-    if mode == "log":
-        return _KnownTotal(LogProgress(), total)
-    return None
-
-
 async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan) -> None:
     try:
         for record in plan.records:
@@ -331,7 +234,7 @@ async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
             with anyio.CancelScope() as run_scope:
                 outcome.run_scope = run_scope
                 processor: ParallelBatchProcessor[str] = ParallelBatchProcessor(
-                    plan.config, progress_callback=_make_progress(plan.progress, len(plan.records)),
+                    plan.config, progress_callback=progress_display(plan.progress, total=len(plan.records)),
                     artifact_store=store, resume=policy,
                 )
                 async with processor:
@@ -350,26 +253,12 @@ async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
 # --- the report --------------------------------------------------------------------
 
 
-def _first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
-    """One line per failure category, with its first item's error: the reason, where it says how to fix it."""
-    first: dict[ErrorCategory, WorkItemResult[Any]] = {}
-    for result in results:
-        category = result.error_category
-        if not result.success and category is not None and category is not ErrorCategory.NOT_EXECUTED:
-            first.setdefault(category, result)
-    return [f"first {category.value} failure: item {result.item_id!r}: {result.error}"
-            for category, result in first.items()]
-
-
 def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
     termination = outcome.termination
     if outcome.forced and outcome.signal is not None:
         termination = BatchTermination("interrupted", f"forced by a second {outcome.signal.name}")
     batch = BatchResult.from_results(outcome.results, termination=termination, wall_time=outcome.wall_time)
-    print(batch.summary(), flush=True)
-    print(f"results: {plan.out}", flush=True)
-    for line in _first_failures(outcome.results):
-        say(line)
+    print_batch_report(batch, plan.out)
     unfinished = len(plan.records) - batch.succeeded
     if outcome.signal is not None:
         how = "forced stop" if outcome.forced else "stopped"

@@ -1,4 +1,4 @@
-"""``runs status``, ``pause``, ``resume``, ``cancel``, ``resolve`` and ``export``; snapshot reports.
+"""``runs list``, ``status``, ``pause``, ``resume``, ``cancel``, ``resolve`` and ``export``: a stored run.
 
 ``status`` reads the run through :func:`read_run_snapshot` (a read-only
 connection, no event loop), so it works while another process drives the run.
@@ -18,35 +18,28 @@ completed run, resolving when nothing is unresolved) or the operation failed;
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import anyio
 
 from .._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._errors import ArtifactStoreError, BatchLLMError, RunStateError
-from ._run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, UsageError, api_key_from, say
+from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
+from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json
 
-__all__ = [
-    "check_db_path",
-    "control_command",
-    "describe",
-    "resolve_hint",
-    "status_command",
-    "stored_snapshot",
-]
+__all__ = ["check_db_path", "control_command", "list_command", "status_command", "stored_snapshot"]
 
 # The discard port on this host: a handle that only controls a run never calls its strategy,
 # and if a bug made it call, the connection is refused at once instead of reaching anything.
 _NEVER_CALLED: Final = "http://127.0.0.1:9/v1"
 
 
-# --- reading and describing ------------------------------------------------------------
+# --- reading ------------------------------------------------------------------------------------
 
 
 def check_db_path(db: Path) -> None:
@@ -69,45 +62,6 @@ def stored_snapshot(db: Path, run_id: str) -> RunSnapshot:
         raise UsageError(f"cannot read run {run_id!r}: {exc}") from None
 
 
-def resolve_hint(snap: RunSnapshot, db: Path) -> str:
-    base = shlex.join([PROG, "runs", "resolve", str(db), snap.run_id])
-    return (f"a batch create's outcome is unknown: look for a batch whose metadata "
-            f"trio_batch_llm_submission is {snap.unresolved_submission}, then run: "
-            f"{base} --created BATCH_ID  (or --not-created)")
-
-
-def describe(snap: RunSnapshot) -> list[str]:
-    """The snapshot as lines for an operator."""
-    status: str = snap.status
-    if snap.termination is not None and snap.termination.kind != snap.status:
-        status += f" ({snap.termination.kind})"
-    if snap.termination is not None and snap.termination.reason:
-        status += f": {snap.termination.reason}"
-    read = ("input fully read" if snap.ingestion_complete
-            else f"input read to entry {snap.checkpoint.position}")
-    lines = [
-        f"run {snap.run_id}: {status}",
-        f"  mode {snap.mode}, model {snap.identity.provider}:{snap.identity.model}",
-        f"  items {snap.items} ({read}): done {snap.done} (succeeded {snap.succeeded}, "
-        f"failed {snap.failed}), pending {snap.pending}",
-        f"  tokens: input {snap.input_tokens}, output {snap.output_tokens}, total {snap.total_tokens}",
-        f"  results: {snap.last_sequence} (sequences 1 to {snap.last_sequence})" if snap.last_sequence
-        else "  results: none yet",
-    ]
-    if snap.mode == "provider-batch":
-        lines.append(f"  provider batches open: {snap.open_submissions} (holding {snap.batched} item(s))")
-        if snap.unresolved_submission is not None:
-            lines.append(f"  unresolved batch create: submission {snap.unresolved_submission}")
-    lines.append(f"  created {snap.created_at}, updated {snap.updated_at}")
-    return lines
-
-
-def snapshot_json(snap: RunSnapshot) -> dict[str, Any]:
-    data = dataclasses.asdict(snap)
-    data.update(pending=snap.pending, ingestion_complete=snap.ingestion_complete, terminal=snap.terminal)
-    return data
-
-
 def list_command(args: argparse.Namespace) -> int:
     db = Path(args.db)
     if not db.is_file():
@@ -122,8 +76,7 @@ def list_command(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(snapshot_json(snap), sort_keys=True))
         else:
-            print(f"{snap.run_id}\t{snap.status}\t{snap.mode}\t{snap.done}/{snap.items} done"
-                  f"\t{snap.failed} failed" + ("" if snap.ingestion_complete else "\tingesting"))
+            print(run_list_line(snap))
     sys.stdout.flush()
     return EXIT_OK
 

@@ -44,20 +44,20 @@ from .._values._errors import (
     RunSourceError,
     RunStateError,
 )
+from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, signal_receiver
 from ._input import InputError
-from ._run import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
+from ._render import (
     PROG,
-    UsageError,
-    plan_run,
+    announce_drive,
+    describe,
+    drive_progress_line,
     redaction_note,
+    resolve_hint,
     say,
     shown_command,
-    signal_receiver,
 )
-from ._runs_ops import check_db_path, describe, resolve_hint
+from ._run import plan_run
+from ._runs_ops import check_db_path
 
 __all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
 
@@ -178,8 +178,7 @@ async def _report_progress(run: Run) -> None:
         snap = await run.snapshot()
         if (snap.status, snap.done) != last:
             last = (snap.status, snap.done)
-            say(f"run {snap.run_id}: {snap.status}, {snap.done}/{snap.items} done "
-                f"({snap.succeeded} succeeded, {snap.failed} failed)")
+            say(drive_progress_line(snap))
 
 
 async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
@@ -201,19 +200,6 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
                 if outcome.snapshot is None:  # stopped early: the run as this drive left it
                     outcome.snapshot = await run.snapshot()
                 group.cancel_scope.cancel(reason="the drive ended")
-
-
-def _announce(plan: StartPlan) -> None:
-    snap = plan.existing
-    if snap is None:
-        say(f"starting run {plan.run_id} in {plan.db} ({plan.mode})")
-        return
-    say(f"continuing run {plan.run_id} in {plan.db}: {snap.status}, {snap.done}/{snap.items} done")
-    if snap.status == "paused":
-        say(f"it is paused: this waits for `{PROG} runs resume {plan.db} {plan.run_id}`"
-            + (f" or {plan.timeout} s" if plan.timeout else " (Ctrl+C to stop waiting)"))
-    elif snap.status == "failed":
-        say(f"it failed: `{PROG} runs resume {plan.db} {plan.run_id}` makes it running again")
 
 
 def _report(plan: StartPlan, outcome: _Outcome) -> int:
@@ -247,7 +233,7 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except (UsageError, InputError) as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
-    _announce(plan)
+    announce_drive(plan.run_id, plan.db, plan.mode, plan.existing, plan.timeout)
     outcome = _Outcome()
     try:
         anyio.run(_drive, plan, outcome, backend=plan.backend)

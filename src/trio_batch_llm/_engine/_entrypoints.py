@@ -14,7 +14,8 @@ from typing import Any, TypeVar, final
 
 import anyio
 
-from .._observe._progress import Progress, make_progress
+from .._observe._progress import make_progress
+from .._observe._snapshot import Progress
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, ConfigurationError

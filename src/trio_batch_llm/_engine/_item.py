@@ -23,7 +23,7 @@ from ._classify import Classification, classify
 if TYPE_CHECKING:
     from .._admission._scope import Admission, QuotaScope
     from .._core._host import ExecutorHost
-    from .._observe._observers import Hooks
+    from .._observe._hooks import Hooks
     from .._values._config import ProcessorConfig
 
 __all__ = ["AttemptTimedOut", "ItemRunner", "ItemStop", "ItemTally", "UserClassifier"]

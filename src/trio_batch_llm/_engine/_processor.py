@@ -26,8 +26,10 @@ from .._artifacts import ResumePlan, fingerprint, prepare_resume, unstorable_fai
 from .._core._host import ExecutorHost, RuntimeTasks
 from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
 from .._core._owner import HostedOwner
-from .._observe._observers import BatchFinished, BatchStarted, Hooks, ItemStarted
-from .._observe._progress import CallbackProgress, Progress, ProgressTracker, make_progress
+from .._observe._events import BatchFinished, BatchStarted, ItemStarted
+from .._observe._hooks import Hooks
+from .._observe._progress import CallbackProgress, ProgressTracker, make_progress
+from .._observe._snapshot import Progress
 from .._values._config import AbortMode, ProcessorConfig, ResumePolicy
 from .._values._errors import (
     AdmissionClosedError,

@@ -1,1 +1,1 @@
-"""Observing a run: lifecycle events and hooks, metrics, progress."""
+"""Observing a run: lifecycle events, hooks, metrics, progress and its displays."""

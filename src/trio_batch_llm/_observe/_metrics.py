@@ -9,7 +9,7 @@ from typing import Any, Final, final
 
 from .._values._errors import ConfigurationError, ErrorCategory
 from .._values._results import WorkItemResult
-from ._observers import (
+from ._events import (
     AttemptFailed,
     BatchFinished,
     BatchStarted,

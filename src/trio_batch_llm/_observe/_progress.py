@@ -1,4 +1,4 @@
-"""Progress: what a run has done so far, and the ways of showing it.
+"""Progress as the engine keeps it: the tracker, the user's callback adapted, ``progress=`` resolved.
 
 The engine owns the driving. It keeps a :class:`ProgressTracker` (plain
 counters, no clock of its own), and from its one owned progress task calls
@@ -6,40 +6,36 @@ counters, no clock of its own), and from its one owned progress task calls
 When an item finishes a worker calls ``progress.on_item(...)`` (sync, O(1)) or
 ``await progress.on_item_async(...)``; at close, ``await progress.aclose(final)``.
 
-Renderers (:class:`TerminalProgressBar`, :class:`LogProgress`) draw snapshots and
-ignore per-item calls. :class:`CallbackProgress` adapts the user's per-item
-callable ``(completed, total, item_id)`` and ignores snapshots. A synchronous
-user callable runs in a worker thread behind a ``CapacityLimiter(1)``, never on
-the event loop; calls arriving while it is busy are coalesced into one pending
+:class:`CallbackProgress` adapts the user's per-item callable
+``(completed, total, item_id)`` and ignores snapshots. A synchronous user
+callable runs in a worker thread behind a ``CapacityLimiter(1)``, never on the
+event loop; calls arriving while it is busy are coalesced into one pending
 call (the newest), and the newest call is always delivered in the end.
+:func:`make_progress` turns the engine's ``progress=`` argument into a
+:class:`Progress`; the displays that ``progress=True`` shows are in
+:mod:`._display`, loaded only then.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib
 import inspect
-import logging
-import math
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import IO, Any, TypeAlias, final
+from typing import IO, TypeAlias, final
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from ._callables import is_async_callable
+from ._snapshot import Progress, ProgressSnapshot
+
 __all__ = [
     "CallbackProgress",
     "CallbackProgressStatistics",
-    "LogProgress",
-    "Progress",
     "ProgressCallback",
-    "ProgressSnapshot",
     "ProgressTracker",
-    "TerminalProgressBar",
-    "format_progress_line",
     "make_progress",
 ]
 
@@ -47,41 +43,6 @@ ProgressCallback: TypeAlias = Callable[[int, "int | None", str], "Awaitable[None
 """The user's per-item callable ``(completed, total, item_id)``, sync or async."""
 
 _ItemCall: TypeAlias = tuple[int, "int | None", str]
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ProgressSnapshot:
-    """The state of a run at one instant.
-
-    ``completed`` counts items with a final result, failures and replays
-    included; ``failed`` and ``replayed`` are parts of it. ``rate`` is live
-    completions per second over a recent window (replays excluded, they cost
-    nothing); ``eta`` is seconds left at that rate, ``None`` when unknown.
-    """
-
-    completed: int
-    failed: int
-    in_flight: int
-    total: int | None
-    replayed: int = 0
-    tokens_total: int = 0
-    elapsed: float = 0.0
-    rate: float = 0.0
-    eta: float | None = None
-
-    @property
-    def succeeded(self) -> int:
-        return self.completed - self.failed
-
-    @property
-    def fraction(self) -> float | None:
-        """Share of ``total`` completed, in ``[0, 1]``; ``None`` without a total."""
-        if self.total is None:
-            return None
-        if self.total <= 0:
-            return 1.0
-        return min(1.0, max(0.0, self.completed / self.total))
 
 
 class ProgressTracker:
@@ -146,184 +107,6 @@ class ProgressTracker:
         )
 
 
-def _duration(seconds: float) -> str:
-    whole = math.ceil(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_progress_line(snapshot: ProgressSnapshot, *, bar_width: int = 30) -> str:
-    """One plain-text line; ``bar_width=0`` leaves the bar out.
-
-    ``[######------] 50/100 (50%) | 2 failed | 5 in flight | 3.2 items/s | ETA 0:16 | 1,234 tokens``
-    Without a total: ``50 done | 2 failed | ...`` and no bar or ETA.
-    """
-    parts: list[str] = []
-    fraction = snapshot.fraction
-    if fraction is None:
-        head = f"{snapshot.completed} done"
-    else:
-        head = f"{snapshot.completed}/{snapshot.total} ({math.floor(fraction * 100)}%)"
-        if bar_width > 0:
-            filled = math.floor(fraction * bar_width)
-            head = f"[{'#' * filled}{'-' * (bar_width - filled)}] {head}"
-    parts.append(head)
-    parts.append(f"{snapshot.failed} failed")
-    if snapshot.replayed:
-        parts.append(f"{snapshot.replayed} replayed")
-    parts.append(f"{snapshot.in_flight} in flight")
-    parts.append(f"{snapshot.rate:.1f} items/s")
-    if snapshot.total is not None:
-        parts.append("ETA --:--" if snapshot.eta is None else f"ETA {_duration(snapshot.eta)}")
-    parts.append(f"{snapshot.tokens_total:,} tokens")
-    return " | ".join(parts)
-
-
-class Progress:
-    """What the engine drives. Every method has a do-nothing default.
-
-    - ``update(snapshot)``: sync and cheap; from the engine's progress task,
-      at most every ``progress_interval``.
-    - ``on_item(completed, total, item_id)``: sync, O(1), never blocks; when an item finishes.
-    - ``await on_item_async(...)``: the same, and delivers it if that takes awaiting.
-    - ``close(final)`` / ``await aclose(final)``: last draw and last delivery; idempotent.
-    """
-
-    def update(self, snapshot: ProgressSnapshot) -> None:
-        """Show ``snapshot``."""
-
-    def on_item(self, completed: int, total: int | None, item_id: str) -> None:
-        """Note that ``item_id`` finished, ``completed`` of ``total`` so far."""
-
-    async def on_item_async(self, completed: int, total: int | None, item_id: str) -> None:
-        self.on_item(completed, total, item_id)
-        await anyio.lowlevel.checkpoint()
-
-    def close(self, final: ProgressSnapshot) -> None:
-        """Show ``final`` and stop."""
-
-    async def aclose(self, final: ProgressSnapshot) -> None:
-        self.close(final)
-        await anyio.lowlevel.checkpoint()
-
-
-def _isatty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
-        return False
-
-
-def _load_rich() -> Any | None:
-    """The few rich modules we use, or ``None`` when rich is not installed."""
-    try:
-        return (
-            importlib.import_module("rich.console"),
-            importlib.import_module("rich.live"),
-            importlib.import_module("rich.progress_bar"),
-            importlib.import_module("rich.table"),
-            importlib.import_module("rich.text"),
-        )
-    except ImportError:
-        return None
-
-
-@final
-class TerminalProgressBar(Progress):
-    """A single-line bar redrawn in place with ``\\r`` and erase-to-end-of-line.
-
-    With ``use_rich=None`` it draws with ``rich`` when rich is installed and the
-    stream is a terminal; rich runs with auto-refresh off, so it starts no
-    thread: every draw happens in :meth:`update`, on the caller's thread.
-    """
-
-    def __init__(self, stream: IO[str] | None = None, *, bar_width: int = 30,
-                 use_rich: bool | None = None) -> None:
-        self.stream: IO[str] = sys.stderr if stream is None else stream
-        self.bar_width = bar_width
-        rich = _load_rich() if use_rich is not False and (use_rich or _isatty(self.stream)) else None
-        if use_rich and rich is None:
-            raise ImportError("use_rich=True needs the 'rich' package (pip install trio-batch-llm[progress])")
-        self._rich = rich
-        self._live: Any = None
-        self._closed = False
-
-    @property
-    def uses_rich(self) -> bool:
-        return self._rich is not None
-
-    def update(self, snapshot: ProgressSnapshot) -> None:
-        if self._closed:
-            return
-        if self._rich is not None:
-            self._rich_draw(snapshot)
-            return
-        self.stream.write(f"\r{format_progress_line(snapshot, bar_width=self.bar_width)}\x1b[K")
-        self.stream.flush()
-
-    def close(self, final: ProgressSnapshot) -> None:
-        if self._closed:
-            return
-        self.update(final)
-        self._closed = True
-        if self._live is not None:
-            self._live.stop()
-            self._live = None
-            return
-        self.stream.write("\n")
-        self.stream.flush()
-
-    def _rich_draw(self, snapshot: ProgressSnapshot) -> None:
-        if self._rich is None:
-            return
-        console_mod, live_mod, bar_mod, table_mod, text_mod = self._rich
-        grid = table_mod.Table.grid(padding=(0, 1))
-        bar = bar_mod.ProgressBar(total=None if snapshot.total is None else max(snapshot.total, 1),
-                                  completed=snapshot.completed, width=self.bar_width,
-                                  animation_time=snapshot.elapsed)
-        text = text_mod.Text(format_progress_line(snapshot, bar_width=0), no_wrap=True, overflow="ellipsis")
-        grid.add_row(bar, text)
-        if self._live is None:
-            console = console_mod.Console(file=self.stream)
-            self._live = live_mod.Live(grid, console=console, auto_refresh=False, transient=False,
-                                       redirect_stdout=False, redirect_stderr=False)
-            self._live.start(refresh=True)
-        else:
-            self._live.update(grid, refresh=True)
-
-
-@final
-class LogProgress(Progress):
-    """One INFO line per ``min_interval`` seconds of run time, and one at close.
-
-    For streams that are not terminals (CI logs, files): no carriage returns.
-    The interval is measured on ``snapshot.elapsed``, not a clock of its own.
-    """
-
-    def __init__(self, logger: logging.Logger | None = None, *, level: int = logging.INFO,
-                 min_interval: float = 10.0) -> None:
-        self.logger = logger if logger is not None else logging.getLogger("trio_batch_llm.progress")
-        self.level = level
-        self.min_interval = min_interval
-        self._last_logged: float | None = None
-        self._closed = False
-
-    def update(self, snapshot: ProgressSnapshot) -> None:
-        if self._closed:
-            return
-        if self._last_logged is not None and snapshot.elapsed - self._last_logged < self.min_interval:
-            return
-        self._last_logged = snapshot.elapsed
-        self.logger.log(self.level, "progress: %s", format_progress_line(snapshot, bar_width=0))
-
-    def close(self, final: ProgressSnapshot) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.logger.log(self.level, "finished: %s", format_progress_line(final, bar_width=0))
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class CallbackProgressStatistics:
@@ -333,13 +116,6 @@ class CallbackProgressStatistics:
     """Calls replaced by a newer one before they could be delivered."""
     pending: bool
     delivering: bool
-
-
-def _is_async_callable(fn: object) -> bool:
-    if inspect.iscoroutinefunction(fn):
-        return True
-    # An object whose class defines ``async def __call__``.
-    return not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
 
 
 @final
@@ -364,7 +140,7 @@ class CallbackProgress(Progress):
         if not callable(fn):
             raise TypeError(f"progress callback must be callable, not {type(fn).__name__}")
         self.fn = fn
-        self._is_async = _is_async_callable(fn)
+        self._is_async = is_async_callable(fn)
         self._limiter = limiter
         self._pending: _ItemCall | None = None
         self._delivering = False
@@ -444,15 +220,16 @@ def make_progress(progress: bool | ProgressCallback | Progress | None, *,
                   stream: IO[str] | None = None) -> Progress | None:
     """The engine's ``progress=`` argument as a :class:`Progress`, or ``None`` for none.
 
-    ``True``: a :class:`TerminalProgressBar` when ``stream`` (default
-    ``sys.stderr``) is a terminal, else :class:`LogProgress`. A callable:
+    ``True``: the default display for ``stream`` (default ``sys.stderr``): a
+    terminal bar, or log lines when it is not a terminal. A callable:
     :class:`CallbackProgress`. A :class:`Progress`: itself. ``False``/``None``: ``None``.
     """
     if progress is None or progress is False:
         return None
     if progress is True:
-        target = sys.stderr if stream is None else stream
-        return TerminalProgressBar(target) if _isatty(target) else LogProgress()
+        from ._display import default_display  # the displays load only when one is shown
+
+        return default_display(stream)
     if isinstance(progress, Progress):
         return progress
     if callable(progress):

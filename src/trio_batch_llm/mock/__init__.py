@@ -1,8 +1,46 @@
-"""The OpenAI-compatible mock server: chat completions, responses, Files and Batch APIs.
+"""An OpenAI-compatible mock server: run, test and measure a pipeline without a provider or a key.
 
-A real server on 127.0.0.1 (hypercorn, under Trio or asyncio) with knobs for latency,
-token counts, 429 + Retry-After, 5xx, hangs, resets and slow streams. The demo, the
-tests and the benchmarks use it; so can yours (``pip install "trio-batch-llm[mock]"``).
+It speaks OpenAI's wire format (``POST /v1/chat/completions``,
+``POST /v1/responses``, ``GET /v1/models``, and the Files and Batch APIs under
+``/v1/files`` and ``/v1/batches``) on a real socket on 127.0.0.1, under Trio or
+asyncio, so a strategy (or the openai SDK) talks to it over real HTTP exactly
+as it would to a provider:
+
+    from trio_batch_llm import OpenAICompatibleStrategy, process_prompts
+    from trio_batch_llm.mock import MockServerConfig, serve_mock
+
+    async with serve_mock(MockServerConfig(latency=0.01, rate_limit_rate=0.05)) as server:
+        strategy = OpenAICompatibleStrategy("any-model", base_url=server.base_url)
+        batch = await process_prompts(strategy, prompts)
+        print(server.stats.rate_limited, "answers were 429")
+
+- :func:`serve_mock` runs the server for an ``async with`` block, on a port
+  the system chooses, and gives the :class:`MockServer`: its ``base_url``, what
+  it counted (``stats``), what it received (``requests``), and
+  ``wait_for(predicate)`` to wait on its counters without polling.
+- :func:`run_mock_server` serves until Ctrl+C (``trio-batch-llm serve-mock``).
+- :class:`MockOpenAIApp` is the ASGI app itself, to mount in-process through
+  ``httpx2.ASGITransport``: what a test under Trio's virtual clock uses, since
+  a real socket needs a real clock.
+- :class:`MockServerConfig` turns the knobs: latency, answer sizes, injected
+  429s with ``Retry-After``, 5xx answers, hangs, connection resets, truncated
+  bodies, RPM/TPM limits the server enforces, a required API key, and the
+  Batch API's create faults and batch outcomes. Faults are drawn from ``seed``
+  and the prompt, so a run gets the same answers and faults on every machine
+  and on both backends.
+- :class:`MockServerStats` is a snapshot of its counters and
+  :class:`RecordedRequest` one request as it arrived (keys never recorded).
+
+Markers inside a prompt force a fault for that prompt, for exact tests:
+``[[fail:503]]``, ``[[fail:429x2]]`` (only the first two times the prompt
+arrives), ``[[hang]]``, ``[[reset]]``, ``[[malformed]]``,
+``[[context_length]]``, ``[[content_policy]]``, ``[[latency:0.25]]``,
+``[[retry_after:2.5]]``.
+
+The demo, the command line's ``serve-mock``, the project's own tests and its
+benchmarks all use this server. It needs the ``mock`` extra
+(``pip install "trio-batch-llm[mock]"``). :mod:`trio_batch_llm.testing`
+re-exports every name here, next to the scripted ``FakeStrategy``.
 """
 
 from ._app import MockOpenAIApp as MockOpenAIApp
@@ -22,3 +60,25 @@ __all__ = [
     "run_mock_server",
     "serve_mock",
 ]
+
+
+def _fixup_module_metadata(public: str, namespace: dict[str, object]) -> None:
+    """Report ``public`` as the module of every exported name (and of its methods): reprs, docs and
+    pickles then name the public package, never the private module a name is defined in."""
+    seen: set[int] = set()
+
+    def fix(obj: object) -> None:
+        if id(obj) in seen or not getattr(obj, "__module__", "").startswith(f"{public}._"):
+            return
+        seen.add(id(obj))
+        obj.__module__ = public
+        if isinstance(obj, type):
+            for attr in vars(obj).values():
+                fix(getattr(attr, "__func__", attr))  # classmethods and staticmethods wrap a function
+
+    for name in namespace["__all__"]:  # type: ignore[attr-defined]
+        fix(namespace[name])
+
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, final
 
 from .._values._errors import ConfigurationError
 
-__all__ = ["MockServerConfig", "MockServerStats", "RecordedRequest", "SlidingWindow", "mock_token_count"]
+__all__ = [
+    "Counters",
+    "MockServerConfig",
+    "MockServerStats",
+    "RecordedRequest",
+    "SlidingWindow",
+    "mock_token_count",
+]
 
 
 def mock_token_count(text: str) -> int:
@@ -215,6 +222,31 @@ class MockServerStats:
 
 
 @final
+@dataclass(slots=True)
+class Counters:
+    """What the app counts as it answers (read through :class:`MockServerStats`), and the occurrences
+    of each prompt and each Files/Batch endpoint that key its plans."""
+
+    requests: int = 0
+    succeeded: int = 0
+    rate_limited: int = 0
+    rate_limited_enforced: int = 0
+    server_errors: int = 0
+    client_errors: int = 0
+    malformed: int = 0
+    resets: int = 0
+    hangs: int = 0
+    disconnects: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    batch_api_requests: int = 0
+    occurrences: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    endpoint_occurrences: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+@final
 class SlidingWindow:
     """Weighted events over the last ``length`` seconds; an event at ``t`` leaves at ``t + length``.
 
@@ -231,9 +263,6 @@ class SlidingWindow:
 
     def _live(self, now: float) -> list[tuple[float, int]]:
         return [event for event in self._events if event[0] + self.length > now]
-
-    def total(self, now: float) -> int:
-        return sum(weight for _, weight in self._live(now))
 
     def add(self, now: float, weight: int = 1) -> None:
         events = self._events

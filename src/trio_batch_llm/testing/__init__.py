@@ -1,4 +1,7 @@
-"""Helpers for testing pipelines built on trio-batch-llm: the scripted fake, the mock server."""
+"""Helpers for testing pipelines built on trio-batch-llm: the scripted fake, and the mock server re-exported.
+
+Every name of :mod:`trio_batch_llm.mock` is here too, so a test needs one import.
+"""
 
 from .._strategies._fake import FakeStrategy as FakeStrategy
 from ..mock import MockOpenAIApp as MockOpenAIApp

@@ -1,4 +1,4 @@
-"""Lifecycle events, observers, middlewares, the post-processor hook, and metrics.
+"""The hooks a user registers (observers, middlewares, a post-processor), as the engine calls them.
 
 The engine holds one :class:`Hooks` (``Hooks.build(...)``) and drives it; when
 nothing is registered ``hooks.active`` is false and the engine skips it all.
@@ -35,125 +35,36 @@ failure with category ``PARSE`` (the answer arrived but could not be turned
 into an output; a resume runs it again), keeping the raw ``output``. A
 synchronous post-processor runs in a worker thread, one at a time; a thread
 that timed out is abandoned by its caller but still owned: the next call
-waits for it (within its own timeout) and :meth:`Hooks.aclose` waits for it.
+waits for it (within its own timeout) and :meth:`Hooks.aclose` waits for it
+(:class:`~._thread_gate.ThreadGate`). The events and the observer protocol are
+in :mod:`._events`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import logging
 import math
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias, final, runtime_checkable
+from typing import Any, Final, final
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
-from .._backends import LoopHandle, capture_loop_handle
 from .._values._errors import ConfigurationError, ErrorCategory
-from .._values._results import BatchTermination, LLMWorkItem, WorkItemResult
-from .._values._stats import CounterSnapshot
-from ._progress import _is_async_callable
+from .._values._results import LLMWorkItem, WorkItemResult
+from ._callables import call_sync_or_async, is_async_callable
+from ._events import AttemptFailed, LifecycleEvent, terminal_event
+from ._thread_gate import ThreadGate
 
-__all__ = [
-    "AttemptFailed",
-    "BatchFinished",
-    "BatchStarted",
-    "Hooks",
-    "HooksStatistics",
-    "ItemCompleted",
-    "ItemFailed",
-    "ItemReplayed",
-    "ItemStarted",
-    "LifecycleEvent",
-    "Middleware",
-    "Observer",
-    "terminal_event",
-]
+__all__ = ["Hooks", "HooksStatistics", "Middleware"]
 
 logger = logging.getLogger("trio_batch_llm.observers")
 
 POST_PROCESSOR_THREAD_WARNING: Final = 10.0
 """Seconds :meth:`Hooks.aclose` waits for an abandoned post-processor thread before one warning."""
-
-
-# --- events --------------------------------------------------------------------
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class BatchStarted:
-    total: int | None
-    """Items known up front; ``None`` for a stream."""
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ItemStarted:
-    item_id: str
-    attempt: int = 1
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class AttemptFailed:
-    item_id: str
-    attempt: int
-    category: ErrorCategory
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ItemCompleted:
-    result: WorkItemResult[Any]
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ItemFailed:
-    result: WorkItemResult[Any]
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ItemReplayed:
-    """Answered from the artifact store (success, or a replayed failure under ``REUSE_ALL``)."""
-
-    result: WorkItemResult[Any]
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class BatchFinished:
-    termination: BatchTermination
-    counts: CounterSnapshot
-
-
-LifecycleEvent: TypeAlias = (
-    BatchStarted | ItemStarted | AttemptFailed | ItemCompleted | ItemFailed | ItemReplayed | BatchFinished
-)
-
-
-def terminal_event(result: WorkItemResult[Any]) -> ItemCompleted | ItemFailed | ItemReplayed:
-    """The one terminal event for ``result``."""
-    if result.replayed:
-        return ItemReplayed(result)
-    return ItemCompleted(result) if result.success else ItemFailed(result)
-
-
-# --- protocols -----------------------------------------------------------------
-
-
-@runtime_checkable
-class Observer(Protocol):
-    """Anything with ``on_event(event)``; a plain callable ``fn(event)`` works too."""
-
-    def on_event(self, event: LifecycleEvent) -> None: ...
 
 
 class Middleware:
@@ -176,101 +87,8 @@ class Middleware:
         return None
 
 
-async def _call(fn: Callable[..., Any], *args: Any) -> Any:
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        return await value
-    await anyio.lowlevel.checkpoint()
-    return value
-
-
 def _name(obj: object) -> str:
     return getattr(obj, "__qualname__", None) or type(obj).__qualname__
-
-
-# --- the synchronous post-processor's thread -------------------------------------
-
-
-@final
-class _ThreadCall:
-    __slots__ = ("cancelled", "finished", "idle", "started")
-
-    def __init__(self) -> None:
-        self.idle = anyio.Event()
-        self.started = False
-        self.finished = False
-        self.cancelled = False
-
-
-@final
-class _ThreadGate:
-    """One post-processor thread at a time, including one whose caller timed out.
-
-    anyio hands back a thread limiter as soon as it abandons a thread, so the
-    gate is ours: it opens when the thread itself reports back through the
-    loop handle. A call cancelled before its thread started never runs.
-    """
-
-    __slots__ = ("_current", "_handle", "_limiter", "_lock", "abandoned")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # makes "cancelled before it started" one decision
-        self._current: _ThreadCall | None = None
-        self._handle: LoopHandle | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
-        self.abandoned = 0
-
-    @property
-    def busy(self) -> bool:
-        return self._current is not None
-
-    def _release(self, call: _ThreadCall) -> None:
-        if self._current is call:
-            self._current = None
-        call.idle.set()
-
-    async def run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
-        while self._current is not None:
-            await self._current.idle.wait()
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-            self._handle = capture_loop_handle()
-        handle = self._handle
-        assert handle is not None
-        call = self._current = _ThreadCall()
-
-        def in_thread() -> Any:
-            with self._lock:
-                if call.cancelled:
-                    return None
-                call.started = True
-            try:
-                return fn(arg)
-            finally:
-                call.finished = True
-                handle.run_sync_soon(functools.partial(self._release, call))
-
-        try:
-            value = await anyio.to_thread.run_sync(in_thread, abandon_on_cancel=True, limiter=self._limiter)
-        except BaseException:
-            with self._lock:
-                call.cancelled = True
-                running = call.started and not call.finished
-            if running:
-                self.abandoned += 1  # the thread runs on and releases the gate when it returns
-            else:
-                self._release(call)
-            raise
-        self._release(call)
-        return value
-
-    async def wait_idle(self) -> None:
-        await anyio.lowlevel.checkpoint()
-        while self._current is not None:
-            await self._current.idle.wait()
-
-
-# --- hooks ---------------------------------------------------------------------
 
 
 @final
@@ -325,9 +143,9 @@ class Hooks:
         self._on_error = tuple(m.on_error for m in middlewares if callable(getattr(m, "on_error", None)))
         self.middleware_count = len(middlewares)
         self._post = post_processor
-        self._post_async = post_processor is not None and _is_async_callable(post_processor)
+        self._post_async = post_processor is not None and is_async_callable(post_processor)
         self._timeout = post_processor_timeout
-        self._gate = _ThreadGate()
+        self._gate = ThreadGate()
         self._logged: set[int] = set()  # ids of hooks whose failure was logged already
         self._counts = {"observer_errors": 0, "failures": 0, "timeouts": 0}
         self.active = bool(self._observers or middlewares or post_processor is not None)
@@ -395,7 +213,7 @@ class Hooks:
     async def before_item(self, item: LLMWorkItem[Any]) -> LLMWorkItem[Any]:
         """Run every middleware's ``before``, in order; the item id may not change."""
         for before in self._before:
-            changed = await _call(before, item)
+            changed = await call_sync_or_async(before, item)
             if changed is None:
                 continue
             if not isinstance(changed, LLMWorkItem):
@@ -416,7 +234,7 @@ class Hooks:
             self.emit(AttemptFailed(item.item_id, attempt, category))
         for on_error in self._on_error:
             try:
-                await _call(on_error, item, exc, attempt)
+                await call_sync_or_async(on_error, item, exc, attempt)
             except Exception:  # noqa: BLE001 - a notification; the attempt's outcome stands
                 self._log_once(on_error, "middleware on_error")
         await anyio.lowlevel.checkpoint()
@@ -424,7 +242,7 @@ class Hooks:
     async def after_item(self, item: LLMWorkItem[Any], result: WorkItemResult[Any]) -> WorkItemResult[Any]:
         """Middlewares' ``after`` (last registered first), then the post-processor on a success."""
         for after in self._after:
-            changed = await _call(after, item, result)
+            changed = await call_sync_or_async(after, item, result)
             if changed is None:
                 continue
             if not isinstance(changed, WorkItemResult):

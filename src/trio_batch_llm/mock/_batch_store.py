@@ -1,4 +1,4 @@
-"""The mock server's Files and Batch APIs: a synchronous store the ASGI app drives.
+"""The mock server's Files and Batch APIs: a synchronous store of files and batches the app drives.
 
 Nothing here does I/O or reads a clock: the app passes ``now`` (its own clock)
 to every call, and :meth:`BatchStore.advance` finishes every batch whose time
@@ -7,8 +7,9 @@ batch's lines run at the first request at or after ``created + batch_latency``,
 in input order, through the app's own line executor (the same occurrence
 counter, faults and payloads as live requests).
 
-Parsing the uploaded multipart form and the JSONL input file lives in
-:mod:`._batch_input`.
+Each operation answers as the API would (a :class:`BatchReply`). Which
+request is which operation is :mod:`._batch_routes`; parsing the uploaded
+multipart form and the JSONL input file is :mod:`._batch_input`.
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, final
+from typing import Any, final
 from urllib.parse import parse_qs
 
 from .._strategies.openai._wire import Api
 from ._batch_input import BATCH_ENDPOINTS, InputLine, parse_input_file, parse_multipart
 from ._state import MockServerConfig
 
-__all__ = ["EPOCH", "BatchCounters", "BatchReply", "BatchRoute", "BatchStore", "LineExecutor", "match_route"]
+__all__ = ["EPOCH", "BatchCounters", "BatchReply", "BatchStore", "LineExecutor"]
 
 EPOCH = 1_700_000_000
 """Wire timestamps are ``EPOCH + floor(clock)``: integers, deterministic under a virtual clock."""
@@ -51,46 +51,6 @@ class BatchReply:
     content: bytes | None = None
     message: str = ""
     created: bool = False
-
-
-Action = Literal["upload", "file", "content", "delete_file", "create", "list", "get", "cancel"]
-_ROUTE_TABLE: tuple[tuple[str, str, Action], ...] = (
-    ("POST", "/files", "upload"),
-    ("GET", "/files/{file_id}", "file"),
-    ("DELETE", "/files/{file_id}", "delete_file"),
-    ("GET", "/files/{file_id}/content", "content"),
-    ("POST", "/batches", "create"),
-    ("GET", "/batches", "list"),
-    ("GET", "/batches/{batch_id}", "get"),
-    ("POST", "/batches/{batch_id}/cancel", "cancel"),
-)
-_PATTERNS = [(method, re.compile(re.sub(r"\{\w+\}", "([^/]+)", template)), template, action)
-             for method, template, action in _ROUTE_TABLE]
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class BatchRoute:
-    """A matched Files/Batch API request: ``template`` (``"GET /v1/batches/{batch_id}"``) keys the
-    generic fault plan; ``target`` is the id in the path, if any."""
-
-    template: str
-    action: Action
-    target: str | None = None
-
-
-def match_route(method: str, path: str) -> BatchRoute | Literal["wrong method"] | None:
-    """The route of ``method path`` (with or without ``/v1``); ``None`` if the path is not ours."""
-    bare = path.removeprefix("/v1") if path.startswith("/v1/") else path
-    path_matched = False
-    for route_method, pattern, template, action in _PATTERNS:
-        found = pattern.fullmatch(bare)
-        if found is None:
-            continue
-        if route_method == method:
-            return BatchRoute(f"{method} /v1{template}", action, found.group(1) if found.groups() else None)
-        path_matched = True
-    return "wrong method" if path_matched else None
 
 
 def _error(status: int, message: str) -> BatchReply:
@@ -207,28 +167,6 @@ class BatchStore:
         self._ids += 1
         digest = hashlib.sha256(f"{self.config.seed}\x00{prefix}\x00{self._ids}".encode()).hexdigest()
         return prefix + digest[:24]
-
-    def dispatch(self, route: BatchRoute, raw: bytes, content_type: str, query: str,
-                 now: float) -> BatchReply:
-        """Perform one request (after :meth:`advance`); ``raw`` is the request body."""
-        target = route.target or ""
-        match route.action:
-            case "upload":
-                return self.upload(content_type, raw, now)
-            case "file":
-                return self.file(target)
-            case "content":
-                return self.file_content(target)
-            case "delete_file":
-                return self.delete_file(target)
-            case "create":
-                return self.create(raw, now)
-            case "list":
-                return self.list(query)
-            case "get":
-                return self.get(target)
-            case "cancel":
-                return self.cancel(target, now)
 
     # -- time -----------------------------------------------------------------------------------
 

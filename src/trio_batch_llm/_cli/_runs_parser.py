@@ -1,4 +1,4 @@
-"""``trio-batch-llm runs``: durable runs from the command line (the parser and the dispatch).
+"""``trio-batch-llm runs``: the parser of the durable-run subcommands, and their dispatch.
 
 Subcommands, each on a run ``RUN_ID`` in the SQLite database ``DB``:
 
@@ -22,14 +22,19 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from ._input import PROVIDERS, model_spec, positive_float, positive_int
+from ._args import (
+    BACKENDS,
+    KEY_HELP,
+    MAX_BATCH_REQUESTS,
+    add_model_arguments,
+    batch_size,
+    non_empty,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
-__all__ = ["add_model_arguments", "add_runs_parser"]
-
-_BACKENDS = ["trio", "asyncio"]
-_MAX_BATCH_REQUESTS = 50_000  # the Batch API's lines per file (ProviderBatchConfig refuses more)
-_KEY_HELP = ("environment variable holding the endpoint's API key; without it OPENAI_API_KEY is sent "
-             "only to OpenAI's own API (https://api.openai.com), and another --base-url gets no key")
+__all__ = ["add_runs_parser"]
 
 
 def _start(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -56,47 +61,13 @@ def _control(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return control_command(args)
 
 
-def non_empty(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    return text
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def batch_size(text: str) -> int:
-    value = positive_int(text)
-    if value > _MAX_BATCH_REQUESTS:
-        raise argparse.ArgumentTypeError(
-            f"expected at most {_MAX_BATCH_REQUESTS} (the Batch API's limit), got {text!r}"
-        )
-    return value
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """``INPUT``, ``--model``, ``--base-url`` and ``--api-key-env``: what ``run`` and ``runs start`` share."""
-    parser.add_argument("input", metavar="INPUT", help="a .jsonl or .csv file of prompts")
-    parser.add_argument("--model", required=True, type=model_spec, metavar="PROVIDER:MODEL",
-                        help=f"PROVIDER is one of {', '.join(PROVIDERS)}")
-    parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key-env", metavar="NAME", help=_KEY_HELP)
-
-
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """``DB RUN_ID`` (every subcommand) and ``--backend`` (those that run an event loop)."""
     target = argparse.ArgumentParser(add_help=False)
     target.add_argument("db", metavar="DB", help="the SQLite database holding the run")
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
-    backend.add_argument("--backend", choices=_BACKENDS, default="trio")
+    backend.add_argument("--backend", choices=BACKENDS, default="trio")
     return target, backend
 
 
@@ -127,7 +98,7 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                       help="seconds one attempt may take (default 120)")
     batch = start.add_argument_group("provider-batch mode")
     batch.add_argument("--batch-size", type=batch_size, metavar="N",
-                       help=f"requests per batch file (default and maximum {_MAX_BATCH_REQUESTS})")
+                       help=f"requests per batch file (default and maximum {MAX_BATCH_REQUESTS})")
     batch.add_argument("--enqueued-token-limit", type=positive_int, metavar="N",
                        help="the provider's limit on tokens waiting in unfinished batches, shared by "
                             "every run in DB (default: not checked)")
@@ -177,7 +148,7 @@ def add_runs_parser(sub: Any) -> None:
     )
     cancel.add_argument("--reason", default="cancelled from the command line")
     cancel.add_argument("--base-url", help="provider-batch: the endpoint whose open batches to cancel")
-    cancel.add_argument("--api-key-env", metavar="NAME", help=_KEY_HELP)
+    cancel.add_argument("--api-key-env", metavar="NAME", help=KEY_HELP)
     cancel.add_argument("--request-timeout", type=positive_float, default=30.0, metavar="S",
                         help="bound on each cancel request to the provider (default 30)")
     cancel.set_defaults(handler=_control)

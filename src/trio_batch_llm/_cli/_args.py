@@ -1,0 +1,136 @@
+"""The command line's arguments: the checks of each value, and the arguments several commands share.
+
+Each ``type=`` function turns a bad value into an ``argparse`` error that
+names what was expected and what was given, so the command exits with status
+2 before it does anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Final
+
+__all__ = [
+    "BACKENDS",
+    "KEY_HELP",
+    "MAX_BATCH_REQUESTS",
+    "PROVIDERS",
+    "add_model_arguments",
+    "batch_size",
+    "model_spec",
+    "non_empty",
+    "non_negative_float",
+    "non_negative_int",
+    "port",
+    "positive_float",
+    "positive_int",
+    "probability",
+]
+
+PROVIDERS: Final = ("openai-compatible", "openai")
+BACKENDS: Final = ["trio", "asyncio"]
+MAX_BATCH_REQUESTS: Final = 50_000  # the Batch API's lines per file (ProviderBatchConfig refuses more)
+KEY_HELP: Final = ("environment variable holding the endpoint's API key; without it OPENAI_API_KEY is sent "
+                   "only to OpenAI's own API (https://api.openai.com), and another --base-url gets no key")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``INPUT``, ``--model``, ``--base-url`` and ``--api-key-env``: what ``run`` and ``runs start`` share."""
+    parser.add_argument("input", metavar="INPUT", help="a .jsonl or .csv file of prompts")
+    parser.add_argument("--model", required=True, type=model_spec, metavar="PROVIDER:MODEL",
+                        help=f"PROVIDER is one of {', '.join(PROVIDERS)}")
+    parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--api-key-env", metavar="NAME", help=KEY_HELP)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def _float(text: str, expected: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _float(text, "a number > 0")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text, "a number >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = _float(text, "a probability between 0 and 1")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a probability between 0 and 1, got {text!r}")
+    return value
+
+
+def model_spec(text: str) -> tuple[str, str]:
+    """``PROVIDER:MODEL`` -> ``(provider, model)``; the provider must be one we know."""
+    provider, colon, model = text.partition(":")
+    expected = " or ".join(f"{p}:MODEL" for p in PROVIDERS)
+    if not colon:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    if provider not in PROVIDERS:
+        raise argparse.ArgumentTypeError(
+            f"unknown provider {provider!r} in {text!r}; known: {', '.join(PROVIDERS)}"
+        )
+    if not model.strip():
+        raise argparse.ArgumentTypeError(f"the model name after {provider!r}: is empty")
+    return provider, model
+
+
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def batch_size(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_BATCH_REQUESTS:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_BATCH_REQUESTS} (the Batch API's limit), got {text!r}"
+        )
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (the system chooses) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
+    return value

@@ -1,0 +1,40 @@
+"""What every command shares: its exit statuses, its usage error, the key it may send, its signals."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
+from typing import Final
+
+import anyio
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "UsageError", "api_key_from", "signal_receiver"]
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+
+class UsageError(Exception):
+    """The command cannot run as given; the message says why. Nothing was written."""
+
+
+def api_key_from(name: str | None) -> str | None:
+    """The value of the environment variable ``--api-key-env`` names; :class:`UsageError` if it is unset."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise UsageError(f"--api-key-env {name}: the environment variable {name} is not set (or is empty)")
+    return value
+
+
+def signal_receiver() -> AbstractContextManager[AsyncIterator[int] | None]:
+    """SIGINT and SIGTERM as a stream, from now until the block ends; ``None`` where unsupported."""
+    try:
+        return anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM)
+    except NotImplementedError:  # pragma: no cover - Windows asyncio: Ctrl+C stays KeyboardInterrupt
+        return contextlib.nullcontext(None)

@@ -1,0 +1,226 @@
+"""What the command line shows: status lines, progress, and the report each command ends with.
+
+The commands decide what happened and which exit status it earns; this
+module turns those values into text, so the wording lives in one place and
+so does the rule that a key inside a URL is never shown (:func:`say`,
+:func:`shown_command`). Standard output carries what a script may read
+(summaries, run descriptions, JSON); standard error carries status lines,
+each starting ``trio-batch-llm:``.
+
+The progress displays themselves are the library's (``progress=True`` shows
+them in any script); the command line only chooses one and tells it the
+input's total, which a streaming run does not know.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
+
+from .._observe._display import LogProgress, TerminalProgressBar
+from .._observe._snapshot import Progress, ProgressSnapshot
+from .._values._errors import ErrorCategory
+from .._values._results import BatchResult, WorkItemResult
+from .._values._urls import REDACTED, redact_urls
+
+if TYPE_CHECKING:  # only named in annotations: rendering loads neither the runs nor the mock
+    from .._runs import RunSnapshot
+    from ..mock import MockServerStats
+
+__all__ = [
+    "PROG",
+    "ProgressMode",
+    "announce_drive",
+    "describe",
+    "drive_progress_line",
+    "progress_display",
+    "progress_mode",
+    "print_batch_report",
+    "print_demo_report",
+    "redaction_note",
+    "resolve_hint",
+    "run_list_line",
+    "say",
+    "shown_command",
+    "snapshot_json",
+]
+
+PROG: Final = "trio-batch-llm"
+
+ProgressMode: TypeAlias = Literal["bar", "log", "off"]
+
+
+# --- status lines ------------------------------------------------------------------------------
+
+
+def say(message: str) -> None:
+    """A status line for the operator, on stderr; a key inside any URL in it is never shown."""
+    print(f"{PROG}: {redact_urls(message)}", file=sys.stderr, flush=True)
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """``trio-batch-llm ARGS`` as a shell line to paste, with any key inside a URL argument redacted."""
+    return shlex.join([PROG, *(redact_urls(arg) for arg in argv)])
+
+
+def redaction_note(command: str) -> str:
+    """What to add to a printed command whose key was redacted (empty when none was)."""
+    if REDACTED not in command:
+        return ""
+    return (f" (a key in --base-url is shown as {REDACTED}: put it back, or better, pass it in an "
+            "environment variable named by --api-key-env)")
+
+
+# --- progress ------------------------------------------------------------------------------------
+
+
+def progress_mode(flag: bool | None, *, off_terminal: ProgressMode = "log") -> ProgressMode:
+    """``--progress`` / ``--no-progress`` / neither: a bar, log lines or nothing.
+
+    Without the flag: a bar when stderr is a terminal, else ``off_terminal``.
+    """
+    if flag is False:
+        return "off"
+    if flag or sys.stderr.isatty():
+        return "bar"
+    return off_terminal
+
+
+def progress_display(mode: ProgressMode, *, total: int | None = None) -> Progress | None:
+    """The display for ``mode`` on stderr; ``total`` fills in the count a streaming run's snapshots lack."""
+    display: Progress
+    if mode == "bar":
+        display = TerminalProgressBar(sys.stderr)
+    elif mode == "log":
+        display = LogProgress()
+    else:
+        return None
+    return display if total is None else _KnownTotal(display, total)
+
+
+@final
+class _KnownTotal(Progress):
+    """Fills in the total a streaming run's snapshots lack: the command read the whole input first."""
+
+    def __init__(self, inner: Progress, total: int) -> None:
+        self._inner = inner
+        self._total = total
+
+    def _fill(self, snapshot: ProgressSnapshot) -> ProgressSnapshot:
+        if snapshot.total is not None:
+            return snapshot
+        remaining = max(0, self._total - snapshot.completed)
+        eta = 0.0 if remaining == 0 else (remaining / snapshot.rate if snapshot.rate > 0 else None)
+        return dataclasses.replace(snapshot, total=self._total, eta=eta)
+
+    def update(self, snapshot: ProgressSnapshot) -> None:
+        self._inner.update(self._fill(snapshot))
+
+    def close(self, final: ProgressSnapshot) -> None:
+        self._inner.close(self._fill(final))
+
+    async def aclose(self, final: ProgressSnapshot) -> None:
+        await self._inner.aclose(self._fill(final))
+
+
+# --- run and demo --------------------------------------------------------------------------------
+
+
+def _first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
+    """One line per failure category, with its first item's error: the reason, where it says how to fix it."""
+    first: dict[ErrorCategory, WorkItemResult[Any]] = {}
+    for result in results:
+        category = result.error_category
+        if not result.success and category is not None and category is not ErrorCategory.NOT_EXECUTED:
+            first.setdefault(category, result)
+    return [f"first {category.value} failure: item {result.item_id!r}: {result.error}"
+            for category, result in first.items()]
+
+
+def print_batch_report(batch: BatchResult[Any], out: Path) -> None:
+    """The batch's summary and where its results are (stdout), then its first failure of each kind."""
+    print(batch.summary(), flush=True)
+    print(f"results: {out}", flush=True)
+    for line in _first_failures(batch.results):
+        say(line)
+
+
+def print_demo_report(batch: BatchResult[Any], mock: MockServerStats) -> None:
+    """The demo's batch summary and what the mock server answered."""
+    print(batch.summary())
+    print(f"mock server: {mock.requests} requests, {mock.rate_limited} answered 429, "
+          f"{mock.server_errors} answered 5xx", flush=True)
+
+
+# --- durable runs --------------------------------------------------------------------------------
+
+
+def describe(snap: RunSnapshot) -> list[str]:
+    """The snapshot as lines for an operator."""
+    status: str = snap.status
+    if snap.termination is not None and snap.termination.kind != snap.status:
+        status += f" ({snap.termination.kind})"
+    if snap.termination is not None and snap.termination.reason:
+        status += f": {snap.termination.reason}"
+    read = ("input fully read" if snap.ingestion_complete
+            else f"input read to entry {snap.checkpoint.position}")
+    lines = [
+        f"run {snap.run_id}: {status}",
+        f"  mode {snap.mode}, model {snap.identity.provider}:{snap.identity.model}",
+        f"  items {snap.items} ({read}): done {snap.done} (succeeded {snap.succeeded}, "
+        f"failed {snap.failed}), pending {snap.pending}",
+        f"  tokens: input {snap.input_tokens}, output {snap.output_tokens}, total {snap.total_tokens}",
+        f"  results: {snap.last_sequence} (sequences 1 to {snap.last_sequence})" if snap.last_sequence
+        else "  results: none yet",
+    ]
+    if snap.mode == "provider-batch":
+        lines.append(f"  provider batches open: {snap.open_submissions} (holding {snap.batched} item(s))")
+        if snap.unresolved_submission is not None:
+            lines.append(f"  unresolved batch create: submission {snap.unresolved_submission}")
+    lines.append(f"  created {snap.created_at}, updated {snap.updated_at}")
+    return lines
+
+
+def snapshot_json(snap: RunSnapshot) -> dict[str, Any]:
+    """The snapshot as ``--json`` prints it: every field, and the derived ones."""
+    data = dataclasses.asdict(snap)
+    data.update(pending=snap.pending, ingestion_complete=snap.ingestion_complete, terminal=snap.terminal)
+    return data
+
+
+def run_list_line(snap: RunSnapshot) -> str:
+    """One tab-separated line of ``runs list``."""
+    return (f"{snap.run_id}\t{snap.status}\t{snap.mode}\t{snap.done}/{snap.items} done"
+            f"\t{snap.failed} failed" + ("" if snap.ingestion_complete else "\tingesting"))
+
+
+def resolve_hint(snap: RunSnapshot, db: Path) -> str:
+    """How to settle the run's batch create whose outcome is unknown."""
+    base = shlex.join([PROG, "runs", "resolve", str(db), snap.run_id])
+    return (f"a batch create's outcome is unknown: look for a batch whose metadata "
+            f"trio_batch_llm_submission is {snap.unresolved_submission}, then run: "
+            f"{base} --created BATCH_ID  (or --not-created)")
+
+
+def drive_progress_line(snap: RunSnapshot) -> str:
+    """The line ``runs start`` says every few seconds while it drives."""
+    return (f"run {snap.run_id}: {snap.status}, {snap.done}/{snap.items} done "
+            f"({snap.succeeded} succeeded, {snap.failed} failed)")
+
+
+def announce_drive(run_id: str, db: Path, mode: str, existing: RunSnapshot | None,
+                   timeout: float | None) -> None:
+    """What ``runs start`` is about to do: start the run, or continue it (and what it waits for)."""
+    if existing is None:
+        say(f"starting run {run_id} in {db} ({mode})")
+        return
+    say(f"continuing run {run_id} in {db}: {existing.status}, {existing.done}/{existing.items} done")
+    if existing.status == "paused":
+        say(f"it is paused: this waits for `{PROG} runs resume {db} {run_id}`"
+            + (f" or {timeout} s" if timeout else " (Ctrl+C to stop waiting)"))
+    elif existing.status == "failed":
+        say(f"it failed: `{PROG} runs resume {db} {run_id}` makes it running again")

@@ -1,0 +1,78 @@
+"""A run's progress at one instant, and the :class:`Progress` interface that receives it.
+
+Everything that shows or hands on progress stands on these two: the engine
+drives a :class:`Progress` with snapshots (see :mod:`._progress`), the
+displays of :mod:`._display` draw them, and the command line wraps them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+import anyio.lowlevel
+
+__all__ = ["Progress", "ProgressSnapshot"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ProgressSnapshot:
+    """The state of a run at one instant.
+
+    ``completed`` counts items with a final result, failures and replays
+    included; ``failed`` and ``replayed`` are parts of it. ``rate`` is live
+    completions per second over a recent window (replays excluded, they cost
+    nothing); ``eta`` is seconds left at that rate, ``None`` when unknown.
+    """
+
+    completed: int
+    failed: int
+    in_flight: int
+    total: int | None
+    replayed: int = 0
+    tokens_total: int = 0
+    elapsed: float = 0.0
+    rate: float = 0.0
+    eta: float | None = None
+
+    @property
+    def succeeded(self) -> int:
+        return self.completed - self.failed
+
+    @property
+    def fraction(self) -> float | None:
+        """Share of ``total`` completed, in ``[0, 1]``; ``None`` without a total."""
+        if self.total is None:
+            return None
+        if self.total <= 0:
+            return 1.0
+        return min(1.0, max(0.0, self.completed / self.total))
+
+
+class Progress:
+    """What the engine drives. Every method has a do-nothing default.
+
+    - ``update(snapshot)``: sync and cheap; from the engine's progress task,
+      at most every ``progress_interval``.
+    - ``on_item(completed, total, item_id)``: sync, O(1), never blocks; when an item finishes.
+    - ``await on_item_async(...)``: the same, and delivers it if that takes awaiting.
+    - ``close(final)`` / ``await aclose(final)``: last draw and last delivery; idempotent.
+    """
+
+    def update(self, snapshot: ProgressSnapshot) -> None:
+        """Show ``snapshot``."""
+
+    def on_item(self, completed: int, total: int | None, item_id: str) -> None:
+        """Note that ``item_id`` finished, ``completed`` of ``total`` so far."""
+
+    async def on_item_async(self, completed: int, total: int | None, item_id: str) -> None:
+        self.on_item(completed, total, item_id)
+        await anyio.lowlevel.checkpoint()
+
+    def close(self, final: ProgressSnapshot) -> None:
+        """Show ``final`` and stop."""
+
+    async def aclose(self, final: ProgressSnapshot) -> None:
+        self.close(final)
+        await anyio.lowlevel.checkpoint()

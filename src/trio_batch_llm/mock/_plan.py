@@ -1,0 +1,136 @@
+"""What the mock answers: a plan for each request, and the deterministic reply of a success.
+
+Everything is decided from ``(seed, key, occurrence)``: the key is the prompt
+text for a completion (or a batch line), ``"METHOD path-template"`` for a
+Files or Batch API request, and *occurrence* counts the earlier requests with
+that key. So a seeded run gives the same answers and faults on both backends
+whatever order requests arrive in, and a retried prompt rolls again instead of
+failing forever.
+
+Markers inside a prompt force a fault, for exact tests (``xN``: only the first
+N occurrences of that prompt; without it: every one)::
+
+    [[fail:503]] [[fail:429x2]] [[hang]] [[reset]] [[malformed]]
+    [[context_length]] [[content_policy]] [[latency:0.25]] [[retry_after:2.5]]
+
+Nothing here sends, sleeps or reads a clock: the app carries a plan out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal, final
+
+from .._strategies.openai._wire import Api, chat_completion_payload, responses_payload
+from ._state import MockServerConfig, mock_token_count
+
+__all__ = ["CREATED", "Plan", "error_text", "plan_request", "reply", "success_body"]
+
+CREATED: Final = 1_700_000_000
+"""The ``created`` timestamp of every answer: a fixed one keeps whole responses deterministic."""
+_MARKER = re.compile(
+    r"\[\[(fail|hang|reset|malformed|context_length|content_policy|latency|retry_after)"
+    r"(?::([0-9.]+))?(?:x(\d+))?\]\]"
+)
+_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How to answer one request: after ``latency`` seconds, a success, an error, a hang, a reset or a
+    truncated body; an error has its ``status``, its ``code`` and maybe a ``retry_after``."""
+
+    kind: Literal["ok", "error", "hang", "reset", "malformed"]
+    latency: float = 0.0
+    status: int = 200
+    code: str | None = None
+    retry_after: float | None = None
+
+
+def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
+    """The plan for the ``occurrence``-th request with ``key``: its markers first, then the seeded rates."""
+    rng = random.Random(f"{config.seed}\x00{key}\x00{occurrence}")
+    latency = rng.uniform(*config.latency) if isinstance(config.latency, tuple) else config.latency
+    roll = rng.random()
+    retry_after, explicit = config.retry_after, False
+    forced: Plan | None = None
+    for match in _MARKER.finditer(key):
+        name, value, times = match.group(1), match.group(2), match.group(3)
+        if name == "latency" and value is not None:
+            latency = float(value)
+        elif name == "retry_after" and value is not None:
+            retry_after, explicit = float(value), True
+        elif forced is None and (times is None or occurrence < int(times)):
+            forced = _marker_plan(name, value)
+    if forced is not None:
+        # Retry-After goes with 429 and 503 (as HTTP uses it), or wherever a marker asks for it
+        wait = retry_after if explicit or forced.status in (429, 503) else None
+        return Plan(forced.kind, latency, forced.status, forced.code, wait)
+    edge = 0.0
+    for kind, rate in (("reset", config.reset_rate), ("hang", config.hang_rate),
+                       ("malformed", config.malformed_rate)):
+        edge += rate
+        if roll < edge:
+            return Plan(kind, latency)  # type: ignore[arg-type]
+    edge += config.server_error_rate
+    if roll < edge:
+        status = config.server_error_status
+        return Plan("error", latency, status, None, retry_after if status == 503 else None)
+    edge += config.rate_limit_rate
+    if roll < edge:
+        return Plan("error", latency, 429, "rate_limit_exceeded", retry_after)
+    return Plan("ok", latency)
+
+
+def _marker_plan(name: str, value: str | None) -> Plan:
+    if name == "fail":
+        status = int(float(value)) if value else 500
+        return Plan("error", status=status, code="rate_limit_exceeded" if status == 429 else None)
+    if name == "context_length":
+        return Plan("error", status=400, code="context_length_exceeded")
+    if name == "content_policy":
+        return Plan("error", status=400, code="content_policy_violation")
+    return Plan(name)  # type: ignore[arg-type]  # hang, reset, malformed
+
+
+def error_text(status: int, code: str | None) -> tuple[str, str, str | None]:
+    """``(message, type, code)`` of an error answer, worded as OpenAI words it."""
+    if status == 429:
+        return "Rate limit reached (mock)", "requests", code or "rate_limit_exceeded"
+    if status >= 500:
+        return "The server had an error while processing your request (mock)", "server_error", code
+    if code == "context_length_exceeded":
+        return ("This model's maximum context length is 128 tokens; the messages are longer (mock)",
+                "invalid_request_error", code)
+    if code == "content_policy_violation":
+        return "This request was rejected by the content policy (mock)", "invalid_request_error", code
+    named = {401: "invalid_api_key", 402: "insufficient_quota", 403: "permission_denied",
+             404: "model_not_found"}
+    return f"mock error {status}", "invalid_request_error", code or named.get(status)
+
+
+def reply(config: MockServerConfig, prompt: str) -> tuple[str, int]:
+    """The answer's text and completion tokens: an echo, or seeded words when ``output_tokens`` is set."""
+    wanted = config.output_tokens
+    if wanted is None:
+        text = "echo: " + prompt
+        return text, mock_token_count(text)
+    rng = random.Random(f"{config.seed}\x00words\x00{prompt}")
+    count = wanted if isinstance(wanted, int) else rng.randint(*wanted)
+    return " ".join(rng.choice(_WORDS) for _ in range(count)), count
+
+
+def success_body(config: MockServerConfig, api: Api, payload: dict[str, Any], prompt: str,
+                 occurrence: int) -> dict[str, Any]:
+    """The 200 body for ``prompt``'s ``occurrence``-th arrival (live, or a batch line)."""
+    text, completion_tokens = reply(config, prompt)
+    digest = hashlib.sha256(f"{config.seed}\x00{prompt}\x00{occurrence}".encode()).hexdigest()[:24]
+    model = str(payload.get("model") or config.model or "mock-model")
+    build = chat_completion_payload if api == "chat" else responses_payload
+    return build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
+                 prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
+                 created=CREATED)
