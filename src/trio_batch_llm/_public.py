@@ -31,6 +31,7 @@ def fixup_module_metadata(module_name: str, namespace: Mapping[str, Any]) -> Non
             obj.__module__ = module_name
         if isinstance(obj, type):
             for attr_name, attr in vars(obj).items():
+                attr = getattr(attr, "__func__", attr)  # classmethods and staticmethods wrap a function
                 if callable(attr) and getattr(attr, "__module__", None) == module:
                     fix(attr_name, attr, f"{qualname}.{attr_name}")
 

@@ -43,6 +43,7 @@ benchmarks all use this server. It needs the ``mock`` extra
 re-exports every name here, next to the scripted ``FakeStrategy``.
 """
 
+from .._public import fixup_module_metadata as _fixup_module_metadata
 from ._app import MockOpenAIApp as MockOpenAIApp
 from ._server import MockServer as MockServer
 from ._server import run_mock_server as run_mock_server
@@ -60,24 +61,6 @@ __all__ = [
     "run_mock_server",
     "serve_mock",
 ]
-
-
-def _fixup_module_metadata(public: str, namespace: dict[str, object]) -> None:
-    """Report ``public`` as the module of every exported name (and of its methods): reprs, docs and
-    pickles then name the public package, never the private module a name is defined in."""
-    seen: set[int] = set()
-
-    def fix(obj: object) -> None:
-        if id(obj) in seen or not getattr(obj, "__module__", "").startswith(f"{public}._"):
-            return
-        seen.add(id(obj))
-        obj.__module__ = public
-        if isinstance(obj, type):
-            for attr in vars(obj).values():
-                fix(getattr(attr, "__func__", attr))  # classmethods and staticmethods wrap a function
-
-    for name in namespace["__all__"]:  # type: ignore[attr-defined]
-        fix(namespace[name])
 
 
 _fixup_module_metadata(__name__, globals())

@@ -3,6 +3,7 @@
 Every name of :mod:`trio_batch_llm.mock` is here too, so a test needs one import.
 """
 
+from .._public import fixup_module_metadata as _fixup_module_metadata
 from .._strategies._fake import FakeStrategy as FakeStrategy
 from ..mock import MockOpenAIApp as MockOpenAIApp
 from ..mock import MockServer as MockServer
@@ -22,3 +23,6 @@ __all__ = [
     "run_mock_server",
     "serve_mock",
 ]
+
+_fixup_module_metadata(__name__, globals())
+del _fixup_module_metadata
