@@ -90,12 +90,14 @@ class RequestRateCore:
             ended.popleft()
 
     def ready_at(self, now: float) -> float:
-        self._prune(now)
+        ended = self._ended
+        if ended and ended[0] + self.window <= now:
+            self._prune(now)
         ready = NOW
-        excess = self._open + len(self._ended) + 1 - self.limit
+        excess = self._open + len(ended) + 1 - self.limit
         if excess > 0:
             # Enough ended calls must leave the window; calls still open leave only by ending.
-            ready = self._ended[excess - 1] + self.window if excess <= len(self._ended) else NEVER
+            ready = ended[excess - 1] + self.window if excess <= len(ended) else NEVER
         burst = self._burst
         if burst is not None and len(self._admitted) >= burst:
             ready = max(ready, self._admitted[0] + self._burst_window)
