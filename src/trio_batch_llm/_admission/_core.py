@@ -155,9 +155,10 @@ class QuotaCore:
 
         ``<= now`` means it fits now; ``math.inf`` means only a release can help.
         """
-        # The latest of every quota's ready time (comparisons rather than max(): this is hot).
+        # The latest of every quota's ready time. Inline tests rather than max() and
+        # cooldown.active(): every timed admission passes here.
         cooldown = self.cooldown
-        if cooldown.active(now):
+        if now < cooldown.ramp_end:
             ready = max(
                 cooldown.ready_at(now), cooldown.concurrency_ready_at(self.bound, self.in_flight, now)
             )
@@ -274,11 +275,15 @@ class QuotaCore:
         unit keeps counting for a window from ``now``, the call's end.
         """
         self.in_flight -= 1
-        if grant.request_stamp is not None and self.requests is not None:
-            self.requests.end(now)  # it reached the provider (a 429 too): counts a window on from here
-        reservation = grant.token_reservation
-        if reservation is not None and self.tokens is not None:
-            self.tokens.reconcile(reservation, actual_tokens, now)
+        # Every grant of a scope with an RPM (TPM) limit holds a unit (a reservation).
+        requests = self.requests
+        if requests is not None:
+            requests.end(now)  # it reached the provider (a 429 too): counts a window on from here
+        reserve = self.tokens
+        if reserve is not None:
+            reservation = grant.token_reservation
+            if reservation is not None:
+                reserve.reconcile(reservation, actual_tokens, now)
         return self.admit_waiters(now) if self.queue else _NOTHING_TO_WAKE
 
     def release_rate_limited(
@@ -296,9 +301,9 @@ class QuotaCore:
     def release_unused(self, grant: Grant, now: float) -> Sequence[Ticket]:
         """The call never reached the provider: free the slot, refund the RPM unit and every token."""
         self.in_flight -= 1
-        if grant.request_stamp is not None and self.requests is not None:
-            self.requests.refund(grant.request_stamp, now)
-        reservation = grant.token_reservation
+        _, stamp, reservation = grant
+        if stamp is not None and self.requests is not None:
+            self.requests.refund(stamp, now)
         if reservation is not None and self.tokens is not None:
             self.tokens.refund(reservation, now)
         return self.admit_waiters(now)
