@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trio_batch_llm import AdmissionClosedError, ProcessorConfig, RateLimitConfig
-from trio_batch_llm._admission._core import QuotaCore
+from trio_batch_llm._admission import Admission, QuotaRegistry, QuotaScope
+from trio_batch_llm._admission._core import Grant, QuotaCore
 from trio_batch_llm._admission._limits import CooldownCore
-from trio_batch_llm._admission._scope import Admission, QuotaRegistry, QuotaScope
 
 from .conftest import trio_virtual_clock
 from .test_admission_stateful import max_overlap
@@ -152,15 +152,44 @@ async def test_ready_at_tells_when_the_next_request_fits() -> None:
 
 async def test_bad_arguments() -> None:
     scope = QuotaScope(concurrency=1, tokens_per_minute=100)
-    other = QuotaScope(concurrency=1)
     with pytest.raises(ValueError, match="tokens=-1"):
         scope.try_admit_nowait(-1)
-    admission = other.try_admit_nowait()
-    with pytest.raises(ValueError, match="another quota scope"):
-        scope.release(admission)
-    admission.release()
+    with pytest.raises(ValueError, match="tokens=True"):
+        scope.try_admit_nowait(True)
+    with pytest.raises(ValueError, match=r"tokens=1\.5"):
+        scope.try_admit_nowait(1.5)  # type: ignore[arg-type]
     assert_idle(scope)
-    assert_idle(other)
+
+
+async def test_an_admission_gives_back_only_to_its_own_scope() -> None:
+    # An admission carries its scope: there is no way to release it into another one.
+    scope = QuotaScope(concurrency=1, requests_per_minute=10)
+    other = QuotaScope(concurrency=1, requests_per_minute=10)
+    admission = other.try_admit_nowait()
+    held = scope.try_admit_nowait()
+    admission.release()
+    assert (scope.statistics().in_flight, other.statistics().in_flight) == (1, 0)
+    assert admission.released and not held.released
+    held.release_unused()
+    assert_idle(scope)
+
+
+async def test_every_release_is_idempotent_and_the_first_one_counts() -> None:
+    now = Stopwatch()
+    scope = QuotaScope(concurrency=2, requests_per_minute=10, tokens_per_minute=1000)
+    unused = scope.try_admit_nowait(300)
+    unused.release_unused()
+    unused.release(300)  # a no-op: it stays refunded
+    unused.release_rate_limited(retry_after=5.0)  # a no-op: no cooldown from a released call
+    limited = scope.try_admit_nowait(300)
+    limited.release_rate_limited(retry_after=5.0, actual_tokens=100)
+    limited.release(10_000)  # a no-op: its settlement stands
+    limited.release_unused()  # a no-op: its RPM unit still counts
+    stats = scope.statistics()
+    assert (stats.in_flight, stats.rate_limits_reported) == (0, 1)
+    assert (stats.requests_in_window, stats.tokens_reserved_in_window) == (1, 100)
+    assert stats.cooldown_remaining == 5.0
+    assert now() == 0.0
 
 
 # -- FIFO -------------------------------------------------------------------
@@ -637,17 +666,17 @@ async def test_random_crowds_keep_every_quota_and_leave_nothing_behind(
     spans: list[tuple[float, float]] = []  # each call: from admission to a minute after it ended
     commit = QuotaCore._commit
 
-    def checked_commit(core: QuotaCore, tokens: int, at: float) -> Admission:
+    def checked_commit(core: QuotaCore, tokens: int, now: float) -> Grant:
         # Checked at the instant of admission, whichever task caused it.
-        admission = commit(core, tokens, at)
-        stats = core.statistics(at)
+        grant = commit(core, tokens, now)
+        stats = core.statistics(now)
         assert stats.cooldown_remaining == 0
         assert stats.in_flight <= stats.concurrency_limit
         assert stats.requests_in_window is not None
         assert stats.requests_in_window <= 4
         assert stats.tokens_reserved_in_window is not None
         assert stats.tokens_reserved_in_window <= 1000
-        return admission
+        return grant
 
     async def request(tokens: int, hold: float, cancel_after: float | None,
                       usage: int | None, limited: bool) -> None:

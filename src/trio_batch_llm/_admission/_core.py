@@ -7,11 +7,23 @@ fit at once, and only in queue order: while anyone waits, a newcomer is not
 admitted even if it would fit, so a large request at the head is never
 starved by a stream of small ones behind it.
 
+An admission is a :class:`Grant`, a frozen record of what the call holds (its
+cooldown generation, its RPM stamp, its token reservation). Every change of
+state is a core method taking the grant and ``now``; each grant is settled
+exactly once, by :meth:`QuotaCore.release`, :meth:`~QuotaCore.release_rate_limited`
+or :meth:`~QuotaCore.release_unused` (the async wrapper's handle makes that
+idempotent for its callers).
+
 Waiting is modelled with :class:`Ticket` objects. Every operation that can let
-someone in (a release, a withdrawal, a grant) admits as many tickets from the
-head as now fit and returns the tickets whose owners must look again: those
-it admitted, plus the new head, whose ready time may have changed. The async
-wrapper (:mod:`._scope`) sets their events; the core never touches one.
+someone in (a release, a withdrawal, admitting waiters) admits as many tickets
+from the head as now fit and returns the tickets whose owners must look again:
+those it admitted, plus the new head, whose ready time may have changed. The
+async wrapper (:mod:`._scope`) sets their events; the core never touches one.
+
+The uncontended path (only the concurrency bound in force, nobody waiting)
+needs no clock: :meth:`~QuotaCore.try_admit_uncontended` and
+:meth:`~QuotaCore.release_uncontended` decide it without ``now``, and say so
+when the answer depends on time, so the caller reads its clock only then.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import Any, Final, NamedTuple, final
 
 import anyio
 
@@ -27,85 +39,45 @@ from .._values._config import RateLimitConfig
 from .._values._errors import AdmissionClosedError, ConfigurationError
 from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore, TokenReservation
 
-if TYPE_CHECKING:
-    from ._scope import QuotaScope
-
-__all__ = ["Admission", "QuotaCore", "QuotaScopeStatistics", "Ticket"]
-
-_NOTHING_TO_WAKE: Final[tuple[Ticket, ...]] = ()
+__all__ = ["Grant", "QuotaCore", "QuotaScopeStatistics", "Ticket"]
 
 
-@final
-class Admission:
-    """One admitted call's hold on its quota scope.
+class Grant(NamedTuple):
+    """What one admitted call holds in its scope: a frozen record, settled once by the core.
 
-    It holds a concurrency slot, the call's request-per-minute stamp and its
-    token reservation. Give it back exactly once, when the call is over;
-    every release method is idempotent, so a ``finally`` may release again:
-
-    - :meth:`release` after the call, with the real total tokens when known
-      (``None`` keeps the reservation: unknown usage is never taken for zero);
-      the RPM unit keeps counting for a window from now, the call's end;
-    - :meth:`release_rate_limited` when the call was rate limited (a 429):
-      it starts or joins the scope's cooldown *before* freeing the slot, so
-      the slot cannot go to a waiter ahead of the cooldown; the 429 did reach
-      the provider, so its RPM unit counts as after :meth:`release`;
-    - :meth:`release_unused` when the call never reached the provider
-      (refused or cancelled before it started): the RPM unit and every
-      reserved token are refunded at once.
+    A named tuple rather than a frozen dataclass because it is made on every
+    admission that has an RPM or TPM limit, and a tuple is built about three
+    times faster than a frozen dataclass (which sets each field through
+    ``object.__setattr__``). Grants that hold nothing but a slot are shared.
     """
 
-    __slots__ = ("_request_stamp", "_scope", "_token_reservation", "generation", "released")
-
-    def __init__(
-        self,
-        scope: QuotaScope | None,
-        generation: int,
-        request_stamp: float | None = None,
-        token_reservation: TokenReservation | None = None,
-    ) -> None:
-        self._scope = scope
-        self._request_stamp = request_stamp
-        self._token_reservation = token_reservation
-        self.generation = generation
-        """The scope's cooldown generation at admission (tells a stale 429 from a fresh one)."""
-        self.released = False
+    generation: int
+    """The scope's cooldown generation at admission (tells a stale 429 from a fresh one)."""
+    request_stamp: float | None
+    """The call's requests-per-minute stamp; ``None`` when the scope has no RPM limit."""
+    token_reservation: TokenReservation | None
+    """The call's token reservation; ``None`` when the scope has no TPM limit."""
 
     @property
     def tokens_reserved(self) -> int:
         """Tokens reserved for this call (0 when the scope has no token limit)."""
-        reservation = self._token_reservation
+        reservation = self.token_reservation
         return 0 if reservation is None else reservation.reserved
 
-    def _owner(self) -> QuotaScope:
-        if self._scope is None:
-            raise RuntimeError("this admission came from a bare QuotaCore: release it through the core")
-        return self._scope
 
-    def release(self, actual_tokens: int | None = None) -> None:
-        """Free the slot and settle the token reservation against ``actual_tokens``."""
-        self._owner().release(self, actual_tokens)
-
-    def release_rate_limited(
-        self, retry_after: float | None = None, actual_tokens: int | None = None
-    ) -> None:
-        """Report a rate-limit failure to the scope, then release."""
-        self._owner().release_rate_limited(self, retry_after, actual_tokens)
-
-    def release_unused(self) -> None:
-        """Release a call that never reached the provider, refunding its whole quota."""
-        self._owner().release_unused(self)
+_new_grant: Final = tuple.__new__  # skips the named tuple's own __new__: half the cost, same record
+_NOTHING_TO_WAKE: Final[tuple[Ticket, ...]] = ()
 
 
 @final
 class Ticket:
     """A request waiting in a scope's FIFO queue."""
 
-    __slots__ = ("admission", "event", "tokens")
+    __slots__ = ("event", "grant", "tokens")
 
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
-        self.admission: Admission | None = None
+        self.grant: Grant | None = None  # set by the core when it admits this waiter
         self.event: Any = None  # the async wrapper's wake-up event; never touched by the core
 
 
@@ -137,16 +109,16 @@ def check_tokens(tokens: int) -> None:
 
 @final
 class QuotaCore:
-    """The synchronous machine behind a :class:`QuotaScope` (see the module docstring).
+    """The synchronous machine behind a quota scope (see the module docstring).
 
-    The attributes ``bound``, ``in_flight``, ``queue``, ``fast``, ``requests``
-    and ``tokens`` are read by the scope's fast path; ``fast`` is true only
-    when nothing but the concurrency bound can refuse a request (no RPM, no
-    TPM, no cooldown or ramp, not closed).
+    ``fast`` is true only when nothing but the concurrency bound can refuse a
+    request (no RPM, no TPM, no cooldown or ramp, not closed): a rate-limit
+    report or a close clears it, and the first timed admission after the ramp
+    sets it again.
     """
 
     __slots__ = (
-        "admitted_total", "bound", "closed", "cooldown", "fast", "in_flight", "owner", "queue",
+        "_bare", "admitted_total", "bound", "closed", "cooldown", "fast", "in_flight", "queue",
         "rate_limits_reported", "requests", "tokens",
     )
 
@@ -158,7 +130,6 @@ class QuotaCore:
         tokens_per_minute: int | None = None,
         rate_limit: RateLimitConfig | None = None,
         request_burst: int | None = None,
-        owner: QuotaScope | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError("concurrency", concurrency, "must be a whole number >= 1")
@@ -172,54 +143,79 @@ class QuotaCore:
         self.cooldown = CooldownCore(rate_limit or RateLimitConfig())
         self.queue: deque[Ticket] = deque()
         self.closed = False
-        self.owner = owner
         self.admitted_total = 0
         self.rate_limits_reported = 0
         self.fast = self.requests is None and self.tokens is None
-
-    def _refresh_fast(self, now: float) -> None:
-        self.fast = (
-            not self.closed and self.requests is None and self.tokens is None
-            and not self.cooldown.active(now)
-        )
+        # The grant of a call that holds only a slot, shared: immutable, and the same for
+        # every such admission of one cooldown generation.
+        self._bare = Grant(self.cooldown.generation, None, None)
 
     def ready_at(self, tokens: int, now: float) -> float:
         """When a request for ``tokens`` at the head of the queue could be admitted.
 
         ``<= now`` means it fits now; ``math.inf`` means only a release can help.
         """
+        # The latest of every quota's ready time. Inline tests rather than max() and
+        # cooldown.active(): every timed admission passes here.
         cooldown = self.cooldown
-        if cooldown.active(now):
+        if now < cooldown.ramp_end:
             ready = max(
                 cooldown.ready_at(now), cooldown.concurrency_ready_at(self.bound, self.in_flight, now)
             )
         else:
             ready = NOW if self.in_flight < self.bound else NEVER
-        if self.requests is not None:
-            ready = max(ready, self.requests.ready_at(now))
-        if self.tokens is not None:
-            ready = max(ready, self.tokens.ready_at(tokens, now))
+        requests = self.requests
+        if requests is not None:
+            at = requests.ready_at(now)
+            if at > ready:
+                ready = at
+        reserve = self.tokens
+        if reserve is not None:
+            at = reserve.ready_at(tokens, now)
+            if at > ready:
+                ready = at
         return ready
 
-    def _commit(self, tokens: int, now: float) -> Admission:
+    # -- admission ---------------------------------------------------------
+
+    def _commit(self, tokens: int, now: float) -> Grant:
         self.in_flight += 1
         self.admitted_total += 1
-        stamp = None if self.requests is None else self.requests.commit(now)
-        reservation = None if self.tokens is None else self.tokens.commit(tokens, now)
-        return Admission(self.owner, self.cooldown.generation, stamp, reservation)
+        requests, reserve = self.requests, self.tokens
+        if requests is None and reserve is None:
+            return self._bare
+        stamp = None if requests is None else requests.commit(now)
+        reservation = None if reserve is None else reserve.commit(tokens, now)
+        grant: Grant = _new_grant(Grant, (self.cooldown.generation, stamp, reservation))
+        return grant
 
-    def try_admit_nowait(self, tokens: int, now: float) -> Admission:
+    def try_admit_uncontended(self) -> Grant | None:
+        """The fast path, decided without a clock: admit when only a free slot is needed.
+
+        ``None`` when the answer depends on time (an RPM or TPM limit, a
+        cooldown or its ramp) or on others (someone waits, the scope is
+        closed): then ask :meth:`try_admit_nowait` with ``now``.
+        """
+        if self.fast and self.in_flight < self.bound and not self.queue:
+            self.in_flight += 1
+            self.admitted_total += 1
+            return self._bare
+        return None
+
+    def try_admit_nowait(self, tokens: int, now: float) -> Grant:
         """Admit at once or raise ``anyio.WouldBlock`` (also when others are already waiting)."""
         if self.closed:
             raise AdmissionClosedError("quota scope is closed")
-        check_tokens(tokens)
-        self._refresh_fast(now)
+        if tokens.__class__ is not int or tokens < 0:
+            check_tokens(tokens)  # raises, unless tokens is a subclass of int
+        if not self.fast and self.requests is None and self.tokens is None:
+            self.fast = not self.cooldown.active(now)  # the ramp is over: the fast path reopens
         if self.queue or self.ready_at(tokens, now) > now:
             raise anyio.WouldBlock
         return self._commit(tokens, now)
 
     def enqueue(self, tokens: int) -> Ticket:
-        """Join the back of the queue; call :meth:`grant` to be admitted and :meth:`withdraw` to leave."""
+        """Join the back of the queue; :meth:`admit_waiters` admits, :meth:`withdraw` leaves."""
         if self.closed:
             raise AdmissionClosedError("quota scope is closed")
         check_tokens(tokens)
@@ -227,7 +223,7 @@ class QuotaCore:
         self.queue.append(ticket)
         return ticket
 
-    def grant(self, now: float) -> Sequence[Ticket]:
+    def admit_waiters(self, now: float) -> Sequence[Ticket]:
         """Admit waiters from the head while they fit; return the tickets to wake."""
         queue = self.queue
         if not queue or self.closed:
@@ -239,50 +235,80 @@ class QuotaCore:
             if self.ready_at(head.tokens, now) > now:
                 break  # the head stays; it is woken to compute its new ready time
             queue.popleft()
-            head.admission = self._commit(head.tokens, now)
+            head.grant = self._commit(head.tokens, now)
         return woken
 
     def withdraw(self, ticket: Ticket, now: float) -> Sequence[Ticket]:
-        """Take a waiter that gave up (cancelled, closed) out, returning anything it was granted."""
-        admission = ticket.admission
-        if admission is not None:
-            ticket.admission = None
-            return self.release_unused(admission, now)
+        """Take a waiter that gave up (cancelled, closed) out, refunding anything it was granted."""
+        grant = ticket.grant
+        if grant is not None:
+            ticket.grant = None
+            return self.release_unused(grant, now)
         queue = self.queue
         if queue and queue[0] is ticket:
             queue.popleft()
-            return self.grant(now)
+            return self.admit_waiters(now)
         try:
             queue.remove(ticket)
         except ValueError:
             pass  # already gone (for example, withdrawn twice)
         return _NOTHING_TO_WAKE
 
-    def release(self, admission: Admission, actual_tokens: int | None, now: float) -> Sequence[Ticket]:
-        """Free the slot, reconcile tokens with real usage; return the tickets to wake."""
-        if admission.released:
-            return _NOTHING_TO_WAKE
-        admission.released = True
-        self.in_flight -= 1
-        if admission._request_stamp is not None and self.requests is not None:
-            self.requests.end(now)  # it reached the provider (a 429 too): counts a window on from here
-        reservation = admission._token_reservation
-        if reservation is not None and self.tokens is not None:
-            self.tokens.reconcile(reservation, actual_tokens, now)
-        return self.grant(now)
+    # -- settling a grant (each exactly once) -------------------------------
 
-    def release_unused(self, admission: Admission, now: float) -> Sequence[Ticket]:
-        """Free the slot and refund the RPM unit and all tokens: the call never happened."""
-        if admission.released:
-            return _NOTHING_TO_WAKE
-        admission.released = True
+    def release_uncontended(self, grant: Grant) -> bool:
+        """The fast path of :meth:`release`, decided without a clock; ``False``: call that instead.
+
+        Frees the slot when there is nothing to settle (no RPM or TPM limit)
+        and nobody to wake.
+        """
+        if self.requests is None and self.tokens is None and not self.queue:
+            self.in_flight -= 1
+            return True
+        return False
+
+    def release(self, grant: Grant, actual_tokens: int | None, now: float) -> Sequence[Ticket]:
+        """The call is over: free the slot, settle tokens with real usage; return the tickets to wake.
+
+        ``actual_tokens`` is the call's real total; ``None`` (unknown) keeps
+        the reservation, since unknown usage is never taken for zero. The RPM
+        unit keeps counting for a window from ``now``, the call's end.
+        """
         self.in_flight -= 1
-        if admission._request_stamp is not None and self.requests is not None:
-            self.requests.refund(admission._request_stamp, now)
-        reservation = admission._token_reservation
+        # Every grant of a scope with an RPM (TPM) limit holds a unit (a reservation).
+        requests = self.requests
+        if requests is not None:
+            requests.end(now)  # it reached the provider (a 429 too): counts a window on from here
+        reserve = self.tokens
+        if reserve is not None:
+            reservation = grant.token_reservation
+            if reservation is not None:
+                reserve.reconcile(reservation, actual_tokens, now)
+        return self.admit_waiters(now) if self.queue else _NOTHING_TO_WAKE
+
+    def release_rate_limited(
+        self, grant: Grant, retry_after: float | None, actual_tokens: int | None, now: float
+    ) -> Sequence[Ticket]:
+        """The call was rate limited (a 429): start or join the cooldown, *then* release.
+
+        In that order, so the freed slot cannot go to a waiter ahead of the
+        cooldown. The 429 did reach the provider: its RPM unit counts as after
+        :meth:`release`.
+        """
+        self.report_rate_limit(retry_after, now, admitted_generation=grant.generation)
+        return self.release(grant, actual_tokens, now)
+
+    def release_unused(self, grant: Grant, now: float) -> Sequence[Ticket]:
+        """The call never reached the provider: free the slot, refund the RPM unit and every token."""
+        self.in_flight -= 1
+        _, stamp, reservation = grant
+        if stamp is not None and self.requests is not None:
+            self.requests.refund(stamp, now)
         if reservation is not None and self.tokens is not None:
             self.tokens.refund(reservation, now)
-        return self.grant(now)
+        return self.admit_waiters(now)
+
+    # -- rate limits and lifecycle -------------------------------------------
 
     def report_rate_limit(
         self, retry_after: float | None, now: float, *, admitted_generation: int | None = None
@@ -290,6 +316,8 @@ class QuotaCore:
         """Start or join the scope's cooldown; return whether a new one started."""
         self.rate_limits_reported += 1
         started = self.cooldown.report(retry_after, now, admitted_generation=admitted_generation)
+        if started:
+            self._bare = Grant(self.cooldown.generation, None, None)
         self.fast = False
         return started
 

@@ -90,12 +90,14 @@ class RequestRateCore:
             ended.popleft()
 
     def ready_at(self, now: float) -> float:
-        self._prune(now)
+        ended = self._ended
+        if ended and ended[0] + self.window <= now:
+            self._prune(now)
         ready = NOW
-        excess = self._open + len(self._ended) + 1 - self.limit
+        excess = self._open + len(ended) + 1 - self.limit
         if excess > 0:
             # Enough ended calls must leave the window; calls still open leave only by ending.
-            ready = self._ended[excess - 1] + self.window if excess <= len(self._ended) else NEVER
+            ready = ended[excess - 1] + self.window if excess <= len(ended) else NEVER
         burst = self._burst
         if burst is not None and len(self._admitted) >= burst:
             ready = max(ready, self._admitted[0] + self._burst_window)
@@ -280,12 +282,13 @@ class CooldownCore:
     ``slow_start_seconds``, one step at a time.
     """
 
-    __slots__ = ("_aftermath_end", "_config", "_level", "_ramp_end", "_until", "generation")
+    __slots__ = ("_aftermath_end", "_config", "_level", "_until", "generation", "ramp_end")
 
     def __init__(self, config: RateLimitConfig) -> None:
         self._config = config
         self._until = NOW  # admission paused while now < _until
-        self._ramp_end = NOW  # limit below the bound while now < _ramp_end
+        self.ramp_end = NOW
+        """The limit is below the bound while ``now < ramp_end`` (read on the hot path; never set it)."""
         self._aftermath_end = NOW
         self._level = 0
         self.generation = 0  # bumped by each new cooldown
@@ -320,7 +323,7 @@ class CooldownCore:
 
     def _pause_until(self, until: float) -> None:
         self._until = until
-        self._ramp_end = until + self._config.slow_start_seconds
+        self.ramp_end = until + self._config.slow_start_seconds
 
     def ready_at(self, now: float) -> float:
         """When the pause ends (in the past when there is none)."""
@@ -328,7 +331,7 @@ class CooldownCore:
 
     def active(self, now: float) -> bool:
         """Whether a cooldown or its ramp still limits admission."""
-        return now < self._ramp_end
+        return now < self.ramp_end
 
     def remaining(self, now: float) -> float:
         return max(0.0, self._until - now)
@@ -339,14 +342,14 @@ class CooldownCore:
 
     def _step_time(self, step: int, steps: int) -> float:
         # The time the limit reaches initial + step; the last step is exactly
-        # _ramp_end so that "ramp over" and "limit == bound" agree.
+        # ramp_end so that "ramp over" and "limit == bound" agree.
         if step >= steps:
-            return self._ramp_end
+            return self.ramp_end
         return self._until + self._config.slow_start_seconds * step / steps
 
     def concurrency_limit(self, bound: int, now: float) -> int:
         """The effective concurrency bound at ``now``: 0 while paused, ramping after."""
-        if now >= self._ramp_end:
+        if now >= self.ramp_end:
             return bound
         if now < self._until:
             return 0

@@ -6,12 +6,12 @@ cooldown is running. One worker's 429 starts one cooldown for the whole scope
 (:meth:`Admission.release_rate_limited`); calls in flight finish, nobody new is
 admitted until it ends, then a slow-start ramp reopens admission.
 
-The decisions live in the synchronous cores (:mod:`._core`,
-:mod:`._limits`). This module adds the waiting: one ``Event`` per
-waiter, withdrawn on every exit path. A waiter whose wait depends on time (an
-RPM or TPM window, a cooldown's end, the next step of the ramp) sleeps until
-its computed ready time *or* its event, so no background timer task exists:
-the cooldown needs no owner and closing a scope cancels nothing.
+The decisions, the uncontended fast path included, live in the synchronous
+cores (:mod:`._core`, :mod:`._limits`). This module adds the clock and the
+waiting: one ``Event`` per waiter, withdrawn on every exit path. A waiter whose
+wait depends on time (an RPM or TPM window, a cooldown's end, the next step of
+the ramp) sleeps until its computed ready time *or* its event, so no background
+timer task exists: the cooldown needs no owner and closing a scope cancels nothing.
 
 The engine's calling pattern, per attempt::
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import final
 
 import anyio
@@ -45,15 +44,15 @@ import anyio.lowlevel
 
 from .._values._config import ProcessorConfig, RateLimitConfig
 from .._values._errors import AdmissionClosedError
-from ._core import Admission, QuotaCore, QuotaScopeStatistics, Ticket
+from ._core import Grant, QuotaCore, QuotaScopeStatistics, Ticket
 
-__all__ = ["Admission", "QuotaRegistry", "QuotaRegistryStatistics", "QuotaScope", "QuotaScopeStatistics"]
+__all__ = ["Admission", "QuotaScope"]
 
 
-def _granted(ticket: Ticket) -> Admission | None:
-    # A call, so that type checkers do not carry a narrowed `ticket.admission`
-    # across the synchronous grant that may set it.
-    return ticket.admission
+def _granted(ticket: Ticket) -> Grant | None:
+    # A call, so that type checkers do not carry a narrowed `ticket.grant`
+    # across the synchronous admission that may set it.
+    return ticket.grant
 
 
 def _wake(tickets: Sequence[Ticket]) -> None:
@@ -61,6 +60,72 @@ def _wake(tickets: Sequence[Ticket]) -> None:
         event = ticket.event
         if event is not None:
             event.set()
+
+
+@final
+class Admission:
+    """One admitted call's hold on its quota scope: the core's :class:`Grant` and the way back.
+
+    It holds a concurrency slot, the call's request-per-minute stamp and its
+    token reservation. Give it back once, when the call is over; every release
+    method is idempotent (the first one counts), so a ``finally`` may release again:
+
+    - :meth:`release` after the call, with the real total tokens when known
+      (``None`` keeps the reservation: unknown usage is never taken for zero);
+      the RPM unit keeps counting for a window from now, the call's end;
+    - :meth:`release_rate_limited` when the call was rate limited (a 429):
+      it starts or joins the scope's cooldown *before* freeing the slot, so
+      the slot cannot go to a waiter ahead of the cooldown; the 429 did reach
+      the provider, so its RPM unit counts as after :meth:`release`;
+    - :meth:`release_unused` when the call never reached the provider
+      (refused or cancelled before it started): the RPM unit and every
+      reserved token are refunded at once.
+    """
+
+    __slots__ = ("_grant", "_scope")
+
+    def __init__(self, scope: QuotaScope, grant: Grant) -> None:
+        self._scope = scope
+        self._grant: Grant | None = grant  # None once released
+
+    @property
+    def released(self) -> bool:
+        return self._grant is None
+
+    @property
+    def grant(self) -> Grant | None:
+        """What the call holds, as the core recorded it; ``None`` once released."""
+        return self._grant
+
+    def release(self, actual_tokens: int | None = None) -> None:
+        """Free the slot and settle the token reservation against ``actual_tokens``."""
+        grant = self._grant
+        if grant is not None:
+            self._grant = None
+            scope = self._scope
+            core = scope._core
+            if not core.release_uncontended(grant):
+                woken = core.release(grant, actual_tokens, scope._clock())
+                if woken:
+                    _wake(woken)
+
+    def release_rate_limited(
+        self, retry_after: float | None = None, actual_tokens: int | None = None
+    ) -> None:
+        """Report a rate-limit failure to the scope, then release."""
+        grant = self._grant
+        if grant is not None:
+            self._grant = None
+            scope = self._scope
+            _wake(scope._core.release_rate_limited(grant, retry_after, actual_tokens, scope._clock()))
+
+    def release_unused(self) -> None:
+        """Release a call that never reached the provider, refunding its whole quota."""
+        grant = self._grant
+        if grant is not None:
+            self._grant = None
+            scope = self._scope
+            _wake(scope._core.release_unused(grant, scope._clock()))
 
 
 @final
@@ -90,7 +155,6 @@ class QuotaScope:
             tokens_per_minute=tokens_per_minute,
             rate_limit=rate_limit,
             request_burst=request_burst,
-            owner=self,
         )
         self._clock = clock or anyio.current_time
         self.name = name
@@ -131,12 +195,10 @@ class QuotaScope:
         is the call's estimated total tokens; it is ignored without a TPM limit.
         """
         core = self._core
-        if core.fast and core.in_flight < core.bound and not core.queue:
-            # The uncontended path: only the concurrency bound is in force.
-            core.in_flight += 1
-            core.admitted_total += 1
-            return Admission(self, core.cooldown.generation)
-        return core.try_admit_nowait(tokens, self._clock())
+        grant = core.try_admit_uncontended()
+        if grant is None:
+            grant = core.try_admit_nowait(tokens, self._clock())
+        return Admission(self, grant)
 
     async def admit(self, tokens: int = 0) -> Admission:
         """Wait for a slot, an RPM unit, ``tokens`` of TPM and the end of any cooldown, in FIFO order.
@@ -148,11 +210,11 @@ class QuotaScope:
         try:
             admission = self.try_admit_nowait(tokens)
         except anyio.WouldBlock:
-            return await self._wait(tokens)
+            return Admission(self, await self._wait(tokens))
         await anyio.lowlevel.cancel_shielded_checkpoint()
         return admission
 
-    async def _wait(self, tokens: int) -> Admission:
+    async def _wait(self, tokens: int) -> Grant:
         core = self._core
         ticket = core.enqueue(tokens)
         try:
@@ -163,7 +225,7 @@ class QuotaScope:
             _wake(core.withdraw(ticket, self._clock()))
             raise
 
-    async def _wait_in_line(self, ticket: Ticket) -> Admission:
+    async def _wait_in_line(self, ticket: Ticket) -> Grant:
         core = self._core
         while True:
             if core.closed:
@@ -173,21 +235,21 @@ class QuotaScope:
                 # First in line: admit ourselves (and whoever fits behind us)
                 # if everything fits, else sleep until it could.
                 now = self._clock()
-                _wake(core.grant(now))
+                _wake(core.admit_waiters(now))
                 if _granted(ticket) is not None:
                     break
                 deadline = core.ready_at(ticket.tokens, now)
             event = ticket.event = anyio.Event()
             with anyio.move_on_at(deadline):
                 await event.wait()
-            admission = _granted(ticket)
-            if admission is not None:
-                return admission
+            grant = _granted(ticket)
+            if grant is not None:
+                return grant
         # Admitted without sleeping: still a schedule point, as every async call is.
         await anyio.lowlevel.cancel_shielded_checkpoint()
-        admission = _granted(ticket)
-        assert admission is not None
-        return admission
+        grant = _granted(ticket)
+        assert grant is not None
+        return grant
 
     def ready_at(self, tokens: int = 0) -> float:
         """When a request for ``tokens`` could be admitted if nobody else came first.
@@ -197,56 +259,11 @@ class QuotaScope:
         """
         return self._core.ready_at(tokens, self._clock())
 
-    # -- release and rate limits -------------------------------------------
-
-    def release(self, admission: Admission, actual_tokens: int | None = None) -> None:
-        """Free ``admission``'s slot, settle its tokens with ``actual_tokens``, wake waiters.
-
-        ``actual_tokens`` is the call's real total; ``None`` (unknown) keeps the
-        reservation. Idempotent.
-        """
-        if admission.released:
-            return
-        core = self._core
-        if admission._scope is not self:
-            raise ValueError("admission belongs to another quota scope")
-        if core.tokens is None and not core.queue:
-            # Nobody to wake and no tokens to settle: free the slot here. An RPM
-            # scope must still see the end, which starts the request's last window.
-            admission.released = True
-            core.in_flight -= 1
-            requests = core.requests
-            if requests is not None and admission._request_stamp is not None:
-                requests.end(self._clock())
-            return
-        _wake(core.release(admission, actual_tokens, self._clock()))
-
-    def release_unused(self, admission: Admission) -> None:
-        """Release a call that never reached the provider, refunding its RPM unit and tokens."""
-        if admission.released:
-            return
-        if admission._scope is not self:
-            raise ValueError("admission belongs to another quota scope")
-        _wake(self._core.release_unused(admission, self._clock()))
-
-    def release_rate_limited(
-        self, admission: Admission, retry_after: float | None = None, actual_tokens: int | None = None
-    ) -> None:
-        """Report a 429 on ``admission``'s call, then release it.
-
-        The cooldown starts first, so the freed slot cannot go to a waiter before it.
-        """
-        if admission._scope is not self:
-            raise ValueError("admission belongs to another quota scope")
-        now = self._clock()
-        self._core.report_rate_limit(retry_after, now, admitted_generation=admission.generation)
-        _wake(self._core.release(admission, actual_tokens, now))
+    # -- rate limits and lifecycle -----------------------------------------
 
     def report_rate_limit(self, retry_after: float | None = None) -> bool:
         """Report a rate limit not tied to an admission; return whether a new cooldown started."""
         return self._core.report_rate_limit(retry_after, self._clock())
-
-    # -- lifecycle ---------------------------------------------------------
 
     def close(self) -> None:
         """Refuse new admissions; every waiter raises :class:`AdmissionClosedError`.
@@ -258,89 +275,3 @@ class QuotaScope:
 
     def statistics(self) -> QuotaScopeStatistics:
         return self._core.statistics(self._clock())
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class QuotaRegistryStatistics:
-    """Totals over every scope of a registry."""
-
-    scopes: int
-    in_flight: int
-    waiting: int
-    admitted_total: int
-    rate_limits_reported: int
-    closed: bool
-
-
-class _ByIdentity:
-    """Stands in for an unhashable scope key: such keys share a scope only with themselves."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: object) -> None:
-        self.key = key
-
-    def __hash__(self) -> int:
-        return id(self.key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _ByIdentity) and other.key is self.key
-
-
-@final
-class QuotaRegistry:
-    """One host's quota scopes, created on first use and keyed by ``strategy.quota_scope()``.
-
-    The first config seen for a key sizes its scope; later configs for the
-    same key share it unchanged (the quota belongs to the provider, not to a
-    batch). :meth:`close` closes every scope and refuses new ones.
-    """
-
-    __slots__ = ("_clock", "_closed", "_scopes")
-
-    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
-        self._clock = clock
-        self._scopes: dict[object, QuotaScope] = {}
-        self._closed = False
-
-    def scope_for(self, key: object, config: ProcessorConfig) -> QuotaScope:
-        try:
-            scope = self._scopes.get(key)
-        except TypeError:
-            key = _ByIdentity(key)
-            scope = self._scopes.get(key)
-        if scope is None:
-            if self._closed:
-                raise AdmissionClosedError("quota registry is closed")
-            name = key.key if isinstance(key, _ByIdentity) else key
-            scope = QuotaScope.from_config(config, clock=self._clock, name=f"{name!r}")
-            self._scopes[key] = scope
-        return scope
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Close every scope (waking their waiters into AdmissionClosedError). Idempotent."""
-        self._closed = True
-        for scope in self._scopes.values():
-            scope.close()
-
-    def scope_statistics(self) -> list[tuple[object, QuotaScopeStatistics]]:
-        return [
-            (key.key if isinstance(key, _ByIdentity) else key, scope.statistics())
-            for key, scope in self._scopes.items()
-        ]
-
-    def statistics(self) -> QuotaRegistryStatistics:
-        stats = [scope.statistics() for scope in self._scopes.values()]
-        return QuotaRegistryStatistics(
-            scopes=len(stats),
-            in_flight=sum(s.in_flight for s in stats),
-            waiting=sum(s.waiting for s in stats),
-            admitted_total=sum(s.admitted_total for s in stats),
-            rate_limits_reported=sum(s.rate_limits_reported for s in stats),
-            closed=self._closed,
-        )

@@ -18,7 +18,7 @@ from typing import Any, final
 import anyio
 import anyio.abc
 
-from .._admission._scope import QuotaRegistry, QuotaScope
+from .._admission import QuotaRegistry, QuotaScope
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError

@@ -21,7 +21,7 @@ from .._values._results import ItemTiming, LLMWorkItem, RetryState, WorkItemResu
 from ._classify import Classification, classify
 
 if TYPE_CHECKING:
-    from .._admission._scope import Admission, QuotaScope
+    from .._admission import Admission, QuotaScope
     from .._core._host import ExecutorHost
     from .._observe._hooks import Hooks
     from .._values._config import ProcessorConfig

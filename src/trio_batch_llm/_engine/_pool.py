@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from .._admission._scope import QuotaScopeStatistics
+from .._admission import QuotaScopeStatistics
 from .._core._host import ExecutorHost
 from .._core._owner import HostedOwner
 from .._strategies._base import LLMCallStrategy

@@ -1,0 +1,100 @@
+"""A host's quota scopes, one per ``strategy.quota_scope()`` key, and their totals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import final
+
+from .._values._config import ProcessorConfig
+from .._values._errors import AdmissionClosedError
+from ._core import QuotaScopeStatistics
+from ._scope import QuotaScope
+
+__all__ = ["QuotaRegistry", "QuotaRegistryStatistics"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class QuotaRegistryStatistics:
+    """Totals over every scope of a registry."""
+
+    scopes: int
+    in_flight: int
+    waiting: int
+    admitted_total: int
+    rate_limits_reported: int
+    closed: bool
+
+
+class _ByIdentity:
+    """Stands in for an unhashable scope key: such keys share a scope only with themselves."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: object) -> None:
+        self.key = key
+
+    def __hash__(self) -> int:
+        return id(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByIdentity) and other.key is self.key
+
+
+@final
+class QuotaRegistry:
+    """One host's quota scopes, created on first use and keyed by ``strategy.quota_scope()``.
+
+    The first config seen for a key sizes its scope; later configs for the
+    same key share it unchanged (the quota belongs to the provider, not to a
+    batch). :meth:`close` closes every scope and refuses new ones.
+    """
+
+    __slots__ = ("_clock", "_closed", "_scopes")
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock
+        self._scopes: dict[object, QuotaScope] = {}
+        self._closed = False
+
+    def scope_for(self, key: object, config: ProcessorConfig) -> QuotaScope:
+        try:
+            scope = self._scopes.get(key)
+        except TypeError:
+            key = _ByIdentity(key)
+            scope = self._scopes.get(key)
+        if scope is None:
+            if self._closed:
+                raise AdmissionClosedError("quota registry is closed")
+            name = key.key if isinstance(key, _ByIdentity) else key
+            scope = QuotaScope.from_config(config, clock=self._clock, name=f"{name!r}")
+            self._scopes[key] = scope
+        return scope
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close every scope (waking their waiters into AdmissionClosedError). Idempotent."""
+        self._closed = True
+        for scope in self._scopes.values():
+            scope.close()
+
+    def scope_statistics(self) -> list[tuple[object, QuotaScopeStatistics]]:
+        return [
+            (key.key if isinstance(key, _ByIdentity) else key, scope.statistics())
+            for key, scope in self._scopes.items()
+        ]
+
+    def statistics(self) -> QuotaRegistryStatistics:
+        stats = [scope.statistics() for scope in self._scopes.values()]
+        return QuotaRegistryStatistics(
+            scopes=len(stats),
+            in_flight=sum(s.in_flight for s in stats),
+            waiting=sum(s.waiting for s in stats),
+            admitted_total=sum(s.admitted_total for s in stats),
+            rate_limits_reported=sum(s.rate_limits_reported for s in stats),
+            closed=self._closed,
+        )
