@@ -45,7 +45,8 @@ from trio_batch_llm._observe._events import (
 )
 from trio_batch_llm._observe._hooks import Hooks, Middleware
 from trio_batch_llm._observe._metrics import MetricsObserver, _escape
-from trio_batch_llm._values._results import BatchTermination, ItemTiming, LLMWorkItem, WorkItemResult
+from trio_batch_llm._values._requests import LLMWorkItem
+from trio_batch_llm._values._results import BatchTermination, ItemTiming, WorkItemResult
 from trio_batch_llm._values._stats import CounterSnapshot
 
 from .conftest import trio_virtual_clock

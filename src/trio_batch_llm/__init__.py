@@ -51,6 +51,7 @@ from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
+from ._values._categories import ErrorCategory as ErrorCategory
 from ._values._config import AbortMode as AbortMode
 from ._values._config import ArtifactIdentity as ArtifactIdentity
 from ._values._config import GuardrailConfig as GuardrailConfig
@@ -67,7 +68,6 @@ from ._values._errors import BatchInterruptedError as BatchInterruptedError
 from ._values._errors import BatchLLMError as BatchLLMError
 from ._values._errors import CleanupInterruptedError as CleanupInterruptedError
 from ._values._errors import ConfigurationError as ConfigurationError
-from ._values._errors import ErrorCategory as ErrorCategory
 from ._values._errors import ItemDeadlineExceeded as ItemDeadlineExceeded
 from ._values._errors import LLMCallError as LLMCallError
 from ._values._errors import ProviderError as ProviderError
@@ -75,10 +75,10 @@ from ._values._errors import QueueFullError as QueueFullError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination
 from ._values._results import ItemTiming as ItemTiming
-from ._values._results import LLMWorkItem as LLMWorkItem
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult

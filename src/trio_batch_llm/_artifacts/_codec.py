@@ -31,7 +31,8 @@ import math
 from collections.abc import Callable
 from typing import Any, Final, final
 
-from .._values._errors import ConfigurationError, ErrorCategory
+from .._values._categories import ErrorCategory
+from .._values._errors import ConfigurationError
 from .._values._results import WorkItemResult
 
 __all__ = ["JSONValue", "OutputCodec", "unstorable_failure"]

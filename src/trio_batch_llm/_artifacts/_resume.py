@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, final
 
+from .._values._categories import ErrorCategory
 from .._values._config import ResumePolicy
-from .._values._errors import ArtifactStoreError, ErrorCategory
-from .._values._results import LLMWorkItem, WorkItemResult
+from .._values._errors import ArtifactStoreError
+from .._values._requests import LLMWorkItem
+from .._values._results import WorkItemResult
 from ._fingerprint import fingerprint
 from ._protocol import ArtifactStore, StoredRecord
 

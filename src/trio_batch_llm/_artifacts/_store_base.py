@@ -40,7 +40,8 @@ from .._values._errors import (
     ArtifactStoreError,
     ConfigurationError,
 )
-from .._values._results import WorkItemResult, item_id_problem
+from .._values._requests import item_id_problem
+from .._values._results import WorkItemResult
 from ._codec import JSONValue, OutputCodec
 from ._fingerprint import identity_fingerprint
 from ._group_commit import GroupCommitter

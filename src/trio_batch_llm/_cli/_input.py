@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any, Final, final
 
 from .._values._item_checks import json_line_nesting_column, nesting_problem, surrogate_problem
-from .._values._results import item_id_problem
+from .._values._requests import item_id_problem
 
 __all__ = [
     "CSV_FIELD_LIMIT",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
-from .._values._errors import ErrorCategory
+from .._values._categories import ErrorCategory
 from .._values._results import BatchResult, WorkItemResult
 from .._values._urls import REDACTED, redact_urls
 

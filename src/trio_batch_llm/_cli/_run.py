@@ -41,7 +41,8 @@ from .._strategies._base import LLMCallStrategy
 from .._strategies._factory import llm
 from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, BatchLLMError, ConfigurationError
-from .._values._results import BatchResult, BatchTermination, LLMWorkItem, WorkItemResult
+from .._values._requests import LLMWorkItem
+from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from .._values._urls import is_openai_api, redact_url
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
 from ._input import InputError, InputRecord, read_input

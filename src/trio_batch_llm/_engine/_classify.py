@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Final, TypeAlias, final
 
-from .._values._errors import ErrorCategory, ItemDeadlineExceeded, ProviderError
+from .._values._categories import ErrorCategory
+from .._values._errors import ItemDeadlineExceeded, ProviderError
 
 __all__ = [
     "Classification",

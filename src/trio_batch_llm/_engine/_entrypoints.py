@@ -19,7 +19,8 @@ from .._observe._snapshot import Progress
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, ConfigurationError
-from .._values._results import BatchResult, BatchTermination, LLMWorkItem, WorkItemResult
+from .._values._requests import LLMWorkItem
+from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from ._channel import ResultChannelStatistics
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from .._strategies._base import LLMCallStrategy
 from .._values._item_checks import check_item
-from .._values._results import LLMWorkItem, item_id_problem
+from .._values._requests import LLMWorkItem, item_id_problem
 
 __all__ = ["aiter_items", "is_sized_source", "items_from_sequence", "validate_source"]
 

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._values._errors import ErrorCategory, ItemDeadlineExceeded
-from .._values._results import ItemTiming, LLMWorkItem, RetryState, WorkItemResult, add_usage, usage_total
+from .._values._categories import ErrorCategory
+from .._values._errors import ItemDeadlineExceeded
+from .._values._requests import LLMWorkItem
+from .._values._results import ItemTiming, RetryState, WorkItemResult, add_usage, usage_total
 from ._classify import Classification, classify
 
 if TYPE_CHECKING:

@@ -17,16 +17,12 @@ from .._admission import QuotaScopeStatistics
 from .._core._host import ExecutorHost
 from .._core._owner import HostedOwner
 from .._strategies._base import LLMCallStrategy
+from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
-from .._values._errors import (
-    AdmissionClosedError,
-    ConfigurationError,
-    ErrorCategory,
-    LLMCallError,
-    QueueFullError,
-)
+from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallError, QueueFullError
 from .._values._item_checks import check_item
-from .._values._results import LLMWorkItem, WorkItemResult
+from .._values._requests import LLMWorkItem
+from .._values._results import WorkItemResult
 from ._item import ItemRunner, ItemTally, UserClassifier
 
 __all__ = ["LLMCallPool", "PoolStatistics"]

@@ -30,23 +30,12 @@ from .._observe._events import BatchFinished, BatchStarted, ItemStarted
 from .._observe._hooks import Hooks
 from .._observe._progress import CallbackProgress, ProgressTracker, make_progress
 from .._observe._snapshot import Progress
+from .._values._categories import ErrorCategory
 from .._values._config import AbortMode, ProcessorConfig, ResumePolicy
-from .._values._errors import (
-    AdmissionClosedError,
-    ArtifactEncodeError,
-    BatchInterruptedError,
-    ErrorCategory,
-    QueueFullError,
-)
+from .._values._errors import AdmissionClosedError, ArtifactEncodeError, BatchInterruptedError, QueueFullError
 from .._values._item_checks import check_item
-from .._values._results import (
-    BatchResult,
-    BatchTermination,
-    LLMWorkItem,
-    TerminationKind,
-    WorkItemResult,
-    item_id_problem,
-)
+from .._values._requests import LLMWorkItem, item_id_problem
+from .._values._results import BatchResult, BatchTermination, TerminationKind, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from ._channel import ResultChannel, ResultChannelStatistics
 from ._item import ItemRunner, ItemStop, ItemTally, UserClassifier

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, final, runtime_checkable
 
-from .._values._errors import ErrorCategory
+from .._values._categories import ErrorCategory
 from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import CounterSnapshot
 

@@ -53,8 +53,10 @@ from typing import Any, Final, final
 import anyio
 import anyio.lowlevel
 
-from .._values._errors import ConfigurationError, ErrorCategory
-from .._values._results import LLMWorkItem, WorkItemResult
+from .._values._categories import ErrorCategory
+from .._values._errors import ConfigurationError
+from .._values._requests import LLMWorkItem
+from .._values._results import WorkItemResult
 from ._callables import call_sync_or_async, is_async_callable
 from ._events import AttemptFailed, LifecycleEvent, terminal_event
 from ._thread_gate import ThreadGate

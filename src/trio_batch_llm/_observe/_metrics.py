@@ -7,7 +7,8 @@ import math
 from collections.abc import Iterable
 from typing import Any, Final, final
 
-from .._values._errors import ConfigurationError, ErrorCategory
+from .._values._categories import ErrorCategory
+from .._values._errors import ConfigurationError
 from .._values._results import WorkItemResult
 from ._events import (
     AttemptFailed,

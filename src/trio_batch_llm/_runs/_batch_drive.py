@@ -51,8 +51,9 @@ from .._strategies.openai._batch_lines import (
 )
 from .._strategies.openai._compatible import _EndpointStrategy
 from .._strategies.openai._wire import Api, prompt_text_of_request
+from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
-from .._values._errors import ErrorCategory, ProviderError
+from .._values._errors import ProviderError
 from .._values._results import WorkItemResult
 from .._values._urls import redact_url
 from ._batch_config import ProviderBatchConfig

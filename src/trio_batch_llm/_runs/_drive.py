@@ -37,15 +37,16 @@ from .._artifacts._protocol import encode_result
 from .._core._deliveries import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
 from .._strategies._base import LLMCallStrategy
+from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
 from .._values._errors import (
     AdmissionClosedError,
     ArtifactEncodeError,
     ArtifactStoreError,
     BatchInterruptedError,
-    ErrorCategory,
 )
-from .._values._results import BatchTermination, LLMWorkItem, RetryState, TokenUsage, WorkItemResult
+from .._values._requests import LLMWorkItem
+from .._values._results import BatchTermination, RetryState, TokenUsage, WorkItemResult
 from ._ingest import Ingestor, decode_context
 from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
 from .repository._client import RepositoryClient

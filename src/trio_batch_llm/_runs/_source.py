@@ -36,7 +36,7 @@ from .._artifacts._fingerprint import canonical_json, fingerprint
 from .._engine._inputs import to_item
 from .._strategies._base import LLMCallStrategy
 from .._values._item_checks import json_line_nesting_column, nesting_problem
-from .._values._results import LLMWorkItem
+from .._values._requests import LLMWorkItem
 from ._schema import NewItem, RunSourceError, SourceCheckpoint
 
 __all__ = ["IterableSource", "JsonlSource", "RawEntry", "RunSource", "make_source", "to_new_item"]

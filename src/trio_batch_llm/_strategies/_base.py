@@ -6,7 +6,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio.lowlevel
 
-from .._values._errors import ErrorCategory
+from .._values._categories import ErrorCategory
 from .._values._results import RetryState, TokenUsage
 
 __all__ = ["LLMCallStrategy"]

@@ -9,7 +9,8 @@ from typing import Any, final
 import anyio
 import anyio.lowlevel
 
-from .._values._errors import ErrorCategory, ProviderError
+from .._values._categories import ErrorCategory
+from .._values._errors import ProviderError
 from .._values._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
 

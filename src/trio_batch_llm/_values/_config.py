@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
-from ._errors import ConfigurationError, ErrorCategory
+from ._categories import ErrorCategory
+from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
     from ._results import TokenUsage

@@ -29,9 +29,10 @@ Cancellation, ``KeyboardInterrupt`` and ``SystemExit`` are never converted.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from ._categories import ErrorCategory
 
 if TYPE_CHECKING:
     from ._results import WorkItemResult
@@ -46,7 +47,6 @@ __all__ = [
     "BatchLLMError",
     "CleanupInterruptedError",
     "ConfigurationError",
-    "ErrorCategory",
     "ItemDeadlineExceeded",
     "LLMCallError",
     "ProviderError",
@@ -55,61 +55,6 @@ __all__ = [
     "RunStateError",
     "StreamFinalizationError",
 ]
-
-
-class ErrorCategory(enum.StrEnum):
-    """Why an item failed; decides whether and how it is retried.
-
-    The first eleven members classify provider failures. The last four are the
-    engine's own verdicts (a deadline, an abort, a spent budget, an item that
-    never ran); a resume always reruns items that ended with one of those.
-    """
-
-    RATE_LIMIT = "rate_limit"
-    TIMEOUT = "timeout"
-    TRANSIENT = "transient"
-    SERVER = "server"
-    AUTHENTICATION = "authentication"
-    INSUFFICIENT_BALANCE = "insufficient_balance"
-    INVALID_REQUEST = "invalid_request"
-    CONTEXT_LENGTH = "context_length"
-    CONTENT_POLICY = "content_policy"
-    PARSE = "parse"
-    UNKNOWN = "unknown"
-    DEADLINE = "deadline"
-    ABORTED = "aborted"
-    BUDGET = "budget"
-    NOT_EXECUTED = "not_executed"
-
-    @property
-    def retryable(self) -> bool:
-        """Whether a failure of this category may be tried again."""
-        return self in _RETRYABLE
-
-    @property
-    def engine_verdict(self) -> bool:
-        """Whether the engine (not the provider) decided this outcome."""
-        return self in _ENGINE_VERDICTS
-
-
-_RETRYABLE = frozenset(
-    {
-        ErrorCategory.RATE_LIMIT,
-        ErrorCategory.TIMEOUT,
-        ErrorCategory.TRANSIENT,
-        ErrorCategory.SERVER,
-        ErrorCategory.PARSE,
-        ErrorCategory.UNKNOWN,
-    }
-)
-_ENGINE_VERDICTS = frozenset(
-    {
-        ErrorCategory.DEADLINE,
-        ErrorCategory.ABORTED,
-        ErrorCategory.BUDGET,
-        ErrorCategory.NOT_EXECUTED,
-    }
-)
 
 
 class BatchLLMError(Exception):

@@ -1,4 +1,4 @@
-"""Work items, per-item results, and the batch result with its summary."""
+"""Per-item results, token usage and timing, and the batch result with its summary."""
 
 from __future__ import annotations
 
@@ -7,24 +7,19 @@ import statistics as _stats
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, final
+from typing import Any, Generic, Literal, TypedDict, TypeVar, final
 
-from ._errors import ErrorCategory
+from ._categories import ErrorCategory
 from ._urls import redact_urls
-
-if TYPE_CHECKING:
-    from .._strategies._base import LLMCallStrategy
 
 __all__ = [
     "BatchResult",
     "BatchTermination",
     "ItemTiming",
-    "LLMWorkItem",
     "RetryState",
     "TerminationKind",
     "TokenUsage",
     "WorkItemResult",
-    "item_id_problem",
 ]
 
 TOutput = TypeVar("TOutput")
@@ -60,34 +55,6 @@ def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
     for key, value in usage.items():
         if isinstance(value, int):
             into[key] = into.get(key, 0) + value
-
-
-def item_id_problem(item_id: object) -> str | None:
-    """Why ``item_id`` cannot identify an item, or ``None``: one rule for every store and file.
-
-    An id must be a non-empty ``str`` that is valid Unicode text: a lone
-    surrogate (which ``"\\ud800"`` in JSON decodes to) has no UTF-8 encoding,
-    so no result file or database could hold it.
-    """
-    if not isinstance(item_id, str) or not item_id:
-        return "must be a non-empty string"
-    try:
-        item_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"holds a lone surrogate ({item_id[exc.start]!r} at index {exc.start}), which is not "
-                "valid Unicode text and cannot be stored")
-    return None
-
-
-@final
-@dataclass(slots=True)
-class LLMWorkItem(Generic[TOutput]):
-    """One unit of work: an id, the strategy that runs it, the prompt and optional context."""
-
-    item_id: str
-    strategy: LLMCallStrategy[TOutput]
-    prompt: str
-    context: Any = None
 
 
 @final

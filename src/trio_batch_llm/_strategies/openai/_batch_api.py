@@ -24,7 +24,8 @@ from typing import Any, Final, final
 import anyio
 import anyio.lowlevel
 
-from ..._values._errors import ErrorCategory, ProviderError
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ProviderError
 from ..._values._urls import join_url
 from ._compatible import _EndpointStrategy
 from ._wire import API_PATHS, Api, decode_error_body, error_from_status

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 
-from ..._values._errors import ErrorCategory, ProviderError
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ProviderError
 from ..._values._results import TokenUsage
 from ._wire import Api, error_from_status, parse_response_body
 

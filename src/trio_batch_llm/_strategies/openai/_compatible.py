@@ -20,7 +20,8 @@ from typing import Any, ClassVar, final
 
 import anyio.lowlevel
 
-from ..._values._errors import ConfigurationError, ErrorCategory, ProviderError
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__

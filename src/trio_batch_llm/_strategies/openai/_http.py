@@ -16,7 +16,8 @@ from typing import Any, final
 
 import httpx2
 
-from ..._values._errors import ErrorCategory, ProviderError
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ProviderError
 from ..._values._urls import redact_urls
 from ._wire import Secret
 

@@ -21,7 +21,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, final
 
-from ..._values._errors import ConfigurationError, ErrorCategory
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ConfigurationError
 from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import is_openai_api, redact_url
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy

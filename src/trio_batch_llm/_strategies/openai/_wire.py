@@ -22,7 +22,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal, final
 
-from ..._values._errors import ConfigurationError, ErrorCategory, ProviderError
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._results import TokenUsage
 from ..._values._urls import is_openai_api
 
