@@ -61,7 +61,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ._backends import LoopHandle, capture_loop_handle
+from ._backends import LoopHandle, capture_loop_handle, propagate_past_scopes
 from ._deliveries import CatchDeliveries, CloseCall, is_cancellation, unwrap_group, wait_counting
 from ._errors import AdmissionClosedError, CleanupInterruptedError
 
@@ -426,12 +426,15 @@ class CleanupLedger:
         report = attempt.report
         assert report is not None
         del attempt
+        native = verdict is not None and verdict is call.native
         call.release()
         if verdict is not None:
             assert isinstance(verdict, BaseException)
             try:
                 raise verdict
             finally:
+                if native:
+                    propagate_past_scopes(verdict)
                 del verdict
         return report
 
@@ -472,14 +475,16 @@ class CleanupLedger:
 
     async def _run(self, attempt: _Attempt, call: CloseCall) -> None:  # noqa: ASYNC910  (the group's exit checkpoints)
         try:
-            with anyio.CancelScope(shield=True):
-                # asyncio only: a native Task.cancel() can land on the task
-                # group's exit checkpoint, after every step finished. Still a
-                # delivery at the closer's own checkpoint (C3): counted, and
-                # re-raised by aclose() like one caught while waiting.
-                with CatchDeliveries(call, partial(self._force, attempt)):
-                    async with anyio.create_task_group() as steps:
-                        await self._run_phases(steps, attempt, call)
+            # The steps' task group is not shielded: each step shields itself
+            # (see _step_task), so the closer's own wait can see the caller's
+            # cancellation when it happens (C3.1). A delivery can also land on
+            # the group's exit checkpoint, after every step finished (on
+            # asyncio a native Task.cancel(), or anyio repeating the caller's
+            # cancellation while it waits for a finished step's task to be
+            # reaped): still the closer's own checkpoint, so it is counted.
+            with CatchDeliveries(call, partial(self._force, attempt), shielded=False):
+                async with anyio.create_task_group() as steps:
+                    await self._run_phases(steps, attempt, call)
             call.note_exit()
         finally:
             self._finish(attempt)
@@ -532,7 +537,11 @@ class CleanupLedger:
 
     async def _step_task(self, run: _StepRun) -> None:  # noqa: ASYNC910  (a child task; the closer checkpoints)
         _INSIDE_STEP_OF.set(self)
-        with run, run.scope:  # `run` hands whatever the step raised over to the closer
+        # `run` hands whatever the step raised over to the closer. The shield
+        # is entered before the step's first checkpoint, so the caller's
+        # cancellation never reaches the step (C3.4); only a force, through
+        # the step's private scope inside it, does.
+        with run, anyio.CancelScope(shield=True), run.scope:
             await run.step.spec.run()
 
     def _warn_slow(self, step: _Step) -> None:
@@ -642,14 +651,14 @@ class CleanupLedger:
             return call.interrupt
         if attempt.fatal is not None and attempt.closer is call:
             return attempt.fatal
-        if call.body_exception is not None:
-            # The caller's exception goes on; an edge-triggered cancellation we
-            # caught meanwhile must not be lost, so it wins over a body error.
-            if call.native is not None and not is_cancellation(call.body_exception):
-                return call.native
-            return None
         if call.native is not None:
+            # Edge-triggered: asyncio delivers it once, so it is re-raised
+            # whatever the caller was already propagating (even its own
+            # cancellation: a scope of the caller may swallow that one, and
+            # the native cancellation must get past it).
             return call.native
+        if call.body_exception is not None:
+            return None  # the caller's exception goes on
         if call.caller_cancelled:
             return _REPEAT_CALLER_CANCELLATION
         return self._failure(attempt)

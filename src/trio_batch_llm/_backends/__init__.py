@@ -13,6 +13,9 @@ What differs, in the engine's own vocabulary (CONTRACT C3):
 - how a ``KeyboardInterrupt`` reaches that wait: Trio delivers a pending Ctrl+C
   to the main task's checkpoint even through shields; asyncio's runner turns
   the first Ctrl+C into a native cancel of the main task instead;
+- what a native cancellation the closer re-raises needs in order to get past
+  the caller's own cancelled scopes (asyncio: anyio must not take it for its
+  own cancellation);
 - how a thread asks the loop to run a callback soon, without blocking.
 """
 
@@ -23,7 +26,14 @@ from typing import Literal, Protocol
 
 import sniffio
 
-__all__ = ["Backend", "LoopHandle", "capture_loop_handle", "current_backend", "describe_wait_delivery"]
+__all__ = [
+    "Backend",
+    "LoopHandle",
+    "capture_loop_handle",
+    "current_backend",
+    "describe_wait_delivery",
+    "propagate_past_scopes",
+]
 
 Backend = Literal["asyncio", "trio"]
 
@@ -69,3 +79,18 @@ def describe_wait_delivery(exc: BaseException) -> str:
     from . import _asyncio
 
     return _asyncio.describe_wait_delivery(exc)
+
+
+def propagate_past_scopes(exc: BaseException) -> None:
+    """Prepare ``exc``, an edge-triggered delivery the closer is re-raising, to reach the caller.
+
+    Call it on the propagating exception (in the ``finally`` of the raise):
+    a delivery that forced the close, or one deferred until teardown ended,
+    must propagate past the caller's scopes even when one of them was
+    cancelled first (CONTRACT C3.3).
+    """
+    if current_backend() == "trio":
+        return  # nothing edge-triggered is re-raised on Trio: its cancellations are level-triggered
+    from . import _asyncio
+
+    _asyncio.propagate_past_scopes(exc)
