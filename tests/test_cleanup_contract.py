@@ -599,7 +599,15 @@ async def test_c3_3_second_native_cancel_aborts_asyncio() -> None:
     assert proc.state == "closing"
 
 
-def test_c3_3_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
+def _close_pressing_ctrl_c_trio(presses: int) -> tuple[Log, RecordingStore, ParallelBatchProcessor[str]]:
+    """A Trio close whose strategy cleanup presses Ctrl+C ``presses`` times, then hangs.
+
+    Each press goes through Trio's own SIGINT handler from a KI-protected
+    function, so the KeyboardInterrupt is handed to the main task's next
+    checkpoint: the closer's wait. A first press is counted as the first
+    delivery and the cleanup is let go on (it returns when it sees it was
+    counted); a further press forces.
+    """
     import trio
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # pragma: no cover
@@ -610,21 +618,25 @@ def test_c3_3_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
         signal.raise_signal(signal.SIGINT)
 
     log = Log()
+    proc = ParallelBatchProcessor[str](artifact_store=RecordingStore(log))
 
     class PressesCtrlC(Scripted):
         async def cleanup(self) -> None:
             self.log("s:cleanup start")
             try:
-                await trio.lowlevel.checkpoint()
-                press_ctrl_c()
-                await trio.sleep_forever()
+                for press in range(presses):
+                    press_ctrl_c()
+                    while proc.host.ledger.statistics().deliveries <= press:
+                        await trio.lowlevel.checkpoint()
+                    self.log(f"s:counted {press + 1}")
+                if presses > 1:
+                    await trio.sleep_forever()
             except trio.Cancelled:
                 self.log("s:cleanup cancelled")
                 raise
+            self.log("s:cleanup end")
 
     strategy = PressesCtrlC(log)
-    store = RecordingStore(log)
-    proc = ParallelBatchProcessor[str](artifact_store=store)
 
     async def main() -> None:
         async with proc:
@@ -633,8 +645,23 @@ def test_c3_3_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         trio.run(main)
-    assert log.events[-2:] == ["s:cleanup start", "s:cleanup cancelled"]
+    return log, proc._store, proc  # type: ignore[return-value]
+
+
+def test_c3_2_first_keyboard_interrupt_reaching_the_closer_is_deferred_trio() -> None:
+    log, store, proc = _close_pressing_ctrl_c_trio(presses=1)
+    assert log.events[-5:] == [
+        "s:cleanup start", "s:counted 1", "s:cleanup end", "store:close start", "store:close end",
+    ]
+    assert store.closes == 1 and proc.state == "closed"
+
+
+def test_c3_3_second_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
+    log, store, proc = _close_pressing_ctrl_c_trio(presses=2)
+    # The second press forces: the cleanup is cancelled at its next checkpoint, the store stays open.
+    assert log.events[-3:] == ["s:cleanup start", "s:counted 1", "s:cleanup cancelled"]
     assert store.closes == 0 and proc.state == "closing"
+    assert proc.host.ledger.statistics().deliveries == 2
 
 
 async def test_c3_4_a_step_interrupted_by_a_third_party_is_retried_later() -> None:

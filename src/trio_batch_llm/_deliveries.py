@@ -6,8 +6,9 @@ finished) from a *second* one (a forced abort). Nothing here reads
 the count is kept by hand, from where a delivery arrives:
 
 - at entry, before any checkpoint: the caller passed the exception its
-  ``__aexit__``/``finally`` is handling and it is a cancellation, or the
-  caller's effective deadline is ``-inf`` (its scope is already cancelled);
+  ``__aexit__``/``finally`` is handling and it is a cancellation or a
+  ``KeyboardInterrupt``, or the caller's effective deadline is ``-inf`` (its
+  scope is already cancelled);
 - during the close, at the closer's wait (:func:`wait_counting`). Until the
   caller's own cancellation has been counted the wait is *not* shielded, so
   that cancellation arrives there like any other delivery; a cancellation
@@ -21,8 +22,8 @@ the count is kept by hand, from where a delivery arrives:
   effective deadline is ``-inf``).
 
 A level-triggered cancellation is counted once however often the backend
-would re-raise it: once counted, the closer only waits shielded. Each native
-cancellation is a delivery of its own; a ``KeyboardInterrupt`` always forces.
+would re-raise it: once counted, the closer only waits shielded. Each
+``KeyboardInterrupt`` and each native cancellation is a delivery of its own.
 """
 
 from __future__ import annotations
@@ -130,6 +131,8 @@ class CloseCall:
         if is_cancellation(body) or caller_cancelled_now():
             self.caller_cancelled = True
             self._count()
+        elif body is not None and isinstance(unwrap_group(body), KeyboardInterrupt):
+            self._count()  # a Ctrl+C that unwound the caller's body into this close
 
     def note_exit(self) -> None:
         """After the wait: notice a caller cancellation that no wait saw."""
@@ -145,11 +148,11 @@ class CloseCall:
             self._count()
 
     def count_interrupt(self, exc: BaseException) -> bool:
-        """Record a ``KeyboardInterrupt`` that reached the close's wait: always a forced abort (C3.3)."""
+        """Record a ``KeyboardInterrupt`` that reached the close; ``True`` if it forces an abort."""
         self._count()
         if self.interrupt is None:
             self.interrupt = exc
-        return True
+        return self.deliveries > 1
 
     def count_at_wait(self, exc: BaseException, *, shielded: bool) -> bool:
         """Record a delivery caught at the closer's wait; ``True`` if it forces an abort.

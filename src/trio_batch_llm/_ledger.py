@@ -554,6 +554,9 @@ class CleanupLedger:
         step, error = run.step, run.error
         run.error = None
         name = step.spec.name
+        if error is not None and isinstance(unwrap_group(error), KeyboardInterrupt) and not run.abandoned:
+            self._settle_interrupt(step, unwrap_group(error), attempt)
+            return
         if error is not None and _is_fatal(error):
             step.state = _StepState.INTERRUPTED
             if attempt.fatal is None:
@@ -587,6 +590,34 @@ class CleanupLedger:
                 "%s: cleanup step %r (%s phase) failed", self._owner, name, step.phase, exc_info=error
             )
         attempt.problems.append((StepProblem(step.phase, name, kind, _describe(error)), reported))
+
+    def _settle_interrupt(self, step: _Step, interrupt: BaseException, attempt: _Attempt) -> None:
+        """A ``KeyboardInterrupt`` raised inside a step: a delivery to the close like one at its wait.
+
+        A Ctrl+C that lands while a step's own code runs (a ``cleanup()`` that
+        blocks without awaiting) is raised there, not at the closer's wait.
+        It is counted by the call running the attempt: the first delivery
+        lets teardown go on (the step is interrupted and retried by a later
+        close) and is re-raised afterwards; a second forces (C3.2, C3.3).
+        """
+        name = step.spec.name
+        step.state = _StepState.INTERRUPTED
+        reported = CleanupInterruptedError(
+            f"{self._owner}: cleanup step {name!r} ({step.phase} phase) was interrupted by "
+            "KeyboardInterrupt; a later close retries it"
+        )
+        reported.__cause__ = interrupt
+        problem = StepProblem(step.phase, name, "interrupted", _describe(interrupt))
+        attempt.problems.append((problem, reported))
+        if attempt.closer.count_interrupt(interrupt):
+            self._force(attempt, f"KeyboardInterrupt raised in step {name!r}")
+            attempt.abandoned = attempt.abandoned or name
+        else:
+            logger.warning(
+                "%s: cleanup step %r was interrupted by KeyboardInterrupt; the close goes on and "
+                "re-raises it afterwards (a second one forces the close)",
+                self._owner, name,
+            )
 
     def _force(self, attempt: _Attempt, reason: str) -> bool:
         if attempt.aborted:
