@@ -599,6 +599,60 @@ async def test_c3_3_second_native_cancel_aborts_asyncio() -> None:
     assert proc.state == "closing"
 
 
+@ASYNCIO_ONLY
+async def test_c3_3_second_native_cancel_propagates_past_the_callers_cancelled_scope() -> None:
+    """The caller's deadline was the first delivery; a Task.cancel() forces and must get past that scope."""
+    import asyncio
+
+    log = Log()
+    strategy = Scripted(log, execute="hang", cleanup="hang")
+    store = RecordingStore(log)
+    proc = ParallelBatchProcessor[str](artifact_store=store)
+    scopes: list[anyio.CancelScope] = []
+    reached: list[str] = []
+
+    async def owner() -> None:
+        with anyio.move_on_after(3600) as deadline:
+            scopes.append(deadline)
+            async with proc:
+                await proc.add_work(item(strategy, 0))
+                await proc.process_all()
+        reached.append("after the block")
+
+    task = asyncio.ensure_future(owner())
+    await strategy.started.wait()
+    scopes[0].deadline = anyio.current_time()  # expires mid-batch: the first delivery, deferred
+    await settle()
+    assert log.events[-1] == "s:cleanup start" and not task.done()
+    task.cancel()  # second delivery: forced abort
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert reached == [] and task.cancelled()
+    assert log.events[-1] == "s:cleanup cancelled" and store.closes == 0
+
+
+@TRIO_VIRTUAL
+async def test_c3_1_cancellation_during_the_close_is_counted_when_it_happens() -> None:
+    log = Log()
+    strategy = Scripted(log, cleanup="slow", slow=10.0)
+    proc = ParallelBatchProcessor[str](artifact_store=RecordingStore(log))
+    counted: list[int] = []
+
+    async def watch() -> None:
+        await anyio.sleep(5.0)  # the deadline (1 s) expired during the 10 s cleanup
+        counted.append(proc.host.ledger.statistics().deliveries)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        with anyio.CancelScope() as caller:
+            async with proc:
+                await proc.add_work(item(strategy, 0))
+                await proc.process_all()
+                caller.deadline = anyio.current_time() + 1.0
+    assert counted == [1] and caller.cancelled_caught
+    assert proc.host.ledger.statistics().deliveries == 1 and proc.state == "closed"
+
+
 def _close_pressing_ctrl_c_trio(presses: int) -> tuple[Log, RecordingStore, ParallelBatchProcessor[str]]:
     """A Trio close whose strategy cleanup presses Ctrl+C ``presses`` times, then hangs.
 

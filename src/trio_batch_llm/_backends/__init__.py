@@ -7,9 +7,9 @@ lazily, when the running event loop is of its kind.
 
 What differs, in the engine's own vocabulary (CONTRACT C3):
 
-- how a cancellation can reach a closer's *shielded* wait: on asyncio a native
-  ``Task.cancel()`` passes anyio's shields; on Trio nothing does (a Trio
-  cancellation of the caller is noticed after the shield instead);
+- how a cancellation can reach a closer's *shielded* wait (shielded once the
+  caller's own cancellation was counted): on asyncio a native
+  ``Task.cancel()`` passes anyio's shields; on Trio nothing does;
 - how a ``KeyboardInterrupt`` reaches that wait: Trio delivers a pending Ctrl+C
   to the main task's checkpoint even through shields; asyncio's runner turns
   the first Ctrl+C into a native cancel of the main task instead;
