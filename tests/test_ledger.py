@@ -869,6 +869,42 @@ async def test_c3_2_keyboard_interrupt_raised_in_a_step_is_a_deferred_first_deli
     assert steps.starts() == ["a", "d", "a"] and ledger.state is LedgerState.CLOSED
 
 
+def test_c3_2_ctrl_c_landing_in_the_closers_own_code_is_held_for_its_wait_trio() -> None:
+    """The close is KI-protected on Trio: a SIGINT while its own code runs waits for its next checkpoint."""
+    import trio
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # pragma: no cover
+        pytest.skip("SIGINT handler replaced by the environment")
+    ledger, steps = build([("runtime", "a", "ok"), ("store", "d", "ok")])
+
+    def presses_ctrl_c() -> list[CleanupStep]:
+        signal.raise_signal(signal.SIGINT)  # runs inside the closer (phase discovery), unmarked itself
+        return [CleanupStep("c", steps.make("c"))]
+
+    ledger.add_phase_provider("strategies", presses_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(ledger.aclose)
+    assert steps.starts() == ["a", "c", "d"]  # deferred: every step still ran, in order
+    assert ledger.state is LedgerState.CLOSED and ledger.statistics().deliveries == 1
+
+
+async def test_c3_3_keyboard_interrupt_raised_by_the_closers_own_code_aborts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not a wait, not a step: the phase loop is broken off, so the close is an abort whatever the count."""
+    ledger, steps = build([("runtime", "a", "ok"), ("store", "d", "ok")])
+
+    def raises() -> list[CleanupStep]:
+        raise KeyboardInterrupt
+
+    ledger.add_phase_provider("strategies", raises)
+    with pytest.raises(KeyboardInterrupt):
+        await ledger.aclose()
+    assert steps.starts() == ["a"] and ledger.state is LedgerState.CLOSING
+    warnings = [r.getMessage() for r in warnings_of(caplog)]
+    assert len(warnings) == 1 and "close itself" in warnings[0] and "'d'" in warnings[0]
+
+
 async def test_c7_4_step_system_exit_keeps_its_code() -> None:
     ledger, steps = build([("runtime", "a", "system_exit"), ("store", "d", "ok")])
     with pytest.raises(SystemExit) as info:

@@ -207,10 +207,12 @@ class CatchDeliveries:
     ) -> bool:
         if exc is None:
             return False
-        if not isinstance(exc, KeyboardInterrupt | anyio.get_cancelled_exc_class()):
+        # A task group around the block wraps what leaves its body in a group of one.
+        delivery = unwrap_group(exc)
+        if not isinstance(delivery, KeyboardInterrupt | anyio.get_cancelled_exc_class()):
             return False
-        if self.call.count_at_wait(exc, shielded=self.shielded):
-            self.force(describe_wait_delivery(exc))
+        if self.call.count_at_wait(delivery, shielded=self.shielded):
+            self.force(describe_wait_delivery(delivery))
         return True
 
 

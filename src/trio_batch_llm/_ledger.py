@@ -61,7 +61,12 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ._backends import LoopHandle, capture_loop_handle, propagate_past_scopes
+from ._backends import (
+    LoopHandle,
+    capture_loop_handle,
+    propagate_past_scopes,
+    protected_from_keyboard_interrupt,
+)
 from ._deliveries import CatchDeliveries, CloseCall, is_cancellation, unwrap_group, wait_counting
 from ._errors import AdmissionClosedError, CleanupInterruptedError
 
@@ -376,6 +381,7 @@ class CleanupLedger:
 
     # -- closing --------------------------------------------------------------
 
+    @protected_from_keyboard_interrupt  # a Ctrl+C reaches the close at its wait, not mid-statement
     async def aclose(
         self, *, body_exception: BaseException | None = None, automatic: bool = False
     ) -> AttemptReport:
@@ -485,6 +491,12 @@ class CleanupLedger:
             with CatchDeliveries(call, partial(self._force, attempt), shielded=False):
                 async with anyio.create_task_group() as steps:
                     await self._run_phases(steps, attempt, call)
+            if not attempt.steps_done:
+                # Only a KeyboardInterrupt raised by the closer's own code
+                # (a phase provider's, say) gets here: the phase loop was
+                # broken off, so nothing further starts. An abort, whatever
+                # the count says.
+                self._force(attempt, "KeyboardInterrupt raised in the close itself")
             call.note_exit()
         finally:
             self._finish(attempt)

@@ -16,13 +16,17 @@ What differs, in the engine's own vocabulary (CONTRACT C3):
 - what a native cancellation the closer re-raises needs in order to get past
   the caller's own cancelled scopes (asyncio: anyio must not take it for its
   own cancellation);
-- how a thread asks the loop to run a callback soon, without blocking.
+- how a thread asks the loop to run a callback soon, without blocking;
+- keeping a Ctrl+C out of the closer's own code: Trio raises
+  ``KeyboardInterrupt`` wherever unprotected code runs, so the close is
+  marked KI-protected and Trio holds the interrupt for its next checkpoint.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import sniffio
 
@@ -33,9 +37,15 @@ __all__ = [
     "current_backend",
     "describe_wait_delivery",
     "propagate_past_scopes",
+    "protected_from_keyboard_interrupt",
 ]
 
 Backend = Literal["asyncio", "trio"]
+
+_F = TypeVar("_F", bound=Callable[..., object])
+
+KI_PROTECTED: list[Callable[..., object]] = []
+"""The functions :func:`protected_from_keyboard_interrupt` marked; ``_trio`` protects them on import."""
 
 
 class LoopHandle(Protocol):
@@ -94,3 +104,21 @@ def propagate_past_scopes(exc: BaseException) -> None:
     from . import _asyncio
 
     _asyncio.propagate_past_scopes(exc)
+
+
+def protected_from_keyboard_interrupt(fn: _F) -> _F:
+    """Decorator: on Trio, a Ctrl+C that lands while ``fn`` (or what it calls in its task) runs is held.
+
+    Trio raises ``KeyboardInterrupt`` inside whatever unprotected Python code
+    is running when SIGINT arrives; in code marked this way it holds it for
+    the task's next checkpoint instead (``trio.lowlevel.enable_ki_protection``),
+    so a close counts it at its own wait rather than being broken off between
+    two of its statements. The mark is applied when the Trio adapter is first
+    imported (on the first Trio close), so importing this package does not
+    import Trio. No effect on asyncio.
+    """
+    KI_PROTECTED.append(fn)
+    trio_adapter = sys.modules.get(f"{__name__}._trio")
+    if trio_adapter is not None:
+        trio_adapter.protect_from_keyboard_interrupt(fn)
+    return fn
