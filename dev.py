@@ -43,6 +43,7 @@ def _ensure_env() -> None:
 MATRIX_TESTS = [
     "tests/test_with_cleanup.py",
     "tests/test_cleanup_contract.py",
+    "tests/test_deliveries.py",
     "tests/test_ledger.py",
     "tests/test_leases.py",
     "tests/test_engine.py",

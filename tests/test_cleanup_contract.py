@@ -599,7 +599,69 @@ async def test_c3_3_second_native_cancel_aborts_asyncio() -> None:
     assert proc.state == "closing"
 
 
-def test_c3_3_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
+@ASYNCIO_ONLY
+async def test_c3_3_second_native_cancel_propagates_past_the_callers_cancelled_scope() -> None:
+    """The caller's deadline was the first delivery; a Task.cancel() forces and must get past that scope."""
+    import asyncio
+
+    log = Log()
+    strategy = Scripted(log, execute="hang", cleanup="hang")
+    store = RecordingStore(log)
+    proc = ParallelBatchProcessor[str](artifact_store=store)
+    scopes: list[anyio.CancelScope] = []
+    reached: list[str] = []
+
+    async def owner() -> None:
+        with anyio.move_on_after(3600) as deadline:
+            scopes.append(deadline)
+            async with proc:
+                await proc.add_work(item(strategy, 0))
+                await proc.process_all()
+        reached.append("after the block")
+
+    task = asyncio.ensure_future(owner())
+    await strategy.started.wait()
+    scopes[0].deadline = anyio.current_time()  # expires mid-batch: the first delivery, deferred
+    await settle()
+    assert log.events[-1] == "s:cleanup start" and not task.done()
+    task.cancel()  # second delivery: forced abort
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert reached == [] and task.cancelled()
+    assert log.events[-1] == "s:cleanup cancelled" and store.closes == 0
+
+
+@TRIO_VIRTUAL
+async def test_c3_1_cancellation_during_the_close_is_counted_when_it_happens() -> None:
+    log = Log()
+    strategy = Scripted(log, cleanup="slow", slow=10.0)
+    proc = ParallelBatchProcessor[str](artifact_store=RecordingStore(log))
+    counted: list[int] = []
+
+    async def watch() -> None:
+        await anyio.sleep(5.0)  # the deadline (1 s) expired during the 10 s cleanup
+        counted.append(proc.host.ledger.statistics().deliveries)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        with anyio.CancelScope() as caller:
+            async with proc:
+                await proc.add_work(item(strategy, 0))
+                await proc.process_all()
+                caller.deadline = anyio.current_time() + 1.0
+    assert counted == [1] and caller.cancelled_caught
+    assert proc.host.ledger.statistics().deliveries == 1 and proc.state == "closed"
+
+
+def _close_pressing_ctrl_c_trio(presses: int) -> tuple[Log, RecordingStore, ParallelBatchProcessor[str]]:
+    """A Trio close whose strategy cleanup presses Ctrl+C ``presses`` times, then hangs.
+
+    Each press goes through Trio's own SIGINT handler from a KI-protected
+    function, so the KeyboardInterrupt is handed to the main task's next
+    checkpoint: the closer's wait. A first press is counted as the first
+    delivery and the cleanup is let go on (it returns when it sees it was
+    counted); a further press forces.
+    """
     import trio
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # pragma: no cover
@@ -610,21 +672,25 @@ def test_c3_3_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
         signal.raise_signal(signal.SIGINT)
 
     log = Log()
+    proc = ParallelBatchProcessor[str](artifact_store=RecordingStore(log))
 
     class PressesCtrlC(Scripted):
         async def cleanup(self) -> None:
             self.log("s:cleanup start")
             try:
-                await trio.lowlevel.checkpoint()
-                press_ctrl_c()
-                await trio.sleep_forever()
+                for press in range(presses):
+                    press_ctrl_c()
+                    while proc.host.ledger.statistics().deliveries <= press:
+                        await trio.lowlevel.checkpoint()
+                    self.log(f"s:counted {press + 1}")
+                if presses > 1:
+                    await trio.sleep_forever()
             except trio.Cancelled:
                 self.log("s:cleanup cancelled")
                 raise
+            self.log("s:cleanup end")
 
     strategy = PressesCtrlC(log)
-    store = RecordingStore(log)
-    proc = ParallelBatchProcessor[str](artifact_store=store)
 
     async def main() -> None:
         async with proc:
@@ -633,8 +699,23 @@ def test_c3_3_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         trio.run(main)
-    assert log.events[-2:] == ["s:cleanup start", "s:cleanup cancelled"]
+    return log, proc._store, proc  # type: ignore[return-value]
+
+
+def test_c3_2_first_keyboard_interrupt_reaching_the_closer_is_deferred_trio() -> None:
+    log, store, proc = _close_pressing_ctrl_c_trio(presses=1)
+    assert log.events[-5:] == [
+        "s:cleanup start", "s:counted 1", "s:cleanup end", "store:close start", "store:close end",
+    ]
+    assert store.closes == 1 and proc.state == "closed"
+
+
+def test_c3_3_second_keyboard_interrupt_reaching_the_closer_aborts_trio() -> None:
+    log, store, proc = _close_pressing_ctrl_c_trio(presses=2)
+    # The second press forces: the cleanup is cancelled at its next checkpoint, the store stays open.
+    assert log.events[-3:] == ["s:cleanup start", "s:counted 1", "s:cleanup cancelled"]
     assert store.closes == 0 and proc.state == "closing"
+    assert proc.host.ledger.statistics().deliveries == 2
 
 
 async def test_c3_4_a_step_interrupted_by_a_third_party_is_retried_later() -> None:

@@ -506,8 +506,8 @@ async def test_c3_3_native_cancel_after_entry_delivery_aborts_asyncio() -> None:
     assert ledger.state is LedgerState.CLOSING
 
 
-def test_c3_3_keyboard_interrupt_at_closers_wait_aborts_trio(caplog: pytest.LogCaptureFixture) -> None:
-    """A second Ctrl+C on Trio: KeyboardInterrupt reaches the closer's shielded wait.
+def _ctrl_c_ledger(presses: list[int]) -> tuple[CleanupLedger, list[str]]:
+    """A ledger whose step ``b`` presses Ctrl+C ``presses[0]`` times (then hangs if more than one).
 
     Trio delivers a pending KeyboardInterrupt to the *main task*'s next
     checkpoint whatever its cancel scopes say, so the closer must be the main
@@ -526,39 +526,64 @@ def test_c3_3_keyboard_interrupt_at_closers_wait_aborts_trio(caplog: pytest.LogC
         signal.raise_signal(signal.SIGINT)
 
     events: list[str] = []
-    press = [True]
+    ledger = CleanupLedger("cli")
 
-    async def hanging() -> None:
+    async def pressing() -> None:
         events.append("b:start")
         try:
-            await trio.lowlevel.checkpoint()
-            if press[0]:
+            for press in range(presses[0]):
                 press_ctrl_c()
-                events.append("b:pressed")
+                while ledger.statistics().deliveries <= press:
+                    await trio.lowlevel.checkpoint()
+                events.append(f"b:counted {press + 1}")
+            if presses[0] > 1:
                 await trio.sleep_forever()
         except trio.Cancelled:
             events.append("b:cancelled")
             raise
+        events.append("b:end")
 
     async def ok_step() -> None:
         events.append("c:start")
         await trio.lowlevel.checkpoint()
 
-    ledger = CleanupLedger("cli")
-    ledger.add_step("runtime", "b", hanging)
+    ledger.add_step("runtime", "b", pressing)
     ledger.add_step("store", "c", ok_step)
+    return ledger, events
+
+
+def test_c3_2_first_keyboard_interrupt_at_closers_wait_is_deferred_trio(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A first Ctrl+C on Trio is the first delivery: teardown goes on in order, then it is re-raised."""
+    import trio
+
+    ledger, events = _ctrl_c_ledger([1])
     with pytest.raises(KeyboardInterrupt):
         trio.run(ledger.aclose)
-    assert events == ["b:start", "b:pressed", "b:cancelled"]
+    assert events == ["b:start", "b:counted 1", "b:end", "c:start"]
+    assert ledger.state is LedgerState.CLOSED
+    assert warnings_of(caplog) == []
+
+
+def test_c3_3_keyboard_interrupt_at_closers_wait_aborts_trio(caplog: pytest.LogCaptureFixture) -> None:
+    """A second Ctrl+C on Trio forces: the running step is cancelled, the rest is skipped."""
+    import trio
+
+    presses = [2]
+    ledger, events = _ctrl_c_ledger(presses)
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(ledger.aclose)
+    assert events == ["b:start", "b:counted 1", "b:cancelled"]
     assert ledger.state is LedgerState.CLOSING
     warnings = warnings_of(caplog)
     assert len(warnings) == 1
     assert "KeyboardInterrupt" in warnings[0].getMessage()
     assert "'c'" in warnings[0].getMessage()
 
-    press[0] = False  # a later close (a new run) resumes b and c
+    presses[0] = 0  # a later close (a new run) resumes b and c
     trio.run(ledger.aclose)
-    assert events[3:] == ["b:start", "c:start"]
+    assert events[3:] == ["b:start", "b:end", "c:start"]
     assert ledger.state is LedgerState.CLOSED
 
 
@@ -824,6 +849,60 @@ async def test_c7_4_step_keyboard_interrupt_beats_deferred_cancellation() -> Non
             await ledger.aclose()
     assert steps.events == ["a:start", "a:raised"]
     assert ledger.state is LedgerState.CLOSING
+
+
+async def test_c3_2_keyboard_interrupt_raised_in_a_step_is_a_deferred_first_delivery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A Ctrl+C landing in a step's own code is raised there; it counts like one at the closer's wait."""
+    ledger, steps = build([("runtime", "a", "keyboard_interrupt"), ("store", "d", "ok")])
+    with pytest.raises(KeyboardInterrupt):
+        await ledger.aclose()
+    assert steps.events == ["a:start", "a:raised", "d:start", "d:end"]  # teardown went on in order
+    assert ledger.statistics().deliveries == 1
+    assert ledger.state is LedgerState.CLOSING  # the interrupted step is not checkpointed
+    report = ledger.last_attempt_report
+    assert report is not None and [(p.name, p.kind) for p in report.problems] == [("a", "interrupted")]
+    assert any("interrupted by KeyboardInterrupt" in r.getMessage() for r in warnings_of(caplog))
+    steps.modes["a"] = "ok"
+    await ledger.aclose()  # a later close retries it, and only it
+    assert steps.starts() == ["a", "d", "a"] and ledger.state is LedgerState.CLOSED
+
+
+def test_c3_2_ctrl_c_landing_in_the_closers_own_code_is_held_for_its_wait_trio() -> None:
+    """The close is KI-protected on Trio: a SIGINT while its own code runs waits for its next checkpoint."""
+    import trio
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # pragma: no cover
+        pytest.skip("SIGINT handler replaced by the environment")
+    ledger, steps = build([("runtime", "a", "ok"), ("store", "d", "ok")])
+
+    def presses_ctrl_c() -> list[CleanupStep]:
+        signal.raise_signal(signal.SIGINT)  # runs inside the closer (phase discovery), unmarked itself
+        return [CleanupStep("c", steps.make("c"))]
+
+    ledger.add_phase_provider("strategies", presses_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(ledger.aclose)
+    assert steps.starts() == ["a", "c", "d"]  # deferred: every step still ran, in order
+    assert ledger.state is LedgerState.CLOSED and ledger.statistics().deliveries == 1
+
+
+async def test_c3_3_keyboard_interrupt_raised_by_the_closers_own_code_aborts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Not a wait, not a step: the phase loop is broken off, so the close is an abort whatever the count."""
+    ledger, steps = build([("runtime", "a", "ok"), ("store", "d", "ok")])
+
+    def raises() -> list[CleanupStep]:
+        raise KeyboardInterrupt
+
+    ledger.add_phase_provider("strategies", raises)
+    with pytest.raises(KeyboardInterrupt):
+        await ledger.aclose()
+    assert steps.starts() == ["a"] and ledger.state is LedgerState.CLOSING
+    warnings = [r.getMessage() for r in warnings_of(caplog)]
+    assert len(warnings) == 1 and "close itself" in warnings[0] and "'d'" in warnings[0]
 
 
 async def test_c7_4_step_system_exit_keeps_its_code() -> None:

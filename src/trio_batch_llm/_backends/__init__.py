@@ -7,25 +7,45 @@ lazily, when the running event loop is of its kind.
 
 What differs, in the engine's own vocabulary (CONTRACT C3):
 
-- how a cancellation can reach a closer's *shielded* wait: on asyncio a native
-  ``Task.cancel()`` passes anyio's shields; on Trio nothing does (a Trio
-  cancellation of the caller is noticed after the shield instead);
+- how a cancellation can reach a closer's *shielded* wait (shielded once the
+  caller's own cancellation was counted): on asyncio a native
+  ``Task.cancel()`` passes anyio's shields; on Trio nothing does;
 - how a ``KeyboardInterrupt`` reaches that wait: Trio delivers a pending Ctrl+C
   to the main task's checkpoint even through shields; asyncio's runner turns
   the first Ctrl+C into a native cancel of the main task instead;
-- how a thread asks the loop to run a callback soon, without blocking.
+- what a native cancellation the closer re-raises needs in order to get past
+  the caller's own cancelled scopes (asyncio: anyio must not take it for its
+  own cancellation);
+- how a thread asks the loop to run a callback soon, without blocking;
+- keeping a Ctrl+C out of the closer's own code: Trio raises
+  ``KeyboardInterrupt`` wherever unprotected code runs, so the close is
+  marked KI-protected and Trio holds the interrupt for its next checkpoint.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import sniffio
 
-__all__ = ["Backend", "LoopHandle", "capture_loop_handle", "current_backend", "describe_wait_delivery"]
+__all__ = [
+    "Backend",
+    "LoopHandle",
+    "capture_loop_handle",
+    "current_backend",
+    "describe_wait_delivery",
+    "propagate_past_scopes",
+    "protected_from_keyboard_interrupt",
+]
 
 Backend = Literal["asyncio", "trio"]
+
+_F = TypeVar("_F", bound=Callable[..., object])
+
+KI_PROTECTED: list[Callable[..., object]] = []
+"""The functions :func:`protected_from_keyboard_interrupt` marked; ``_trio`` protects them on import."""
 
 
 class LoopHandle(Protocol):
@@ -69,3 +89,36 @@ def describe_wait_delivery(exc: BaseException) -> str:
     from . import _asyncio
 
     return _asyncio.describe_wait_delivery(exc)
+
+
+def propagate_past_scopes(exc: BaseException) -> None:
+    """Prepare ``exc``, an edge-triggered delivery the closer is re-raising, to reach the caller.
+
+    Call it on the propagating exception (in the ``finally`` of the raise):
+    a delivery that forced the close, or one deferred until teardown ended,
+    must propagate past the caller's scopes even when one of them was
+    cancelled first (CONTRACT C3.3).
+    """
+    if current_backend() == "trio":
+        return  # nothing edge-triggered is re-raised on Trio: its cancellations are level-triggered
+    from . import _asyncio
+
+    _asyncio.propagate_past_scopes(exc)
+
+
+def protected_from_keyboard_interrupt(fn: _F) -> _F:
+    """Decorator: on Trio, a Ctrl+C that lands while ``fn`` (or what it calls in its task) runs is held.
+
+    Trio raises ``KeyboardInterrupt`` inside whatever unprotected Python code
+    is running when SIGINT arrives; in code marked this way it holds it for
+    the task's next checkpoint instead (``trio.lowlevel.enable_ki_protection``),
+    so a close counts it at its own wait rather than being broken off between
+    two of its statements. The mark is applied when the Trio adapter is first
+    imported (on the first Trio close), so importing this package does not
+    import Trio. No effect on asyncio.
+    """
+    KI_PROTECTED.append(fn)
+    trio_adapter = sys.modules.get(f"{__name__}._trio")
+    if trio_adapter is not None:
+        trio_adapter.protect_from_keyboard_interrupt(fn)
+    return fn

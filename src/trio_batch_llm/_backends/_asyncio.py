@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import final
 
-__all__ = ["AsyncioLoopHandle", "capture_loop_handle", "describe_wait_delivery"]
+__all__ = ["AsyncioLoopHandle", "capture_loop_handle", "describe_wait_delivery", "propagate_past_scopes"]
 
 
 @final
@@ -39,3 +39,21 @@ def describe_wait_delivery(exc: BaseException) -> str:
     if isinstance(exc, KeyboardInterrupt):
         return "KeyboardInterrupt at the closer's wait"
     return f"{type(exc).__name__} at the closer's wait"
+
+
+def propagate_past_scopes(exc: BaseException) -> None:
+    # anyio's CancelScope.__exit__ swallows a CancelledError it takes for its
+    # own: one whose message names a cancel scope, *or any CancelledError
+    # along its __context__ chain* (anyio's is_anyio_cancellation; third-party
+    # code re-raising a fresh CancelledError is why it looks there). A native
+    # Task.cancel() caught while the caller's scope cancellation was being
+    # handled -- the deferred first delivery -- was thrown in with that anyio
+    # CancelledError as its __context__, so the caller's cancelled scope would
+    # take the native one for its own and end it: the task would go on as if
+    # never cancelled. Cutting that link is what lets it through. (anyio's
+    # own safeguard, comparing Task.cancelling() at the scope's exit, is
+    # fooled when child tasks of the scope were cancelled too: their pending
+    # uncancel counts are handed up to the parent scope and uncancel the
+    # host task.)
+    if isinstance(exc, asyncio.CancelledError) and isinstance(exc.__context__, asyncio.CancelledError):
+        exc.__context__ = None

@@ -7,7 +7,14 @@ from typing import final
 
 import trio
 
-__all__ = ["TrioLoopHandle", "capture_loop_handle", "describe_wait_delivery"]
+from . import KI_PROTECTED
+
+__all__ = [
+    "TrioLoopHandle",
+    "capture_loop_handle",
+    "describe_wait_delivery",
+    "protect_from_keyboard_interrupt",
+]
 
 
 @final
@@ -40,3 +47,18 @@ def describe_wait_delivery(exc: BaseException) -> str:
     if isinstance(exc, trio.Cancelled):
         return "Trio cancellation at a shielded wait"
     return f"{type(exc).__name__} at the closer's wait"
+
+
+def protect_from_keyboard_interrupt(fn: Callable[..., object]) -> None:
+    # Marks fn's code object: Trio's SIGINT handler walks the interrupted
+    # frames up to the task's root and obeys the first mark it finds, so
+    # everything fn calls in its task is covered too (not other tasks).
+    trio.lowlevel.enable_ki_protection(fn)
+
+
+def _protect_registered() -> None:
+    for fn in KI_PROTECTED:
+        protect_from_keyboard_interrupt(fn)
+
+
+_protect_registered()  # what was registered before this module was first imported

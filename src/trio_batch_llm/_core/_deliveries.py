@@ -1,22 +1,29 @@
 """Cancellation deliveries to one close call, counted explicitly (CONTRACT C3), and group unwrapping (C6.4).
 
-A close call must tell the *first* delivery (the caller's context is
-cancelled: deferred until teardown has finished) from a *second* one (a forced
-abort). Nothing here reads ``Task.cancelling()``, calls ``uncancel()`` or looks
-at exception attributes; the count is kept by hand:
+A close call must tell the *first* delivery (deferred until teardown has
+finished) from a *second* one (a forced abort). Nothing here reads
+``Task.cancelling()``, calls ``uncancel()`` or looks at exception attributes;
+the count is kept by hand, from where a delivery arrives:
 
 - at entry, before any checkpoint: the caller passed the exception its
-  ``__aexit__``/``finally`` is handling and it is a cancellation, or the
-  caller's effective deadline is ``-inf`` (its scope is already cancelled);
-- during the close, at the closer's shielded wait (:func:`wait_counting`):
-  on asyncio a native ``Task.cancel()`` gets through anyio's shields and
-  arrives here as ``CancelledError``; on Trio a pending Ctrl+C arrives here as
-  ``KeyboardInterrupt`` (the backend adapters name them);
-- after the shield: the caller's scope was cancelled while we were shielded
-  (how Trio, and anyio on asyncio, show it: the effective deadline is ``-inf``).
+  ``__aexit__``/``finally`` is handling and it is a cancellation or a
+  ``KeyboardInterrupt``, or the caller's effective deadline is ``-inf`` (its
+  scope is already cancelled);
+- during the close, at the closer's wait (:func:`wait_counting`). Until the
+  caller's own cancellation has been counted the wait is *not* shielded, so
+  that cancellation arrives there like any other delivery; a cancellation
+  caught where the caller's context is cancelled is that one. From then on
+  the wait is shielded, and what still gets through is a second source: on
+  asyncio a native ``Task.cancel()`` (anyio's shields do not hold against
+  it), on Trio a Ctrl+C, which Trio hands to the main task's checkpoint as
+  ``KeyboardInterrupt`` whatever its scopes say (the backend adapters name
+  them);
+- after the wait: the caller's scope was cancelled in a way no wait saw (the
+  effective deadline is ``-inf``).
 
 A level-triggered cancellation is counted once however often the backend
-would re-raise it: once counted, the closer only waits shielded.
+would re-raise it: once counted, the closer only waits shielded. Each
+``KeyboardInterrupt`` and each native cancellation is a delivery of its own.
 """
 
 from __future__ import annotations
@@ -94,12 +101,14 @@ class CloseCall:
 
     ``body_exception`` is the exception the caller is already propagating
     (passed by an ``__aexit__``); it is never replaced by a cleanup error.
-    ``native`` is the first cancellation caught at the shielded wait: being
-    edge-triggered (asyncio would not deliver it again) it must be re-raised,
-    even when the first delivery was noticed at entry. ``interrupt`` is a
-    ``KeyboardInterrupt`` caught there. ``caller_cancelled`` records a
-    level-triggered cancellation of the caller's scope, which the next
-    checkpoint outside our shields raises again by itself.
+    ``native`` is the first edge-triggered cancellation the close caught (on
+    asyncio, a native ``Task.cancel()``): asyncio will not deliver it again,
+    so the close must re-raise that object, whatever the caller was already
+    propagating. ``interrupt`` is the first ``KeyboardInterrupt`` that reached
+    the close, re-raised once teardown ends (or at once, when it forces).
+    ``caller_cancelled`` records the level-triggered cancellation of the
+    caller's scope, which the next checkpoint outside our shields raises
+    again by itself.
     """
 
     __slots__ = ("body_exception", "caller_cancelled", "deliveries", "interrupt", "native", "on_count")
@@ -118,25 +127,48 @@ class CloseCall:
 
     def note_entry(self) -> None:
         """First delivery already at entry: call before the first checkpoint of the close."""
-        if is_cancellation(self.body_exception) or caller_cancelled_now():
+        body = self.body_exception
+        if is_cancellation(body) or caller_cancelled_now():
             self.caller_cancelled = True
             self._count()
+        elif body is not None and isinstance(unwrap_group(body), KeyboardInterrupt):
+            self._count()  # a Ctrl+C that unwound the caller's body into this close
 
     def note_exit(self) -> None:
-        """After the shield: notice a caller cancellation that the shield kept out (Trio's way)."""
+        """After the wait: notice a caller cancellation that no wait saw."""
         if not self.caller_cancelled and caller_cancelled_now():
-            self.caller_cancelled = True
-            if self.deliveries == 0:
-                self._count()
+            self._note_caller_cancelled()
 
-    def count_at_wait(self, exc: BaseException) -> bool:
-        """Record a delivery caught at the shielded wait; ``True`` if it forces an abort."""
+    def _note_caller_cancelled(self) -> None:
+        # Counted once, and only as the first delivery: the caller's own
+        # cancellation never forces a close that something else already began
+        # to defer.
+        self.caller_cancelled = True
+        if self.deliveries == 0:
+            self._count()
+
+    def count_interrupt(self, exc: BaseException) -> bool:
+        """Record a ``KeyboardInterrupt`` that reached the close; ``True`` if it forces an abort."""
         self._count()
+        if self.interrupt is None:
+            self.interrupt = exc
+        return self.deliveries > 1
+
+    def count_at_wait(self, exc: BaseException, *, shielded: bool) -> bool:
+        """Record a delivery caught at the closer's wait; ``True`` if it forces an abort.
+
+        ``shielded`` says whether the wait was shielded: a cancellation caught
+        at an unshielded wait while the caller's context is cancelled is the
+        caller's own (level-triggered) cancellation; anything else that gets
+        through is edge-triggered.
+        """
         if isinstance(exc, KeyboardInterrupt):
-            # A Ctrl+C reaching the wait is always a second delivery (C3.3).
-            if self.interrupt is None:
-                self.interrupt = exc
-            return True
+            return self.count_interrupt(exc)
+        if not shielded and caller_cancelled_now():
+            if not self.caller_cancelled:
+                self._note_caller_cancelled()
+            return False
+        self._count()
         if self.native is None:
             self.native = exc  # edge-triggered: the close re-raises this object at the end
         return self.deliveries > 1  # the first delivery is deferred, a later one forces
@@ -150,20 +182,22 @@ class CloseCall:
 
 @final
 class CatchDeliveries:
-    """The closer's shielded wait: the one place (CONTRACT C3) that catches a
+    """The closer's wait: the one place (CONTRACT C3) that catches a
     cancellation without re-raising it at once.
 
     A cancellation or ``KeyboardInterrupt`` leaving the block is a delivery:
     it is counted in ``call`` (which keeps what must be re-raised later) and
     suppressed here; a second delivery calls ``force(description)``. Anything
-    else passes through untouched.
+    else passes through untouched. ``shielded`` says whether the block ran
+    shielded from the caller's cancellation (see :meth:`CloseCall.count_at_wait`).
     """
 
-    __slots__ = ("call", "force")
+    __slots__ = ("call", "force", "shielded")
 
-    def __init__(self, call: CloseCall, force: Callable[[str], object]) -> None:
+    def __init__(self, call: CloseCall, force: Callable[[str], object], *, shielded: bool) -> None:
         self.call = call
         self.force = force
+        self.shielded = shielded
 
     def __enter__(self) -> CatchDeliveries:
         return self
@@ -173,10 +207,12 @@ class CatchDeliveries:
     ) -> bool:
         if exc is None:
             return False
-        if not isinstance(exc, KeyboardInterrupt | anyio.get_cancelled_exc_class()):
+        # A task group around the block wraps what leaves its body in a group of one.
+        delivery = unwrap_group(exc)
+        if not isinstance(delivery, KeyboardInterrupt | anyio.get_cancelled_exc_class()):
             return False
-        if self.call.count_at_wait(exc):
-            self.force(describe_wait_delivery(exc))
+        if self.call.count_at_wait(delivery, shielded=self.shielded):
+            self.force(describe_wait_delivery(delivery))
         return True
 
 
@@ -188,22 +224,24 @@ async def wait_counting(  # noqa: ASYNC910  (called only while `done` is unset: 
     slow_after: float | None = None,
     on_slow: Callable[[], None] | None = None,
 ) -> None:
-    """Wait, shielded, until ``done`` is set, counting what is delivered meanwhile.
+    """Wait until ``done`` is set, counting what is delivered meanwhile.
 
-    A second delivery calls ``force(description)``; the wait goes on until
+    Unshielded until the caller's cancellation has been counted (so that it
+    is seen when it happens, not after the close), shielded from then on. A
+    second delivery calls ``force(description)``; the wait goes on until
     ``done`` (the forced step must have exited). ``on_slow`` runs once if the
     wait outlasts ``slow_after`` seconds: a diagnostic, never a deadline (C2.7).
     """
-    with anyio.CancelScope(shield=True):
-        warn_at = None if slow_after is None else anyio.current_time() + slow_after
-        while not done.is_set():
-            with CatchDeliveries(call, force):
-                if warn_at is None:
-                    await done.wait()
-                    continue
-                with anyio.move_on_at(warn_at) as slow:
-                    await done.wait()
-                if slow.cancelled_caught:
-                    warn_at = None
-                    if on_slow is not None:
-                        on_slow()
+    warn_at = None if slow_after is None else anyio.current_time() + slow_after
+    while not done.is_set():
+        shielded = call.caller_cancelled
+        with CatchDeliveries(call, force, shielded=shielded), anyio.CancelScope(shield=shielded):
+            if warn_at is None:
+                await done.wait()
+                continue
+            with anyio.move_on_at(warn_at) as slow:
+                await done.wait()
+            if slow.cancelled_caught:
+                warn_at = None
+                if on_slow is not None:
+                    on_slow()

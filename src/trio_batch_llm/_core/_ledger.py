@@ -64,7 +64,12 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .._backends import LoopHandle, capture_loop_handle
+from .._backends import (
+    LoopHandle,
+    capture_loop_handle,
+    propagate_past_scopes,
+    protected_from_keyboard_interrupt,
+)
 from .._values._errors import AdmissionClosedError, CleanupInterruptedError
 from ._deliveries import CatchDeliveries, CloseCall, is_cancellation, unwrap_group, wait_counting
 
@@ -379,6 +384,7 @@ class CleanupLedger:
 
     # -- closing --------------------------------------------------------------
 
+    @protected_from_keyboard_interrupt  # a Ctrl+C reaches the close at its wait, not mid-statement
     async def aclose(
         self, *, body_exception: BaseException | None = None, automatic: bool = False
     ) -> AttemptReport:
@@ -429,12 +435,15 @@ class CleanupLedger:
         report = attempt.report
         assert report is not None
         del attempt
+        native = verdict is not None and verdict is call.native
         call.release()
         if verdict is not None:
             assert isinstance(verdict, BaseException)
             try:
                 raise verdict
             finally:
+                if native:
+                    propagate_past_scopes(verdict)
                 del verdict
         return report
 
@@ -475,14 +484,22 @@ class CleanupLedger:
 
     async def _run(self, attempt: _Attempt, call: CloseCall) -> None:  # noqa: ASYNC910  (the group's exit checkpoints)
         try:
-            with anyio.CancelScope(shield=True):
-                # asyncio only: a native Task.cancel() can land on the task
-                # group's exit checkpoint, after every step finished. Still a
-                # delivery at the closer's own checkpoint (C3): counted, and
-                # re-raised by aclose() like one caught while waiting.
-                with CatchDeliveries(call, partial(self._force, attempt)):
-                    async with anyio.create_task_group() as steps:
-                        await self._run_phases(steps, attempt, call)
+            # The steps' task group is not shielded: each step shields itself
+            # (see _step_task), so the closer's own wait can see the caller's
+            # cancellation when it happens (C3.1). A delivery can also land on
+            # the group's exit checkpoint, after every step finished (on
+            # asyncio a native Task.cancel(), or anyio repeating the caller's
+            # cancellation while it waits for a finished step's task to be
+            # reaped): still the closer's own checkpoint, so it is counted.
+            with CatchDeliveries(call, partial(self._force, attempt), shielded=False):
+                async with anyio.create_task_group() as steps:
+                    await self._run_phases(steps, attempt, call)
+            if not attempt.steps_done:
+                # Only a KeyboardInterrupt raised by the closer's own code
+                # (a phase provider's, say) gets here: the phase loop was
+                # broken off, so nothing further starts. An abort, whatever
+                # the count says.
+                self._force(attempt, "KeyboardInterrupt raised in the close itself")
             call.note_exit()
         finally:
             self._finish(attempt)
@@ -535,7 +552,11 @@ class CleanupLedger:
 
     async def _step_task(self, run: _StepRun) -> None:  # noqa: ASYNC910  (a child task; the closer checkpoints)
         _INSIDE_STEP_OF.set(self)
-        with run, run.scope:  # `run` hands whatever the step raised over to the closer
+        # `run` hands whatever the step raised over to the closer. The shield
+        # is entered before the step's first checkpoint, so the caller's
+        # cancellation never reaches the step (C3.4); only a force, through
+        # the step's private scope inside it, does.
+        with run, anyio.CancelScope(shield=True), run.scope:
             await run.step.spec.run()
 
     def _warn_slow(self, step: _Step) -> None:
@@ -548,6 +569,9 @@ class CleanupLedger:
         step, error = run.step, run.error
         run.error = None
         name = step.spec.name
+        if error is not None and isinstance(unwrap_group(error), KeyboardInterrupt) and not run.abandoned:
+            self._settle_interrupt(step, unwrap_group(error), attempt)
+            return
         if error is not None and _is_fatal(error):
             step.state = _StepState.INTERRUPTED
             if attempt.fatal is None:
@@ -581,6 +605,34 @@ class CleanupLedger:
                 "%s: cleanup step %r (%s phase) failed", self._owner, name, step.phase, exc_info=error
             )
         attempt.problems.append((StepProblem(step.phase, name, kind, _describe(error)), reported))
+
+    def _settle_interrupt(self, step: _Step, interrupt: BaseException, attempt: _Attempt) -> None:
+        """A ``KeyboardInterrupt`` raised inside a step: a delivery to the close like one at its wait.
+
+        A Ctrl+C that lands while a step's own code runs (a ``cleanup()`` that
+        blocks without awaiting) is raised there, not at the closer's wait.
+        It is counted by the call running the attempt: the first delivery
+        lets teardown go on (the step is interrupted and retried by a later
+        close) and is re-raised afterwards; a second forces (C3.2, C3.3).
+        """
+        name = step.spec.name
+        step.state = _StepState.INTERRUPTED
+        reported = CleanupInterruptedError(
+            f"{self._owner}: cleanup step {name!r} ({step.phase} phase) was interrupted by "
+            "KeyboardInterrupt; a later close retries it"
+        )
+        reported.__cause__ = interrupt
+        problem = StepProblem(step.phase, name, "interrupted", _describe(interrupt))
+        attempt.problems.append((problem, reported))
+        if attempt.closer.count_interrupt(interrupt):
+            self._force(attempt, f"KeyboardInterrupt raised in step {name!r}")
+            attempt.abandoned = attempt.abandoned or name
+        else:
+            logger.warning(
+                "%s: cleanup step %r was interrupted by KeyboardInterrupt; the close goes on and "
+                "re-raises it afterwards (a second one forces the close)",
+                self._owner, name,
+            )
 
     def _force(self, attempt: _Attempt, reason: str) -> bool:
         if attempt.aborted:
@@ -645,14 +697,14 @@ class CleanupLedger:
             return call.interrupt
         if attempt.fatal is not None and attempt.closer is call:
             return attempt.fatal
-        if call.body_exception is not None:
-            # The caller's exception goes on; an edge-triggered cancellation we
-            # caught meanwhile must not be lost, so it wins over a body error.
-            if call.native is not None and not is_cancellation(call.body_exception):
-                return call.native
-            return None
         if call.native is not None:
+            # Edge-triggered: asyncio delivers it once, so it is re-raised
+            # whatever the caller was already propagating (even its own
+            # cancellation: a scope of the caller may swallow that one, and
+            # the native cancellation must get past it).
             return call.native
+        if call.body_exception is not None:
+            return None  # the caller's exception goes on
         if call.caller_cancelled:
             return _REPEAT_CALLER_CANCELLATION
         return self._failure(attempt)
