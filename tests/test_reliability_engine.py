@@ -27,7 +27,10 @@ import pytest
 
 from trio_batch_llm import (
     ConfigurationError,
+    FakeStrategy,
+    SqliteArtifactStore,
     SqliteRunRepository,
+    process_prompts,
 )
 from trio_batch_llm._errors import ArtifactStoreError
 from trio_batch_llm._runs import open_run
@@ -91,6 +94,24 @@ async def test_rel8_opening_an_existing_database_waits_for_a_writer(tmp_path: Pa
     finally:
         holder.close()
     assert (snap.status, snap.done) == ("completed", 2)
+
+
+async def test_rel8_an_artifact_store_opening_a_fresh_file_waits_too(tmp_path: Path) -> None:
+    db = tmp_path / "results.db"
+    holder = _hold_write_lock(db)
+
+    async def release_soon() -> None:
+        await anyio.sleep(0.2)
+        await anyio.to_thread.run_sync(holder.execute, "COMMIT")
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(release_soon)
+            store = SqliteArtifactStore(db, identity=IDENTITY)
+            batch = await process_prompts(FakeStrategy(), ["a", "b"], artifact_store=store)
+    finally:
+        holder.close()
+    assert batch.succeeded == 2
 
 
 @pytest.mark.parametrize("fresh", [True, False], ids=["fresh-file", "existing-database"])

@@ -31,6 +31,7 @@ from .._errors import ArtifactStoreError
 from .._results import WorkItemResult
 from .._version import __version__
 from ._protocol import FORMAT_NAME, FORMAT_VERSION, StoredRecord, encode_result
+from ._sqlite_locks import retry_busy
 from ._store_base import ThreadedStore, logger
 
 __all__ = ["SqliteArtifactStore"]
@@ -129,11 +130,15 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             self._conn = conn
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        # SQLite refuses these at once, whatever the busy timeout, while another process is turning
+        # a fresh file into a WAL database: hence the retries (see _sqlite_locks).
+        mode = retry_busy(
+            conn, _BUSY_TIMEOUT_SECONDS, lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        )
         if str(mode).lower() != "wal":
             raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
-        conn.execute("BEGIN IMMEDIATE")
+        retry_busy(conn, _BUSY_TIMEOUT_SECONDS, lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
             tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
@@ -211,7 +216,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
     def _write_sync(self, items: Sequence[Row]) -> None:
         conn = self._require_conn()
         with self._io_errors(f"committing {len(items)} record(s)"):
-            conn.execute("BEGIN IMMEDIATE")
+            retry_busy(conn, _BUSY_TIMEOUT_SECONDS, lambda: conn.execute("BEGIN IMMEDIATE"))
             try:
                 conn.executemany(_INSERT, items)
                 conn.execute("COMMIT")
