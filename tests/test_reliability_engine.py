@@ -13,11 +13,13 @@ Exact times run on Trio's virtual clock; behaviour on both backends.
 
 from __future__ import annotations
 
+import fractions
 import json
 import math
 import multiprocessing
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,20 @@ import anyio.lowlevel
 import pytest
 
 from trio_batch_llm import (
+    CallableStrategy,
+    CallOutcome,
     ConfigurationError,
+    ErrorCategory,
     FakeStrategy,
+    GuardrailConfig,
+    ProcessorConfig,
+    RateLimitConfig,
+    RetryConfig,
     SqliteArtifactStore,
     SqliteRunRepository,
+    TokenUsage,
     process_prompts,
+    process_stream,
 )
 from trio_batch_llm._errors import ArtifactStoreError
 from trio_batch_llm._runs import open_run
@@ -184,3 +195,164 @@ def test_rel8_six_processes_race_to_create_open_and_claim_one_run(anyio_backend:
         this_round = [per_child[i] for per_child in outcomes]
         assert {(o["status"], o["done"]) for o in this_round} == {("completed", 3)}
         assert sum(o["calls"] for o in this_round) == 3  # one driver at a time: each item called once
+
+
+# --- case 9: a cost budget fails closed ---------------------------------------------------------
+
+
+class _Boom(RuntimeError):
+    pass
+
+
+def _raise(usage: TokenUsage) -> float:
+    raise _Boom("price list unavailable")
+
+
+_INVALID_COSTS: list[Any] = [
+    pytest.param(math.nan, "nan", id="nan"),
+    pytest.param(math.inf, "inf", id="inf"),
+    pytest.param(-math.inf, "-inf", id="minus-inf"),
+    pytest.param(-0.5, "-0.5", id="negative"),
+    pytest.param("0.1", "'0.1'", id="str"),
+    pytest.param(True, "True", id="bool"),
+    pytest.param(None, "None", id="none"),
+    pytest.param(10**400, "1000", id="int-too-large-for-float"),
+    pytest.param(_raise, "_Boom: price list unavailable", id="raises"),
+]
+
+
+def _cost_at(bad_item: int, bad: Any) -> Callable[[TokenUsage], Any]:
+    """1 cent per call, except for the call of ``p<bad_item>`` (its usage has 1_000 + n input tokens)."""
+
+    def cost(usage: TokenUsage) -> Any:
+        if usage.get("input_tokens") == 1000 + bad_item:
+            return bad(usage) if callable(bad) else bad
+        return 0.01
+
+    return cost
+
+
+def _strategy_with_usage() -> CallableStrategy[str]:
+    """Item n reports 1_000 + n input tokens, so a cost function can tell the calls apart."""
+
+    async def fn(prompt: str) -> CallOutcome[str]:
+        await anyio.lowlevel.checkpoint()
+        n = int(prompt[1:])
+        return CallOutcome(prompt.upper(), token_usage={"input_tokens": 1000 + n, "output_tokens": 1,
+                                                        "total_tokens": 1001 + n})
+
+    return CallableStrategy(fn)
+
+
+@pytest.mark.parametrize(("bad", "shown"), _INVALID_COSTS)
+async def test_rel9_an_invalid_cost_stops_the_batch_as_budget_exhausted(bad: Any, shown: str) -> None:
+    cfg = ProcessorConfig(
+        concurrency=1, guardrails=GuardrailConfig(max_total_cost=3.0, cost_function=_cost_at(3, bad))
+    )
+    prompts = [f"p{i}" for i in range(20)]
+    batch = await process_prompts(_strategy_with_usage(), prompts, config=cfg)
+    # Every item has exactly one result, and nothing already bought is lost.
+    assert sorted(r.item_id for r in batch.results) == sorted(f"item-{i}" for i in range(20))
+    by_id = batch.by_id()
+    assert [by_id[f"item-{i}"].output for i in range(4)] == ["P0", "P1", "P2", "P3"]
+    assert batch.termination.kind == "budget_exhausted"
+    reason = batch.termination.reason or ""
+    assert "cost_function" in reason and "'item-3'" in reason and shown in reason, reason
+    # Fail closed: with one worker, nothing after the invalid cost was called.
+    assert batch.succeeded == 4
+    for i in range(4, 20):
+        assert by_id[f"item-{i}"].error_category is ErrorCategory.BUDGET
+        assert shown in (by_id[f"item-{i}"].error or "")
+
+
+async def test_rel9_a_nan_cost_cannot_buy_past_the_cap() -> None:
+    """The report's case: one NaN made the running cost NaN, and all 20 items were bought on a $3 cap."""
+    prices = iter([1.0, math.nan] + [1.0] * 18)
+    guard = GuardrailConfig(max_total_cost=3.0, cost_function=lambda usage: next(prices))
+    batch = await process_prompts(FakeStrategy(), [f"p{i}" for i in range(20)],
+                                  config=ProcessorConfig(concurrency=1, guardrails=guard))
+    assert batch.termination.kind == "budget_exhausted"
+    assert "nan" in (batch.termination.reason or "")
+    assert batch.succeeded == 2
+    assert len(batch.results) == 20
+
+
+async def test_rel9_an_invalid_cost_stops_a_stream_and_keeps_its_results() -> None:
+    cfg = ProcessorConfig(
+        concurrency=1, guardrails=GuardrailConfig(cost_function=_cost_at(2, _raise))  # no cap: still stops
+    )
+    async with process_stream(_strategy_with_usage(), [f"p{i}" for i in range(10)], config=cfg) as results:
+        seen = [r async for r in results]
+        termination = results.termination
+    # (A stream's entries not yet read at a controlled stop are never read: they have no result.)
+    ids = [r.item_id for r in seen]
+    assert len(set(ids)) == len(ids) and set(ids) <= {f"item-{i}" for i in range(10)}
+    assert sorted(r.item_id for r in seen if r.success) == ["item-0", "item-1", "item-2"]
+    assert {r.error_category for r in seen if not r.success} <= {ErrorCategory.BUDGET}
+    assert termination.kind == "budget_exhausted"
+    assert "_Boom" in (termination.reason or "") and "'item-2'" in (termination.reason or "")
+
+
+async def test_rel9_valid_costs_of_every_numeric_kind_are_charged() -> None:
+    from decimal import Decimal
+
+    prices: list[Any] = [0, 1, 0.5, fractions.Fraction(1, 4), Decimal("0.25")]
+    it = iter(prices)
+    guard = GuardrailConfig(max_total_cost=100.0, cost_function=lambda usage: next(it))
+    batch = await process_prompts(FakeStrategy(), [f"p{i}" for i in range(5)],
+                                  config=ProcessorConfig(concurrency=1, guardrails=guard))
+    assert batch.termination.kind == "completed"
+    assert batch.succeeded == 5
+
+
+async def test_rel9_the_cap_is_reached_as_before() -> None:
+    guard = GuardrailConfig(max_total_cost=3.0, cost_function=lambda usage: 1.0)
+    batch = await process_prompts(FakeStrategy(), [f"p{i}" for i in range(20)],
+                                  config=ProcessorConfig(concurrency=1, guardrails=guard))
+    assert (batch.termination.kind, batch.succeeded) == ("budget_exhausted", 3)
+    assert batch.termination.reason == "max_total_cost=3.0 reached"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "value"),
+    [
+        ({"cost_function": 0.01}, "cost_function", 0.01),
+        ({"max_total_cost": 3.0, "cost_function": "per-token"}, "cost_function", "per-token"),
+        ({"max_total_cost": math.nan, "cost_function": abs}, "max_total_cost", math.nan),
+        ({"max_total_cost": math.inf, "cost_function": abs}, "max_total_cost", math.inf),
+        ({"max_total_cost": -1.0, "cost_function": abs}, "max_total_cost", -1.0),
+        ({"max_total_cost": "3", "cost_function": abs}, "max_total_cost", "3"),
+        ({"max_total_cost": True, "cost_function": abs}, "max_total_cost", True),
+        ({"max_total_cost": 10**400, "cost_function": abs}, "max_total_cost", 10**400),
+        ({"total_timeout_per_item": 10**400}, "total_timeout_per_item", 10**400),
+        ({"batch_timeout": 10**400}, "batch_timeout", 10**400),
+        ({"batch_timeout": math.nan}, "batch_timeout", math.nan),
+        ({"max_total_tokens": 2.5}, "max_total_tokens", 2.5),
+        ({"max_total_tokens": 0}, "max_total_tokens", 0),
+    ],
+    ids=lambda v: "huge-int" if isinstance(v, int) and v > 10**20 else None,
+)
+def test_rel9_guardrails_refuse_bad_numbers_at_construction(kwargs: dict[str, Any], field: str,
+                                                            value: Any) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        GuardrailConfig(**kwargs)
+    assert info.value.field == field
+    assert info.value.value == value or (isinstance(value, float) and math.isnan(value))
+    assert field in str(info.value)
+
+
+def test_rel9_a_zero_cost_cap_is_accepted() -> None:
+    assert GuardrailConfig(max_total_cost=0, cost_function=abs).max_total_cost == 0
+
+
+@pytest.mark.parametrize("bad", [10**400, -(10**400)], ids=["huge", "minus-huge"])
+def test_rel9_other_configs_refuse_ints_too_large_for_a_float(bad: int) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        RetryConfig(initial_wait=bad)
+    assert info.value.field == "initial_wait"
+    with pytest.raises(ConfigurationError) as info:
+        RateLimitConfig(cooldown_seconds=bad)
+    assert info.value.field == "cooldown_seconds"
+    with pytest.raises(ConfigurationError) as info:
+        ProcessorConfig(attempt_timeout=bad)
+    assert info.value.field == "attempt_timeout"
