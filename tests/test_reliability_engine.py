@@ -26,6 +26,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from trio_batch_llm import (
     CallableStrategy,
@@ -34,12 +36,16 @@ from trio_batch_llm import (
     ErrorCategory,
     FakeStrategy,
     GuardrailConfig,
+    LLMCallPool,
     ProcessorConfig,
+    ProviderError,
     RateLimitConfig,
     RetryConfig,
     SqliteArtifactStore,
     SqliteRunRepository,
     TokenUsage,
+    WorkItemResult,
+    call_result,
     process_prompts,
     process_stream,
 )
@@ -356,3 +362,171 @@ def test_rel9_other_configs_refuse_ints_too_large_for_a_float(bad: int) -> None:
     with pytest.raises(ConfigurationError) as info:
         ProcessorConfig(attempt_timeout=bad)
     assert info.value.field == "attempt_timeout"
+
+
+# --- case 12: every second in exactly one bucket ------------------------------------------------
+
+
+def _buckets(result: WorkItemResult[Any]) -> float:
+    t = result.timing
+    return t.admission_wait + t.execution + t.backoff + t.cooldown
+
+
+def _rate_limited_once(*, first_call: float, retry_after: float) -> CallableStrategy[str]:
+    async def fn(prompt: str, *, attempt: int) -> str:
+        await anyio.sleep(first_call if attempt == 1 else 0.5)
+        if attempt == 1:
+            raise ProviderError("429", category=ErrorCategory.RATE_LIMIT, retry_after=retry_after,
+                                status_code=429)
+        return prompt
+
+    return CallableStrategy(fn)
+
+
+@virtual
+async def test_rel12_an_item_deadline_during_a_cooldown_counts_the_cooldown() -> None:
+    cfg = ProcessorConfig(guardrails=GuardrailConfig(total_timeout_per_item=4.0))
+    (result,) = (await process_prompts(_rate_limited_once(first_call=1.0, retry_after=10.0), ["p"],
+                                       config=cfg)).results
+    assert result.error_category is ErrorCategory.DEADLINE
+    t = result.timing
+    assert (t.execution, t.cooldown, t.admission_wait, t.backoff, t.total) == (1.0, 3.0, 0.0, 0.0, 4.0)
+    assert "total_timeout_per_item of 4.0 s" in (result.error or "")
+
+
+async def test_rel12_an_item_deadline_during_a_cooldown_counts_the_cooldown_in_real_time() -> None:
+    cfg = ProcessorConfig(guardrails=GuardrailConfig(total_timeout_per_item=0.15))
+    (result,) = (await process_prompts(_rate_limited_once(first_call=0.05, retry_after=30.0), ["p"],
+                                       config=cfg)).results
+    assert result.error_category is ErrorCategory.DEADLINE
+    t = result.timing
+    assert t.cooldown >= 0.05
+    assert _buckets(result) == pytest.approx(t.total, abs=1e-9)
+
+
+@virtual
+async def test_rel12_call_result_names_the_per_item_deadline_not_a_submit_timeout() -> None:
+    cfg = ProcessorConfig(max_workers=1, guardrails=GuardrailConfig(total_timeout_per_item=4.0))
+    result = await call_result(_rate_limited_once(first_call=1.0, retry_after=10.0), "p", config=cfg)
+    assert result.error_category is ErrorCategory.DEADLINE
+    assert "submit timeout" not in (result.error or "")
+    assert "total_timeout_per_item of 4.0 s" in (result.error or "")
+    assert (result.timing.cooldown, result.timing.total) == (3.0, 4.0)
+
+
+@virtual
+async def test_rel12_a_pool_submit_timeout_keeps_its_name() -> None:
+    cfg = ProcessorConfig(guardrails=GuardrailConfig(total_timeout_per_item=100.0))
+    async with LLMCallPool(_rate_limited_once(first_call=1.0, retry_after=10.0), config=cfg,
+                           submit_timeout=2.5) as pool:
+        result = await pool.submit_result("p")
+        per_call = await pool.submit_result("q", timeout=1.5)
+    assert "submit timeout of 2.5 s" in (result.error or "")
+    assert (result.timing.execution, result.timing.cooldown, result.timing.total) == (1.0, 1.5, 2.5)
+    assert "submit timeout of 1.5 s" in (per_call.error or "")
+    assert _buckets(per_call) == per_call.timing.total == 1.5
+
+
+@virtual
+async def test_rel12_an_admission_wait_cut_by_the_item_deadline_is_counted() -> None:
+    async def fn(prompt: str) -> str:
+        await anyio.sleep(10.0 if prompt == "slow" else 0.0)
+        return prompt
+
+    cfg = ProcessorConfig(concurrency=2, max_provider_concurrency=1,
+                          guardrails=GuardrailConfig(total_timeout_per_item=3.0))
+    batch = await process_prompts(CallableStrategy(fn), ["slow", "waits"], config=cfg)
+    waits = batch.by_id()["item-1"]
+    assert waits.error_category is ErrorCategory.DEADLINE
+    assert (waits.timing.admission_wait, waits.timing.total) == (3.0, 3.0)
+
+
+@virtual
+async def test_rel12_a_backoff_cut_by_the_batch_deadline_is_counted() -> None:
+    async def fn(prompt: str) -> str:
+        await anyio.sleep(1.0)
+        raise ProviderError("503", category=ErrorCategory.SERVER)
+
+    cfg = ProcessorConfig(retry=RetryConfig(max_attempts=3, initial_wait=10.0, jitter=False),
+                          guardrails=GuardrailConfig(batch_timeout=4.0))
+    (result,) = (await process_prompts(CallableStrategy(fn), ["p"], config=cfg)).results
+    assert result.error_category is ErrorCategory.DEADLINE
+    t = result.timing
+    assert (t.execution, t.backoff, t.total) == (1.0, 3.0, 4.0)
+
+
+@virtual
+async def test_rel12_time_in_on_error_and_preparation_is_counted() -> None:
+    class Slow(FakeStrategy):
+        async def prepare(self) -> None:
+            await anyio.sleep(2.0)
+
+        async def on_error(self, exc: Exception, attempt: int, state: Any) -> None:
+            await anyio.sleep(0.25)
+
+    fake = Slow(latency=1.0, script={"p": [ProviderError("503", category=ErrorCategory.SERVER)]})
+    cfg = ProcessorConfig(retry=RetryConfig(max_attempts=2, initial_wait=0.5, jitter=False))
+    (result,) = (await process_prompts(fake, ["p"], config=cfg)).results
+    assert result.success
+    t = result.timing
+    # Preparing the strategy is waiting to be admitted; on_error is part of the gap between attempts.
+    assert (t.admission_wait, t.execution, t.backoff, t.total) == (2.0, 2.0, 0.75, 4.75)
+
+
+_OUTCOMES = st.lists(
+    st.tuples(
+        st.sampled_from(["ok", "server", "rate_limit", "hang"]),
+        st.sampled_from([0.0, 0.5, 1.0, 2.5]),  # latency
+        st.sampled_from([None, 0.5, 3.0]),  # retry-after
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@virtual
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    scripts=st.lists(_OUTCOMES, min_size=1, max_size=6),
+    concurrency=st.integers(min_value=1, max_value=3),
+    item_timeout=st.sampled_from([None, 1.0, 2.75, 6.0]),
+    batch_timeout=st.sampled_from([None, 4.5, 9.0]),
+    attempt_timeout=st.sampled_from([None, 2.0]),
+)
+async def test_rel12_the_timing_buckets_always_add_up_to_the_total(
+    scripts: list[list[tuple[str, float, float | None]]],
+    concurrency: int,
+    item_timeout: float | None,
+    batch_timeout: float | None,
+    attempt_timeout: float | None,
+) -> None:
+    async def fn(prompt: str, *, attempt: int) -> str:
+        script = scripts[int(prompt[1:])]
+        kind, latency, retry_after = script[min(attempt, len(script)) - 1]
+        await anyio.sleep(latency)
+        if kind == "server":
+            raise ProviderError("503", category=ErrorCategory.SERVER, retry_after=retry_after)
+        if kind == "rate_limit":
+            raise ProviderError("429", category=ErrorCategory.RATE_LIMIT, retry_after=retry_after)
+        if kind == "hang":
+            await anyio.sleep(100.0)  # past every deadline drawn (virtual time: free)
+        return prompt
+
+    cfg = ProcessorConfig(
+        concurrency=concurrency,
+        attempt_timeout=attempt_timeout,
+        retry=RetryConfig(max_attempts=3, initial_wait=0.75, jitter=False, max_rate_limit_retries=2),
+        rate_limit=RateLimitConfig(cooldown_seconds=1.5, slow_start_seconds=1.0),
+        guardrails=GuardrailConfig(total_timeout_per_item=item_timeout, batch_timeout=batch_timeout),
+    )
+    t0 = anyio.current_time()
+    batch = await process_prompts(CallableStrategy(fn), [f"p{i}" for i in range(len(scripts))], config=cfg)
+    elapsed = anyio.current_time() - t0
+    assert len(batch.results) == len(scripts)
+    for result in batch.results:
+        t = result.timing
+        assert min(t.admission_wait, t.execution, t.backoff, t.cooldown) >= 0.0, result
+        assert _buckets(result) == pytest.approx(t.total, abs=1e-9), result
+        assert t.total <= elapsed + 1e-9
+        if item_timeout is not None:
+            assert t.total <= item_timeout + 1e-9, result
