@@ -84,6 +84,6 @@ def retry_busy(conn: sqlite3.Connection, bound: float, step: Callable[[], T]) ->
 
 def busy_message(bound: float) -> str:
     return (
-        f"the database stayed locked by another connection for busy_timeout={bound:g} s "
-        "(another process is writing to it); pass a larger busy_timeout to wait longer"
+        f"the database stayed locked by another connection for longer than busy_timeout={bound:g} s "
+        "(another process holds its write lock)"
     )
