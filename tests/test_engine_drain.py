@@ -201,9 +201,9 @@ def _hangs_then(plan: dict[int, float]) -> CallableStrategy[str]:
         # The attempt deadline alone: a TIMEOUT failure, retried (initial_wait 1 s) until out of attempts.
         (3.0, None, None, 3.0 + 1 + 3.0, ErrorCategory.TIMEOUT, "attempt 2 timed out after 3.0 s", 2),
         # Attempt and item deadline at the same instant: the item deadline wins (it was the outer scope).
-        (5.0, 5.0, None, 5.0, ErrorCategory.DEADLINE, "item deadline of 5.0 s", 1),
+        (5.0, 5.0, None, 5.0, ErrorCategory.DEADLINE, "total_timeout_per_item of 5.0 s", 1),
         # The item deadline during the second attempt.
-        (3.0, 5.0, None, 5.0, ErrorCategory.DEADLINE, "item deadline of 5.0 s", 2),
+        (3.0, 5.0, None, 5.0, ErrorCategory.DEADLINE, "total_timeout_per_item of 5.0 s", 2),
         # A backoff that would pass the item deadline is not started: the item ends at once.
         (3.0, 3.5, None, 3.0, ErrorCategory.DEADLINE, "leaves no room for a retry after 1 s", 1),
         # Batch and item deadline at the same instant: the batch's stop wins (cut short), and the
@@ -264,7 +264,7 @@ async def test_cancel_active_abort_cuts_an_item_in_its_backoff_and_releases_its_
         assert admission.in_flight == 0
     flaky = batch.by_id()["flaky"]
     assert (flaky.error_category, flaky.attempts, flaky.exception) == (ErrorCategory.ABORTED, 1, None)
-    assert flaky.timing.backoff == 0.0  # cut during the wait, which it never finished
+    assert flaky.timing.backoff == flaky.timing.total == 2.0  # cut in its wait: the time it waited counts
 
 
 # --- Graceful and deadline stops: the queue drains in one tight loop ---------------------------

@@ -41,6 +41,7 @@ from .._version import __version__
 from ._codec import JSONValue
 from ._fingerprint import encode_record
 from ._protocol import FORMAT_NAME, FORMAT_VERSION, StoredRecord, encode_result
+from ._sqlite_locks import retry_busy
 from ._store_base import ThreadedStore, logger
 
 __all__ = ["APPLICATION_ID", "SqliteArtifactStore", "classify_database"]
@@ -185,11 +186,15 @@ class SqliteArtifactStore(ThreadedStore[Row]):
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
         classify_database(conn, self._path)  # before WAL mode: that would already change the file
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        # SQLite refuses these at once, whatever the busy timeout, while another process is turning
+        # a fresh file into a WAL database: hence the retries (see _sqlite_locks).
+        mode = retry_busy(
+            conn, _BUSY_TIMEOUT_SECONDS, lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        )
         if str(mode).lower() != "wal":
             raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
-        conn.execute("BEGIN IMMEDIATE")
+        retry_busy(conn, _BUSY_TIMEOUT_SECONDS, lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
             # Again, under the write lock: another process may have created it meanwhile.
             if classify_database(conn, self._path) == "empty":
@@ -266,7 +271,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
     def _write_sync(self, items: Sequence[Row]) -> None:
         conn = self._require_conn()
         with self._io_errors(f"committing {len(items)} record(s)"):
-            conn.execute("BEGIN IMMEDIATE")
+            retry_busy(conn, _BUSY_TIMEOUT_SECONDS, lambda: conn.execute("BEGIN IMMEDIATE"))
             try:
                 conn.executemany(_INSERT, items)
                 conn.execute("COMMIT")

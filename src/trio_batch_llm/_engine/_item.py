@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -35,23 +35,54 @@ UserClassifier = Callable[[Exception], Any]
 
 _NO_METADATA: Final[dict[str, Any]] = {}
 
+_Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
+
+_ITEM_DEADLINE: Final = "total_timeout_per_item"
+"""What an item's deadline is called in its error: the setting that set it."""
+
 
 class AttemptTimedOut(TimeoutError):
     """An attempt ran past ``attempt_timeout``; classified TIMEOUT and retried."""
 
 
 class ItemTally:
-    """What is known about an item so far; read when it is cut short from outside."""
+    """What is known about an item so far; read when it is cut short from outside.
 
-    __slots__ = ("attempts", "last_category", "last_error", "started", "timing", "usage")
+    Time is booked by phase: the item is always in exactly one of the
+    :class:`ItemTiming` buckets, and :meth:`switch` books the time since the
+    last switch to the phase it leaves. So whatever cuts an item short (its
+    deadline in a cooldown, a stop in a backoff), the buckets add up to
+    ``total``. The phases: ``admission_wait`` from the start (hooks before
+    the item, preparing the strategy) and while waiting for a slot or a rate
+    budget; ``cooldown`` while waiting out a cooldown; ``execution`` during a
+    call; ``backoff`` from a failed call to the next admission (classifying
+    it, its hooks, ``on_error()``, the backoff sleep).
+    """
+
+    __slots__ = ("attempts", "last_category", "last_error", "mark", "phase", "started", "timing", "usage")
 
     def __init__(self, started: float) -> None:
         self.attempts = 0
         self.usage: dict[str, int] = {}
         self.timing = ItemTiming()
         self.started = started
+        self.mark = started
+        self.phase: _Phase = "admission_wait"
         self.last_error: BaseException | None = None
         self.last_category: ErrorCategory | None = None
+
+    def switch(self, phase: _Phase, now: float) -> None:
+        """Book the time since the last switch to the current phase, then enter ``phase``."""
+        timing = self.timing
+        setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
+        self.mark = now
+        self.phase = phase
+
+    def settle(self, now: float) -> ItemTiming:
+        """Book the time up to ``now`` and set ``total``: the item's timing, final."""
+        self.switch(self.phase, now)
+        self.timing.total = now - self.started
+        return self.timing
 
 
 class ItemStop:
@@ -145,11 +176,12 @@ class ItemRunner(Generic[TOutput]):
         tally: ItemTally | None = None,
         *,
         timeout: float | None = None,
-        timeout_reason: str = "item deadline",
+        timeout_reason: str = _ITEM_DEADLINE,
     ) -> WorkItemResult[TOutput]:
         """Run ``item`` to its one result. Cancellation from outside propagates untouched.
 
-        ``timeout`` (seconds) overrides ``total_timeout_per_item`` for this item.
+        ``timeout`` (seconds) overrides ``total_timeout_per_item`` for this item;
+        ``timeout_reason`` names it in the result's error (only when ``timeout`` is given).
         """
         result = await self.execute_item(
             item, tally if tally is not None else ItemTally(self._clock()), None,
@@ -165,7 +197,7 @@ class ItemRunner(Generic[TOutput]):
         stop: ItemStop | None,
         *,
         timeout: float | None = None,
-        timeout_reason: str = "item deadline",
+        timeout_reason: str = _ITEM_DEADLINE,
     ) -> WorkItemResult[TOutput] | None:
         """Run ``item``; ``None`` when ``stop`` cut it short (the caller builds that result).
 
@@ -180,6 +212,8 @@ class ItemRunner(Generic[TOutput]):
         then the attempt's own.
         """
         limit = timeout if timeout is not None else self._item_timeout
+        if timeout is None:
+            timeout_reason = _ITEM_DEADLINE  # no deadline of the caller's: any deadline is this setting's
         item_deadline = tally.started + limit if limit is not None else math.inf
         outer = item_deadline if stop is None else min(item_deadline, stop.deadline)
         bounded = stop is not None or outer != math.inf
@@ -188,7 +222,6 @@ class ItemRunner(Generic[TOutput]):
         host = self._host
         hooks = self._hooks
         clock = self._clock
-        timing = tally.timing
         quota: QuotaScope | None = None
         tokens = 0
         state: RetryState | None = None
@@ -245,7 +278,8 @@ class ItemRunner(Generic[TOutput]):
                             return self.deadline_result(  # noqa: ASYNC910
                                 item,
                                 tally,
-                                reason=f"deadline of {limit} s leaves no room for a retry after {wait:.3g} s",
+                                reason=f"{timeout_reason} of {limit} s leaves no room for a retry"
+                                f" after {wait:.3g} s",
                             )
                         if state is None:
                             state = RetryState()
@@ -255,15 +289,15 @@ class ItemRunner(Generic[TOutput]):
                         await strategy.on_error(exc, attempt, state)
                         if wait > 0:
                             await anyio.sleep(wait)
-                            timing.backoff += wait
                     if quota is None:
                         await host.ensure_prepared(strategy)
                         quota = host.quota_scope(strategy)
                         tokens = self._config.estimate_tokens(item.prompt) if self._needs_tokens else 0
                     tally.attempts += 1
                     attempt = tally.attempts
-                    held = await self._admit(quota, tokens, timing)
+                    held = await self._admit(quota, tokens, tally)
                     started = clock()
+                    tally.switch("execution", started)
                     attempt_scope: anyio.CancelScope | _Unscoped = _UNSCOPED
                     if attempt_timeout is not None:
                         if scope is None:
@@ -276,21 +310,20 @@ class ItemRunner(Generic[TOutput]):
                                 item.prompt, attempt, attempt_timeout, state
                             )
                     except Exception as exc:  # noqa: BLE001 - the one classification boundary
-                        timing.execution += clock() - started
+                        tally.switch("backoff", clock())
                         failed_usage = getattr(exc, "token_usage", None)
                         add_usage(tally.usage, failed_usage)
                         failed = (exc, failed_usage)
                         continue
                     if attempt_scope.cancelled_caught:
-                        timing.execution += clock() - started
+                        tally.switch("backoff", clock())
                         failed = (_timed_out(attempt, attempt_timeout), None)
                         continue
-                    timing.execution += clock() - started
+                    timing = tally.settle(clock())
                     if usage:
                         add_usage(tally.usage, usage)
                     held.release(usage_total(usage))
                     held = None
-                    timing.total = clock() - tally.started
                     return WorkItemResult(
                         item_id=item.item_id,
                         success=True,
@@ -307,7 +340,7 @@ class ItemRunner(Generic[TOutput]):
                     return None
                 if now >= item_deadline:
                     return self.deadline_result(item, tally, reason=f"{timeout_reason} of {limit} s")
-                timing.execution += now - started
+                tally.switch("backoff", now)
                 failed = (_timed_out(attempt, attempt_timeout), None)
         finally:
             if held is not None:
@@ -315,14 +348,14 @@ class ItemRunner(Generic[TOutput]):
             if stop is not None:
                 stop.scope = None
 
-    async def _admit(self, scope: QuotaScope, tokens: int, timing: ItemTiming) -> Admission:
+    async def _admit(self, scope: QuotaScope, tokens: int, tally: ItemTally) -> Admission:
         try:
             return scope.try_admit_nowait(tokens)  # noqa: ASYNC910 - hot path; execute() checkpoints
         except anyio.WouldBlock:
             pass
-        clock = self._clock
-        began = clock()
+        # Booked by phase, so a wait cut short (by the item deadline, a stop) is counted too.
         cooling = scope.statistics().cooldown_remaining > 0
+        tally.switch("cooldown" if cooling else "admission_wait", self._clock())
         admission = await scope.admit(tokens)
         try:
             # Granted while this worker was being cancelled: the provider never sees the call,
@@ -331,11 +364,6 @@ class ItemRunner(Generic[TOutput]):
         except BaseException:
             admission.release_unused()
             raise
-        waited = clock() - began
-        if cooling:
-            timing.cooldown += waited
-        else:
-            timing.admission_wait += waited
         return admission
 
     def _classify(self, exc: Exception, strategy: Any) -> Classification:
@@ -356,7 +384,7 @@ class ItemRunner(Generic[TOutput]):
         exc: BaseException,
         category: ErrorCategory,
     ) -> WorkItemResult[TOutput]:
-        tally.timing.total = self._clock() - tally.started
+        tally.settle(self._clock())
         return WorkItemResult(
             item_id=item.item_id,
             success=False,
@@ -392,7 +420,7 @@ class ItemRunner(Generic[TOutput]):
             return self.failure_result(
                 item, tally, ItemDeadlineExceeded(f"item {item.item_id!r}: {reason}"), category
             )
-        tally.timing.total = self._clock() - tally.started
+        tally.settle(self._clock())
         return WorkItemResult(
             item_id=item.item_id,
             success=False,

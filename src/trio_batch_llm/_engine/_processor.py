@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
@@ -31,7 +32,7 @@ from .._observe._hooks import Hooks
 from .._observe._progress import CallbackProgress, ProgressTracker, make_progress
 from .._observe._snapshot import Progress
 from .._values._categories import ErrorCategory
-from .._values._config import AbortMode, ProcessorConfig, ResumePolicy
+from .._values._config import AbortMode, InvalidCost, ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, ArtifactEncodeError, BatchInterruptedError, QueueFullError
 from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
@@ -43,6 +44,8 @@ from ._item import ItemRunner, ItemStop, ItemTally, UserClassifier
 __all__ = ["ParallelBatchProcessor"]
 
 TOutput = TypeVar("TOutput")
+
+logger = logging.getLogger("trio_batch_llm")
 
 
 @contextmanager
@@ -688,7 +691,17 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                 "budget_exhausted", f"max_total_tokens={guard.max_total_tokens} reached", cancel_active=False
             )
         if guard.cost_function is not None:
-            counters.cost += guard.cost_function(usage)  # type: ignore[arg-type]
+            try:
+                counters.cost += guard.item_cost(usage)  # type: ignore[arg-type]
+            except InvalidCost as exc:
+                # Fail closed: an unknown spend must not keep buying (a NaN would never reach the cap).
+                logger.warning("item %r: %s; stopping the batch", result.item_id, exc, exc_info=exc.__cause__)
+                self._request_stop(
+                    "budget_exhausted",
+                    f"item {result.item_id!r}: {exc}; the spend is unknown",
+                    cancel_active=False,
+                )
+                return
             if guard.max_total_cost is not None and counters.cost >= guard.max_total_cost:
                 self._request_stop(
                     "budget_exhausted", f"max_total_cost={guard.max_total_cost} reached", cancel_active=False

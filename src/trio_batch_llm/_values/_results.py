@@ -77,7 +77,14 @@ class RetryState:
 @final
 @dataclass(slots=True)
 class ItemTiming:
-    """Where an item's time went, in seconds."""
+    """Where an item's time went, in seconds.
+
+    The four buckets split ``total`` with no gap and no overlap, also when a
+    deadline or a stop cut the item short mid-wait: ``admission_wait`` (from
+    the start, and waiting for a slot or a quota), ``cooldown`` (waiting out a
+    rate-limit cooldown), ``execution`` (calls), ``backoff`` (from a failed
+    call to the next admission).
+    """
 
     admission_wait: float = 0.0
     execution: float = 0.0

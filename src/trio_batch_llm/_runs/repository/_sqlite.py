@@ -9,6 +9,12 @@ worker thread behind a ``CapacityLimiter(1)``. Each public method is one
 
 The right to drive a run is a :class:`FileClaims` lock in ``<database>.run-locks/``.
 
+Several processes may open, create and write one database at once: each step
+that needs another connection's lock waits for it, ``busy_timeout`` seconds at
+most (SQLite's busy timeout, and a retry where SQLite would give up at once,
+see :mod:`.._artifacts._sqlite_locks`), and only then fails with an error
+that names the database and the bound.
+
 Schema version 2 added provider-batch submissions (``run_submissions``, and
 ``attempts``/``submission`` on ``run_items``). A version-1 file is migrated in
 place when a writer opens it (``ALTER TABLE … ADD COLUMN``, ``CREATE … IF NOT
@@ -29,6 +35,13 @@ from typing import Any, Final, Literal, final
 
 from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
 from ..._artifacts._sqlite import SqliteArtifactStore, classify_database
+from ..._artifacts._sqlite_locks import (
+    busy_message,
+    check_busy_timeout,
+    is_busy,
+    retry_busy,
+    set_busy_timeout,
+)
 from ..._values._config import ArtifactIdentity
 from ..._values._errors import ArtifactMismatchError, ArtifactStoreError
 from .._claims import FileClaims
@@ -65,10 +78,19 @@ from ._sqlite_tables import (
 
 __all__ = ["SqliteRunRepository"]
 
-_BUSY_TIMEOUT_SECONDS: Final = 30.0
+DEFAULT_BUSY_TIMEOUT: Final = 30.0
+
+
 @final
 class SqliteRunRepository:
-    """Runs in a SQLite database (WAL); see the module docstring. Not thread-safe: one caller."""
+    """Runs in a SQLite database (WAL); see the module docstring. Not thread-safe: one caller.
+
+    ``busy_timeout`` (seconds, default 30) bounds each wait for a lock another
+    connection holds (another process opening, creating or writing the same
+    database); past it the call raises :class:`ArtifactStoreError` naming the
+    database and the bound. ``fsync=True`` makes every commit durable against
+    power loss (``synchronous=FULL``), not only against a process crash.
+    """
 
     def __init__(
         self,
@@ -77,7 +99,9 @@ class SqliteRunRepository:
         identity: ArtifactIdentity | None = None,
         read_only: bool = False,
         fsync: bool = False,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
+        self._busy_timeout = check_busy_timeout(busy_timeout)
         self._path = Path(path)
         # Written into the file's artifact header only when this creates the file.
         self._identity = identity if identity is not None else ArtifactIdentity("trio-batch-llm", "runs")
@@ -91,6 +115,11 @@ class SqliteRunRepository:
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def busy_timeout(self) -> float:
+        """Seconds each wait for another connection's lock may last."""
+        return self._busy_timeout
 
     @property
     def location(self) -> str:
@@ -109,12 +138,15 @@ class SqliteRunRepository:
                 if not self._path.exists():
                     raise ArtifactStoreError(f"{self._path}: no such run database")
                 uri = self._path.resolve().as_uri() + "?mode=ro"
-                conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+                conn = sqlite3.connect(
+                    uri, uri=True, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+                )
             else:
                 conn = sqlite3.connect(
-                    self._path, timeout=_BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False
+                    self._path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
                 )
             try:
+                set_busy_timeout(conn, self._busy_timeout)
                 self._prepare(conn)
             except BaseException:
                 conn.close()
@@ -122,18 +154,17 @@ class SqliteRunRepository:
             self._conn = conn
 
     def _prepare(self, conn: sqlite3.Connection) -> None:
-        conn.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_SECONDS * 1000)}")
         # Only to reuse its header checks; this object never opens its own connection.
         header_store = SqliteArtifactStore(self._path, identity=self._identity)
         if self._read_only:
-            if classify_database(conn, self._path) != "ours":
-                raise ArtifactStoreError(f"{self._path} is not a trio-batch-llm database")
-            header_store._read_header(conn)
-            self._stored_schema_version(conn)
-            self._has_submissions = "submission" in self._columns(conn, "run_items")
+            retry_busy(conn, self._busy_timeout, lambda: self._check_read_only(conn, header_store))
             return
         classify_database(conn, self._path)  # a foreign file is refused before WAL mode changes it
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        # SQLite refuses at once, whatever the busy timeout, while another process is turning a
+        # fresh file into a WAL database: hence the retry (see _sqlite_locks).
+        mode = retry_busy(
+            conn, self._busy_timeout, lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        )
         if str(mode).lower() != "wal":
             raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
@@ -155,6 +186,13 @@ class SqliteRunRepository:
                 conn.execute(
                     "INSERT OR REPLACE INTO meta (key, value) VALUES ('runs', ?)", (json.dumps(meta),)
                 )
+
+    def _check_read_only(self, conn: sqlite3.Connection, header_store: SqliteArtifactStore) -> None:
+        if classify_database(conn, self._path) != "ours":
+            raise ArtifactStoreError(f"{self._path} is not a trio-batch-llm database")
+        header_store._read_header(conn)
+        self._stored_schema_version(conn)
+        self._has_submissions = "submission" in self._columns(conn, "run_items")
 
     def _stored_schema_version(self, conn: sqlite3.Connection) -> dict[str, Any]:
         """The 'runs' meta entry ({} if none yet); refuses a file written by a newer schema."""
@@ -180,6 +218,9 @@ class SqliteRunRepository:
         if not self._read_only:
             try:
                 # Fold the WAL back into the file so it stands alone (best effort, as the store does).
+                # Without waiting: a TRUNCATE checkpoint would wait the whole busy timeout for any
+                # other process's reader or writer, and the last connection to close folds it anyway.
+                set_busy_timeout(conn, 0)
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error:
                 pass
@@ -193,12 +234,15 @@ class SqliteRunRepository:
         try:
             yield
         except sqlite3.Error as exc:
-            raise ArtifactStoreError(f"{self._path}: {doing} failed: {exc}") from exc
+            problem = busy_message(self._busy_timeout) if is_busy(exc) else str(exc)
+            raise ArtifactStoreError(f"{self._path}: {doing} failed: {problem}") from exc
 
-    @staticmethod
     @contextlib.contextmanager
-    def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-        conn.execute("BEGIN IMMEDIATE")
+    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
+        # BEGIN IMMEDIATE takes the write lock before the first read, so no statement inside ever
+        # needs to upgrade a read lock (the one wait SQLite may refuse at once); the BEGIN itself
+        # is retried for the same reason as the journal mode.
+        retry_busy(conn, self._busy_timeout, lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
             yield
             conn.execute("COMMIT")
