@@ -19,6 +19,7 @@ import importlib
 import sys
 from typing import Any, final
 
+from ._progress_line import format_progress_line
 from ._snapshot import Progress, ProgressSnapshot
 
 __all__ = ["NotebookProgress", "in_notebook"]
@@ -64,7 +65,8 @@ class _ProgressView:
         if snap.total is None:
             bar = "<progress style='width:20em'></progress>"  # no value: an indeterminate bar
         else:
-            bar = f"<progress style='width:20em' value='{snap.completed}' max='{max(snap.total, 1)}'></progress>"
+            value = f"value='{snap.completed}' max='{max(snap.total, 1)}'"
+            bar = f"<progress style='width:20em' {value}></progress>"
         return f"<div>{bar} <code>{html.escape(self.line)}</code></div>"
 
 
@@ -84,8 +86,6 @@ class NotebookProgress(Progress):
         self._closed = False
 
     def _show(self, snapshot: ProgressSnapshot) -> None:
-        from ._display import format_progress_line
-
         view = _ProgressView(snapshot, format_progress_line(snapshot, bar_width=0))
         if self._handle is not None:
             self._handle.update(view)
