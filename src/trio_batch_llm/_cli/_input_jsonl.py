@@ -27,7 +27,15 @@ from .._values._item_checks import json_line_nesting_column, nesting_problem, su
 from .._values._requests import item_id_problem
 from ._input_records import MAX_REPORTED, InputError, InputRecord
 
-__all__ = ["JsonlPart", "classify_line", "jsonl_entries", "prompt_problem", "scan_range"]
+__all__ = [
+    "JsonlPart",
+    "classify_line",
+    "jsonl_blocks",
+    "jsonl_entries",
+    "jsonl_lines",
+    "prompt_problem",
+    "scan_range",
+]
 
 _BLOCK: Final = 1 << 22
 _NESTING_CHECK_AT: Final = 258  # a shorter line cannot hold more than 257 brackets
@@ -52,10 +60,12 @@ def _decode_line(path: Path, raw: bytes, number: int) -> str | InputError:
                           line=number)
 
 
-def jsonl_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[tuple[int, str | InputError]]:
-    """``(line number, text)`` of the bytes ``[start, end)`` (which begin a line), numbered from 1,
-    without line endings (a line of JSON is all one line), or a line's UTF-8 problem in place of
-    its text. A file that cannot be read raises :class:`InputError`."""
+def jsonl_blocks(
+    path: Path, start: int = 0, end: int | None = None
+) -> Iterator[tuple[int, list[str | InputError]]]:
+    """The lines of bytes ``[start, end)`` (which begin a line), a few MiB at a time: ``(number of
+    the first, lines)``, numbered from 1, without line endings (a line of JSON is all one line), a
+    line's UTF-8 problem in place of its text. A file that cannot be read raises :class:`InputError`."""
     try:
         with path.open("rb") as f:
             f.seek(start)
@@ -80,13 +90,19 @@ def jsonl_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[
                 lines.pop()  # what follows the last newline: nothing
                 if start == 0 and number == 0:
                     lines[0] = _no_bom(lines[0])
-                yield from enumerate(lines, start=number + 1)
+                yield number + 1, lines
                 number += len(lines)
             if rest:  # a last line without its newline
                 text = _decode_line(path, rest, number + 1)
-                yield number + 1, _no_bom(text) if start == 0 and number == 0 else text
+                yield number + 1, [_no_bom(text) if start == 0 and number == 0 else text]
     except OSError as exc:
         raise InputError(path, f"cannot read it: {exc.strerror or exc}") from None
+
+
+def jsonl_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[tuple[int, str | InputError]]:
+    """``(line number, text)`` of :func:`jsonl_blocks`, one line at a time."""
+    for first, lines in jsonl_blocks(path, start, end):
+        yield from enumerate(lines, start=first)
 
 
 def _no_bom(text: str | InputError) -> str | InputError:
@@ -182,32 +198,57 @@ class JsonlPart:
 
 
 def scan_range(path: Path, start: int = 0, end: int | None = None) -> JsonlPart:
-    """Check the lines of bytes ``[start, end)``; see :class:`JsonlPart`."""
+    """Check the lines of bytes ``[start, end)``; see :class:`JsonlPart`.
+
+    The hot loop of a big file's check: :func:`classify_line`'s fast path is
+    written out here (no call, no tuple per line) for the lines it takes,
+    and every other line goes through :func:`classify_line` itself.
+    """
     part = JsonlPart()
     seen: set[int] = set()
     suspects, generated, problems = part.suspects, part.generated, part.problems
-    number = 0
-    for number, text in jsonl_lines(path, start, end):
-        entry = text if isinstance(text, InputError) else classify_line(path, text, number)
-        if entry is None:
-            continue
-        if isinstance(entry, InputError):
-            part.problem_count += 1
-            if len(problems) < MAX_REPORTED:
-                problems.append((entry.problem, number, entry.field))
-        else:
-            part.items += 1
-            item_id = entry[0]
-            if item_id is None:
-                generated.append(part.entries)
+    seen_add, scan, limit = seen.add, _SCAN, _NESTING_CHECK_AT
+    items = entries = number = 0
+    for first, lines in jsonl_blocks(path, start, end):
+        number = first - 1
+        for text in lines:
+            number += 1
+            if type(text) is str and len(text) <= limit and "\\u" not in text:
+                try:
+                    value, stop = scan(text, 0)
+                except (StopIteration, ValueError, RecursionError):
+                    stop = -1
+                if stop == len(text) and type(value) is dict:
+                    item_id, prompt = value.get("id"), value.get("prompt")
+                    if type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip():
+                        items += 1
+                        entries += 1
+                        key = hash(item_id)
+                        if key in seen:
+                            suspects.append(key)
+                        else:
+                            seen_add(key)
+                        continue
+            entry = text if isinstance(text, InputError) else classify_line(path, text, number)
+            if entry is None:
+                continue
+            if isinstance(entry, InputError):
+                part.problem_count += 1
+                if len(problems) < MAX_REPORTED:
+                    problems.append((entry.problem, number, entry.field))
             else:
-                key = hash(item_id)
-                if key in seen:
-                    suspects.append(key)
+                items += 1
+                item_id = entry[0]
+                if item_id is None:
+                    generated.append(entries)
                 else:
-                    seen.add(key)
-        part.entries += 1
-    part.lines = number
+                    key = hash(item_id)
+                    if key in seen:
+                        suspects.append(key)
+                    else:
+                        seen_add(key)
+            entries += 1
+    part.items, part.entries, part.lines = items, entries, number
     part.hashes = array("q", seen)
     return part
 

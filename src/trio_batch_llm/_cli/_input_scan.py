@@ -58,7 +58,7 @@ class MergedScan:
         suspects.update(part.suspects)
         generated = [hash(f"item-{self._entries + index}") for index in part.generated]
         for hashes in (part.hashes, generated):  # each list holds a hash once
-            suspects.update(key for key in hashes if key in seen)
+            suspects.update(seen.intersection(hashes))  # both C loops, no Python code per id
             seen.update(hashes)
         self._lines += part.lines
         self._entries += part.entries
