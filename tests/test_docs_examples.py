@@ -115,6 +115,8 @@ EXAMPLES = [
     Example("batch_run", BOTH, needs=SERVER),
     Example("streaming", BOTH, ("consumed 200 results; read ", "calls still running: 0")),
     Example("processor_streaming", BOTH, ("20 results; first few in completion order",)),
+    Example("observability", BOTH),
+    Example("tracing_metrics", BOTH, needs=("opentelemetry.sdk", "prometheus_client")),
     Example("migration_before", ASYNCIO, ("2 True", "streamed item_0", "echo: hello"), ("async_batch_llm",)),
     Example("migration_after", BOTH, ("2 True", "streamed item-", "echo: hello")),
 ]
