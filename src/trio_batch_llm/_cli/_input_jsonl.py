@@ -38,6 +38,10 @@ __all__ = [
 ]
 
 _BLOCK: Final = 1 << 22
+"""Bytes read at a time by the checking pass (fewer, larger reads: it is the hot path)."""
+_FEED_BLOCK: Final = 1 << 20
+"""Bytes read at a time while the run takes the items: a block's lines are held until the run has
+taken them all, so a smaller block keeps the run's footprint small."""
 _NESTING_CHECK_AT: Final = 258  # a shorter line cannot hold more than 257 brackets
 
 
@@ -61,7 +65,7 @@ def _decode_line(path: Path, raw: bytes, number: int) -> str | InputError:
 
 
 def jsonl_blocks(
-    path: Path, start: int = 0, end: int | None = None
+    path: Path, start: int = 0, end: int | None = None, *, block_size: int = _BLOCK
 ) -> Iterator[tuple[int, list[str | InputError]]]:
     """The lines of bytes ``[start, end)`` (which begin a line), a few MiB at a time: ``(number of
     the first, lines)``, numbered from 1, without line endings (a line of JSON is all one line), a
@@ -72,7 +76,7 @@ def jsonl_blocks(
             left = -1 if end is None else end - start
             number, rest = 0, b""
             while left != 0:
-                block = f.read(_BLOCK if left < 0 else min(_BLOCK, left))
+                block = f.read(block_size if left < 0 else min(block_size, left))
                 if not block:
                     break
                 left = left - len(block) if left > 0 else left
@@ -99,9 +103,9 @@ def jsonl_blocks(
         raise InputError(path, f"cannot read it: {exc.strerror or exc}") from None
 
 
-def jsonl_lines(path: Path, start: int = 0, end: int | None = None) -> Iterator[tuple[int, str | InputError]]:
+def jsonl_lines(path: Path, *, block_size: int = _FEED_BLOCK) -> Iterator[tuple[int, str | InputError]]:
     """``(line number, text)`` of :func:`jsonl_blocks`, one line at a time."""
-    for first, lines in jsonl_blocks(path, start, end):
+    for first, lines in jsonl_blocks(path, block_size=block_size):
         yield from enumerate(lines, start=first)
 
 
