@@ -199,9 +199,12 @@ class JsonlPart:
     """Hashes seen twice in this range."""
     generated: array[int] = field(default_factory=lambda: array("q"))
     """Entry indices of bare prompts (their ids depend on the entries before the range)."""
+    hash_set: set[int] | None = None
+    """The hashes as the set they were collected in, when the part stays in this process
+    (``keep_set=True``): then ``hashes`` is empty, and the set is handed over as it is."""
 
 
-def scan_range(path: Path, start: int = 0, end: int | None = None) -> JsonlPart:
+def scan_range(path: Path, start: int = 0, end: int | None = None, *, keep_set: bool = False) -> JsonlPart:
     """Check the lines of bytes ``[start, end)``; see :class:`JsonlPart`.
 
     The hot loop of a big file's check: :func:`classify_line`'s fast path is
@@ -253,7 +256,10 @@ def scan_range(path: Path, start: int = 0, end: int | None = None) -> JsonlPart:
                         seen_add(key)
             entries += 1
     part.items, part.entries, part.lines = items, entries, number
-    part.hashes = array("q", seen)
+    if keep_set:
+        part.hash_set = seen
+    else:
+        part.hashes = array("q", seen)
     return part
 
 

@@ -54,8 +54,14 @@ class MergedScan:
         for problem, line, field in part.problems:
             if len(self.problems) < MAX_REPORTED:
                 self.problems.append(InputError(path, problem, line=self._lines + line, field=field))
-        seen, suspects = self._seen, self.suspects
+        suspects = self.suspects
         suspects.update(part.suspects)
+        if part.hash_set is not None and not self._seen:
+            self._seen = part.hash_set  # the first range, checked here: its set as it is
+        elif part.hash_set is not None:
+            suspects.update(self._seen.intersection(part.hash_set))
+            self._seen.update(part.hash_set)
+        seen = self._seen
         generated = [hash(f"item-{self._entries + index}") for index in part.generated]
         for hashes in (part.hashes, generated):  # each list holds a hash once
             suspects.update(seen.intersection(hashes))  # both C loops, no Python code per id
@@ -105,7 +111,7 @@ def scan_parallel(path: Path) -> MergedScan:
         for start, end in zip(starts[1:], ends[1:], strict=True):
             children.append(_fork_scan(path, start, end))
         merged = MergedScan()
-        merged.add(path, scan_range(path, 0, ends[0]))
+        merged.add(path, scan_range(path, 0, ends[0], keep_set=True))
         for pid, reader in children:
             merged.add(path, _collect(path, pid, reader))
         children.clear()
