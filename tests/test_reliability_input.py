@@ -591,7 +591,7 @@ def test_rel7_csv_field_over_131072_characters_is_read(tmp_path: Path,
     assert records[0].context == {"note": long_note}
     assert csv.field_size_limit() == before  # the process-wide limit is not touched
     # where the interpreter cannot make a private csv module, the shared limit is raised and restored
-    from trio_batch_llm._cli import _input as _cli_input
+    from trio_batch_llm._cli import _input_csv as _cli_input
 
     monkeypatch.setattr(_cli_input, "_private_csv", lambda: None)
     assert [r.item_id for r in read_input(source)] == ["a", "b"]
@@ -600,7 +600,7 @@ def test_rel7_csv_field_over_131072_characters_is_read(tmp_path: Path,
 
 def test_rel7_csv_field_over_the_documented_limit_names_the_line(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from trio_batch_llm._cli import _input as _cli_input
+    from trio_batch_llm._cli import _input_csv as _cli_input
 
     assert _cli_input.CSV_FIELD_LIMIT == 64 * 1024 * 1024
     monkeypatch.setattr(_cli_input, "CSV_FIELD_LIMIT", 1000)
