@@ -39,7 +39,7 @@ NO_WAIT = RetryConfig(max_attempts=3, initial_wait=1.0, max_wait=1.0, jitter=Fal
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(), id="trio")],
+    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(threads=True), id="trio")],
 )
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
