@@ -73,11 +73,9 @@ async def test_one_transaction_per_group_commit_batch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("fsync", "level"), [(False, 1), (True, 2)])  # NORMAL, FULL
 async def test_fsync_selects_synchronous_full(tmp_path: Path, fsync: bool, level: int) -> None:
     async with SqliteArtifactStore(tmp_path / "run.sqlite", identity=IDENTITY, fsync=fsync) as store:
-        conn = store._conn
-        assert conn is not None
-        got = await anyio.to_thread.run_sync(
-            lambda: conn.execute("PRAGMA synchronous").fetchone()[0], limiter=store._limiter
-        )
+        conn, gate = store._conn, store._gate
+        assert conn is not None and gate is not None
+        got = await gate.run(lambda: conn.execute("PRAGMA synchronous").fetchone()[0])
     assert got == level
 
 
