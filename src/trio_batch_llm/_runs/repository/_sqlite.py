@@ -9,11 +9,12 @@ worker thread behind a ``CapacityLimiter(1)``. Each public method is one
 
 The right to drive a run is a :class:`FileClaims` lock in ``<database>.run-locks/``.
 
+The file is opened through the artifact store's :class:`SqliteFile` (a file
+that is not provably ours is refused untouched; WAL mode; the artifact header).
 Several processes may open, create and write one database at once: each step
 that needs another connection's lock waits for it, ``busy_timeout`` seconds at
-most (SQLite's busy timeout, and a retry where SQLite would give up at once,
-see :mod:`.._artifacts._sqlite_locks`), and only then fails with an error
-that names the database and the bound.
+most (SQLite's busy timeout, and a retry where SQLite would give up at once),
+and only then fails with an error that names the database and the bound.
 
 Schema version 2 added provider-batch submissions (``run_submissions``, and
 ``attempts``/``submission`` on ``run_items``). A version-1 file is migrated in
@@ -34,14 +35,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, final
 
 from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
-from ..._artifacts._sqlite import SqliteArtifactStore, classify_database
-from ..._artifacts._sqlite_locks import (
-    busy_message,
-    check_busy_timeout,
-    is_busy,
-    retry_busy,
-    set_busy_timeout,
-)
+from ..._artifacts._sqlite_file import SqliteFile, check_busy_timeout
 from ..._values._config import ArtifactIdentity
 from ..._values._errors import ArtifactMismatchError, ArtifactStoreError
 from .._claims import FileClaims
@@ -101,12 +95,11 @@ class SqliteRunRepository:
         fsync: bool = False,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
-        self._busy_timeout = check_busy_timeout(busy_timeout)
         self._path = Path(path)
+        self._file = SqliteFile(self._path, busy_timeout=check_busy_timeout(busy_timeout), fsync=fsync)
         # Written into the file's artifact header only when this creates the file.
         self._identity = identity if identity is not None else ArtifactIdentity("trio-batch-llm", "runs")
         self._read_only = read_only
-        self._fsync = fsync
         self._conn: sqlite3.Connection | None = None
         # False only for a read-only open of a version-1 file (it cannot be migrated from here).
         self._has_submissions = True
@@ -119,7 +112,7 @@ class SqliteRunRepository:
     @property
     def busy_timeout(self) -> float:
         """Seconds each wait for another connection's lock may last."""
-        return self._busy_timeout
+        return self._file.busy_timeout
 
     @property
     def location(self) -> str:
@@ -134,63 +127,37 @@ class SqliteRunRepository:
         if self._conn is not None:
             return
         with self._errors("opening"):
-            if self._read_only:
-                if not self._path.exists():
-                    raise ArtifactStoreError(f"{self._path}: no such run database")
-                uri = self._path.resolve().as_uri() + "?mode=ro"
-                conn = sqlite3.connect(
-                    uri, uri=True, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-                )
-            else:
-                conn = sqlite3.connect(
-                    self._path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-                )
+            if self._read_only and not self._path.exists():
+                raise ArtifactStoreError(f"{self._path}: no such run database")
+            conn = self._file.connect(read_only=self._read_only)
             try:
-                set_busy_timeout(conn, self._busy_timeout)
-                self._prepare(conn)
+                if self._read_only:
+                    self._file.retry(conn, lambda: self._check_read_only(conn))
+                else:
+                    with self._file.transaction(conn):
+                        self._file.initialise(conn, self._identity)  # an artifact database that holds runs
+                        self._migrate(conn)
             except BaseException:
                 conn.close()
                 raise
             self._conn = conn
 
-    def _prepare(self, conn: sqlite3.Connection) -> None:
-        # Only to reuse its header checks; this object never opens its own connection.
-        header_store = SqliteArtifactStore(self._path, identity=self._identity)
-        if self._read_only:
-            retry_busy(conn, self._busy_timeout, lambda: self._check_read_only(conn, header_store))
-            return
-        classify_database(conn, self._path)  # a foreign file is refused before WAL mode changes it
-        # SQLite refuses at once, whatever the busy timeout, while another process is turning a
-        # fresh file into a WAL database: hence the retry (see _sqlite_locks).
-        mode = retry_busy(
-            conn, self._busy_timeout, lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        )
-        if str(mode).lower() != "wal":
-            raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
-        conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
-        with self._transaction(conn):
-            if classify_database(conn, self._path) == "empty":
-                header_store._create(conn)  # an artifact database that also holds runs
-            else:
-                header_store._read_header(conn)
-            meta = self._stored_schema_version(conn)
-            for statement in TABLES:
-                conn.execute(statement)
-            for table, column, declaration in ADDED_COLUMNS:
-                if column not in self._columns(conn, table):
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-            for statement in INDEXES:
-                conn.execute(statement)
-            if meta.get("runs_schema_version") != RUNS_SCHEMA_VERSION:
-                meta["runs_schema_version"] = RUNS_SCHEMA_VERSION
-                conn.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('runs', ?)", (json.dumps(meta),)
-                )
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Inside the opening transaction: the run tables, created or brought to this schema version."""
+        meta = self._stored_schema_version(conn)
+        for statement in TABLES:
+            conn.execute(statement)
+        for table, column, declaration in ADDED_COLUMNS:
+            if column not in self._columns(conn, table):
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        for statement in INDEXES:
+            conn.execute(statement)
+        if meta.get("runs_schema_version") != RUNS_SCHEMA_VERSION:
+            meta["runs_schema_version"] = RUNS_SCHEMA_VERSION
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('runs', ?)", (json.dumps(meta),))
 
-    def _check_read_only(self, conn: sqlite3.Connection, header_store: SqliteArtifactStore) -> None:
-        if classify_database(conn, self._path) != "ours":
-            raise ArtifactStoreError(f"{self._path} is not a trio-batch-llm database")
-        header_store._read_header(conn)
+    def _check_read_only(self, conn: sqlite3.Connection) -> None:
+        self._file.check_ours(conn, "database")
         self._stored_schema_version(conn)
         self._has_submissions = "submission" in self._columns(conn, "run_items")
 
@@ -215,47 +182,19 @@ class SqliteRunRepository:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if not self._read_only:
-            try:
-                # Fold the WAL back into the file so it stands alone (best effort, as the store does).
-                # Without waiting: a TRUNCATE checkpoint would wait the whole busy timeout for any
-                # other process's reader or writer, and the last connection to close folds it anyway.
-                set_busy_timeout(conn, 0)
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
-        with self._errors("closing"):
-            conn.close()
+        self._file.close(conn, fold_wal=not self._read_only)
 
     # -- helpers -----------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            problem = busy_message(self._busy_timeout) if is_busy(exc) else str(exc)
-            raise ArtifactStoreError(f"{self._path}: {doing} failed: {problem}") from exc
-
-    @contextlib.contextmanager
-    def _transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
-        # BEGIN IMMEDIATE takes the write lock before the first read, so no statement inside ever
-        # needs to upgrade a read lock (the one wait SQLite may refuse at once); the BEGIN itself
-        # is retried for the same reason as the journal mode.
-        retry_busy(conn, self._busy_timeout, lambda: conn.execute("BEGIN IMMEDIATE"))
-        try:
-            yield
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+    def _errors(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        return self._file.errors(doing)
 
     @contextlib.contextmanager
     def _write(self, doing: str) -> Iterator[sqlite3.Connection]:
         conn = self._require()
         if self._read_only:
             raise RunStateError(f"{self._path}: opened read-only; cannot {doing}")
-        with self._errors(doing), self._transaction(conn):
+        with self._errors(doing), self._file.transaction(conn):
             yield conn
 
     def _require(self) -> sqlite3.Connection:
