@@ -25,8 +25,9 @@ from trio_batch_llm import BatchLLMError, ConfigurationError, ErrorCategory, Pro
 from trio_batch_llm._engine._classify import Classification, classify
 from trio_batch_llm._strategies._factory import llm
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._keys import Secret
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
-from trio_batch_llm._strategies.openai._wire import Secret, error_from_status, parse_retry_after
+from trio_batch_llm._strategies.openai._wire_errors import error_from_status, parse_retry_after
 
 pytestmark = pytest.mark.anyio
 

@@ -30,7 +30,6 @@ from .._artifacts._fingerprint import jsonable_or_repr
 from .._artifacts._sqlite import SqliteArtifactStore
 from .._core._deliveries import unwrap_group
 from .._strategies._base import LLMCallStrategy
-from .._strategies.openai._compatible import _EndpointStrategy
 from .._values._config import ArtifactIdentity, ProcessorConfig
 from .._values._errors import ConfigurationError
 from ._batch_config import ProviderBatchConfig
@@ -93,20 +92,24 @@ async def open_run(
     The handle is an async context manager; or call ``aclose()``.
 
     ``mode="provider-batch"`` sends the items through the provider's Batch API
-    (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then be an
-    :class:`OpenAICompatibleStrategy` or :class:`OpenAIStrategy` (its endpoint,
-    key, model and request settings are used), and ``batch`` tunes chunking,
-    polling and the shared enqueued-token capacity (see :class:`ProviderBatchConfig`).
+    (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then offer
+    one (``strategy.batch_endpoint()``, as :class:`OpenAICompatibleStrategy` and
+    :class:`OpenAIStrategy` do: their endpoint, key, model and request settings
+    are used), and ``batch`` tunes chunking, polling and the shared
+    enqueued-token capacity (see :class:`ProviderBatchConfig`).
     """
     if mode not in ("live", "provider-batch"):
         raise ConfigurationError("mode", mode, 'must be "live" or "provider-batch"')
     if mode == "live" and batch is not None:
         raise ConfigurationError("batch", batch, 'is only used with mode="provider-batch"')
+    endpoint = None
     if mode == "provider-batch":
-        if not isinstance(strategy, _EndpointStrategy):
+        endpoint = strategy.batch_endpoint() if isinstance(strategy, LLMCallStrategy) else None
+        if endpoint is None:
             raise ConfigurationError(
                 "strategy", type(strategy).__name__,
-                'mode="provider-batch" needs an OpenAICompatibleStrategy or OpenAIStrategy',
+                'mode="provider-batch" needs a strategy with a Batch API (batch_endpoint() returns none), '
+                "such as OpenAICompatibleStrategy or OpenAIStrategy",
             )
         batch = batch if batch is not None else ProviderBatchConfig()
         if not isinstance(batch, ProviderBatchConfig):
@@ -154,10 +157,10 @@ async def open_run(
             run_source, strategy, run_id=run_id, db=db, slice_items=slice_items, slice_seconds=slice_seconds
         )
     driver: SegmentDriver | BatchSegmentDriver
-    if batch is not None:
-        assert isinstance(strategy, _EndpointStrategy)
+    if endpoint is not None:
+        assert batch is not None
         driver = BatchSegmentDriver(
-            db=db, run_id=run_id, strategy=strategy, config=config, batch=batch, ingestor=ingestor,
+            db=db, run_id=run_id, endpoint=endpoint, config=config, batch=batch, ingestor=ingestor,
             poll_interval=poll_interval,
         )
     else:
