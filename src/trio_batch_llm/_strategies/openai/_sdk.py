@@ -143,6 +143,10 @@ class OpenAIStrategy(_EndpointStrategy):
             max_tokens_field="max_completion_tokens",
         )
 
+    def batch_request_body(self, prompt: str) -> dict[str, Any]:
+        """What :meth:`execute` sends: the SDK merges ``extra_body`` last, so a batch line does too."""
+        return {**self.request_body(prompt), **self.extra_body}
+
     async def execute(
         self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
     ) -> tuple[str, TokenUsage | None, Any]:
