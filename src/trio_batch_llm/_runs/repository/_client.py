@@ -17,7 +17,8 @@ import anyio
 import anyio.lowlevel
 
 from ..._artifacts._worker_gate import WorkerGate
-from .._schema import RunRepository, RunStateError
+from .._schema import RunStateError
+from ._protocol import RunRepository
 
 __all__ = ["RepositoryClient"]
 
