@@ -221,6 +221,7 @@ class OpenAIBatchConnection:
             return batch_info(await self._json("GET", f"/batches/{batch_id}"))
         except ProviderError as exc:
             if exc.status_code == 404:
+                await anyio.lowlevel.checkpoint()  # the error may have come before any checkpoint
                 return None
             raise
 
