@@ -55,7 +55,12 @@ class _Mode(enum.Enum):
 
 @final
 class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
-    """Runs work items concurrently with shared quotas, retries, deadlines and checkpoints."""
+    """Runs work items concurrently with shared quotas, retries, deadlines and checkpoints.
+
+    ``call_start_deadline`` (an ``anyio.current_time()`` instant): no call starts at or after
+    it; such an item comes back NOT_EXECUTED (ABORTED after an attempt); calls in flight go on.
+    ``record_input_order=False`` keeps no ids in input order (:attr:`input_order` is empty).
+    """
 
     def __init__(
         self,
@@ -327,8 +332,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._intake.recv.close()
         await self._finish_run()
         await self._hooks.aclose()
-
-    # --- statistics ----------------------------------------------------
 
     def results_statistics(self) -> ResultChannelStatistics:
         """The result channel's state (streaming mode)."""
