@@ -75,6 +75,25 @@ async def _settle() -> None:
         await anyio.lowlevel.checkpoint()
 
 
+async def test_nothing_of_a_batch_still_runs_when_process_all_returns() -> None:
+    # The workers' supervisor used to leave a scheduler round after process_all() returned, so a
+    # cancellation of the caller's scope right then could meet it and join the close's own
+    # exception in a group (seen as a KeyboardInterrupt wrapped in a group on Trio).
+    async def answer(prompt: str) -> str:
+        await anyio.lowlevel.checkpoint()
+        return prompt
+
+    strategy = CallableStrategy(answer)
+    config = ProcessorConfig(concurrency=4, attempt_timeout=30.0)  # the deadline watcher runs too
+    async with ParallelBatchProcessor[str](config) as proc:
+        before = {task.id for task in anyio.get_running_tasks()}
+        for n in range(8):
+            await proc.add_work(LLMWorkItem(item_id=f"i{n}", strategy=strategy, prompt=f"p{n}"))
+        batch = await proc.process_all()
+        left = [task.name for task in anyio.get_running_tasks() if task.id not in before]
+    assert len(batch.results) == 8 and left == []
+
+
 async def test_tasks_started_after_cancel_are_not_born_cancelled() -> None:
     finished: list[str] = []
 

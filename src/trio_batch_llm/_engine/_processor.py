@@ -183,6 +183,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._start_workers(self._intake.queued)
         await self._crew.done.wait()
         await self._finish_run()
+        assert self._runtime is not None  # its tasks' supervisor leaves a round after the last worker:
+        await self._runtime.wait_idle()  # none may outlive this call and meet the caller's cancellation
         if self._crash is not None:
             self._crash_reported = True
             raise self._crash
@@ -233,10 +235,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._apply(self._policy.request("interrupted", reason, cancel_active=True))
 
     async def finish(self) -> None:
-        """No more input: workers drain the queue, then the stream finalizes.
-
-        A no-op after a controlled stop (it finished the input already).
-        """
+        """No more input: workers drain the queue, then the stream finalizes (a no-op after a stop)."""
         if self._mode is _Mode.FINISHED and self._policy.kind is not None:
             await anyio.lowlevel.checkpoint()
             return
