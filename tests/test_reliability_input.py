@@ -334,7 +334,8 @@ def test_rel6a_redaction_everywhere_a_url_is_shown(monkeypatch: pytest.MonkeyPat
         from trio_batch_llm._runs._batch_config import ProviderBatchConfig
         from trio_batch_llm._runs._batch_drive import capacity_scope_of
 
-        shown.append(capacity_scope_of(strategies[0], ProviderBatchConfig()))  # stored in the run database
+        for strategy in strategies:  # stored in the run database
+            shown.append(capacity_scope_of(strategy.batch_endpoint(), ProviderBatchConfig()))
         from trio_batch_llm._runs._schema import RunTermination
 
         shown.append(repr(RunTermination("error", f"HTTPStatusError: 401 for url '{url}'")))  # stored too
