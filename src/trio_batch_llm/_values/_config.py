@@ -169,14 +169,26 @@ class RetryConfig:
 @final
 @dataclass(frozen=True, slots=True)
 class RateLimitConfig:
-    """The shared cooldown a rate-limit failure starts for its whole quota scope.
+    """How a quota scope answers rate limits: learning the provider's limits, and the shared cooldown.
 
-    A first 429 pauses the scope for ``cooldown_seconds`` (or the provider's
-    Retry-After when given); each further 429 within a cooldown's aftermath
-    multiplies it by ``backoff_multiplier`` up to ``max_cooldown_seconds``. After
-    a cooldown, admission reopens gradually: the scope's concurrency starts at
-    ``slow_start_initial_fraction`` of its bound and grows linearly back to the
-    bound over ``slow_start_seconds``.
+    With ``learn_limits`` (the default) a scope paces itself by the rate-limit
+    headers its provider sends (requests and tokens left, and when they
+    reset), and without them discovers the limit from 429s: the admitted rate
+    drops to ``discovery_decrease`` times itself on a 429 and climbs back
+    linearly over ``discovery_recovery_seconds``. A 429 whose headers say
+    capacity remains is a blip for that one call (retried after its
+    Retry-After, else ``blip_retry_seconds``). A cooldown pauses the whole
+    scope only when the provider asked for a wait (Retry-After). Configured
+    RPM/TPM stay upper bounds either way.
+
+    With ``learn_limits=False`` every 429 starts (or joins) the scope's
+    cooldown: ``cooldown_seconds`` (or the provider's Retry-After when given),
+    multiplied by ``backoff_multiplier`` for each further storm within a
+    cooldown's aftermath, up to ``max_cooldown_seconds``.
+
+    After any cooldown, admission reopens gradually: the scope's concurrency
+    starts at ``slow_start_initial_fraction`` of its bound and grows linearly
+    back to the bound over ``slow_start_seconds``.
     """
 
     cooldown_seconds: float = 5.0
@@ -184,6 +196,18 @@ class RateLimitConfig:
     max_cooldown_seconds: float = 120.0
     slow_start_seconds: float = 10.0
     slow_start_initial_fraction: float = 0.25
+    learn_limits: bool = True
+    """Pace by the provider's rate-limit headers and discover limits without them."""
+    pacing_margin: float = 0.005
+    """The share of each reported limit left unused before its reset (at least one call's worth)."""
+    discovery_decrease: float = 0.8
+    """On a 429 without headers, the discovered rate becomes this fraction of itself."""
+    discovery_recovery_seconds: float = 60.0
+    """Seconds the additive increase takes to climb back to the rate before a decrease."""
+    discovery_min_rpm: float = 1.0
+    """The discovered rate never falls below this many requests per minute."""
+    blip_retry_seconds: float = 1.0
+    """The wait of a call whose 429 said capacity remains, when it carried no Retry-After."""
 
     def __post_init__(self) -> None:
         _non_negative("cooldown_seconds", self.cooldown_seconds)
@@ -196,10 +220,25 @@ class RateLimitConfig:
                 "max_cooldown_seconds", self.max_cooldown_seconds, "must be >= cooldown_seconds"
             )
         _non_negative("slow_start_seconds", self.slow_start_seconds)
-        if not 0 < self.slow_start_initial_fraction <= 1:
-            raise ConfigurationError(
-                "slow_start_initial_fraction", self.slow_start_initial_fraction, "must be in (0, 1]"
-            )
+        _fraction("slow_start_initial_fraction", self.slow_start_initial_fraction, low_open=True, high=1.0)
+        if not isinstance(self.learn_limits, bool):
+            raise ConfigurationError("learn_limits", self.learn_limits, "must be True or False")
+        _fraction("pacing_margin", self.pacing_margin, low_open=False, high=0.5)
+        _fraction("discovery_decrease", self.discovery_decrease, low_open=True, high=1.0, high_open=True)
+        _positive("discovery_recovery_seconds", self.discovery_recovery_seconds, allow_none=False)
+        _positive("discovery_min_rpm", self.discovery_min_rpm, allow_none=False)
+        _non_negative("blip_retry_seconds", self.blip_retry_seconds)
+
+
+def _fraction(name: str, value: float, *, low_open: bool, high: float, high_open: bool = False) -> None:
+    """A number in the interval from 0 to ``high``, each end open or closed as asked."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigurationError(name, value, "must be a finite number")
+    too_low = value <= 0 if low_open else value < 0
+    too_high = value >= high if high_open else value > high
+    if too_low or too_high:
+        interval = f"{'(' if low_open else '['}0, {high:g}{')' if high_open else ']'}"
+        raise ConfigurationError(name, value, f"must be in {interval}")
 
 
 @final
