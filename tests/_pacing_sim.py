@@ -42,6 +42,7 @@ class Provider:
     accepted: list[float] = field(default_factory=list)
     refused: list[float] = field(default_factory=list)
     _fits: int = 0
+    _tokens: int = 0  # the tokens in ``served``
 
     def limit_at(self, now: float) -> int:
         limit = self.limit
@@ -52,13 +53,13 @@ class Provider:
 
     def _prune(self, now: float) -> None:
         while self.served and self.served[0][0] + self.window <= now:
-            self.served.popleft()
+            self._tokens -= self.served.popleft()[1]
 
     def arrive(self, now: float, tokens: int) -> tuple[bool, dict[str, str]]:
         self._prune(now)
         limit = self.limit_at(now)
         used = len(self.served)
-        used_tokens = sum(t for _, t in self.served)
+        used_tokens = self._tokens
         fits = used + 1 <= limit and (self.token_limit is None or used_tokens + tokens <= self.token_limit)
         blip = False
         if fits and self.blip_every:
@@ -66,6 +67,7 @@ class Provider:
             blip = self._fits % self.blip_every == 0
         if fits and not blip:
             self.served.append((now, tokens))
+            self._tokens += tokens
             self.accepted.append(now)
             used, used_tokens = used + 1, used_tokens + tokens
         else:
@@ -91,13 +93,13 @@ class Provider:
         return fits and not blip, headers
 
     def _wait(self, now: float, tokens: int, limit: int) -> float:
-        live = list(self.served)
+        live = self.served
         excess = len(live) + 1 - limit
         wait = 0.0
         if excess > 0:
             wait = live[excess - 1][0] + self.window - now if excess <= len(live) else self.window
         if self.token_limit is not None:
-            over = sum(t for _, t in live) + tokens - self.token_limit
+            over = self._tokens + tokens - self.token_limit
             freed = 0
             for at, t in live:
                 if over <= 0:
@@ -123,6 +125,7 @@ class Client:
     _events: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _head_timer: float = math.inf
+    _timer_id: int = 0
     admissions: list[float] = field(default_factory=list)
     trace: list[tuple[float, str]] = field(default_factory=list)
 
@@ -162,15 +165,20 @@ class Client:
         self._arm()
 
     def _arm(self) -> None:
+        # The head waiter sleeps until its ready time (or a release wakes it): one timer, the latest.
         core = self.core
         if not core.queue:
             return
         ready = core.ready_at(core.queue[0].tokens, self.now)
         if ready < math.inf and ready != self._head_timer:
             self._head_timer = ready
-            self.at(max(ready, self.now), self._timer)
+            self._timer_id += 1
+            timer_id = self._timer_id
+            self.at(max(ready, self.now), lambda: self._timer(timer_id))
 
-    def _timer(self) -> None:
+    def _timer(self, timer_id: int) -> None:
+        if timer_id != self._timer_id:
+            return  # superseded by a later one
         self._head_timer = math.inf
         self._look(list(self.core.admit_waiters(self.now)))
 

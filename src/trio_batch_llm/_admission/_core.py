@@ -299,7 +299,9 @@ class QuotaCore:
     def release_unused(self, grant: Grant, now: float) -> Sequence[Ticket]:
         """The call never reached the provider: free the slot, refund the RPM unit and every token."""
         self.in_flight -= 1
-        _, stamp, reservation, _ = grant
+        _, stamp, reservation, mark = grant
+        if mark is not None and self.pacing is not None:
+            self.pacing.refund(mark)
         if stamp is not None and self.requests is not None:
             self.requests.refund(stamp, now)
         if reservation is not None and self.tokens is not None:

@@ -2,7 +2,7 @@
 
 Used by :class:`~._pacing.PacingCore` when the provider reports no budget.
 The first 429 only starts measuring (admissions and answers are counted from
-then on, per second). After it, a 429 from a call admitted since the last
+then on, per second), and lets one call at a time go until one gets through. After it, a 429 from a call admitted since the last
 decrease is a new signal, and one per *generation* counts (a 429 from a call
 admitted before the last decrease belongs to a storm already answered):
 
@@ -15,12 +15,12 @@ admitted before the last decrease belongs to a storm already answered):
   ``(1 - discovery_decrease) * rate_before_the_decrease / discovery_recovery_seconds``
   per second elapsed since the previous answer, but only if the rate held a
   call back meanwhile; a configured RPM caps it;
-- **storm**: a new 429 with no other answer since the last decrease (or the
-  first 429) means the provider refuses everything (its window is full): the
-  rate is left alone; if the provider said when to come back, the scope's
-  cooldown waits for that, else calls go one at a time, each probe a
-  doubling gap after the last (1 s, 2 s, ... at most a window), until an
-  answer gets through.
+- **storm**: a new 429 with no other answer, to a call admitted since the
+  last decrease (or the first 429), means the provider refuses everything (its window is full): the
+  rate is left alone and calls go one at a time until an answer gets
+  through: right after the scope's cooldown if the provider said when to
+  come back, else each probe a doubling gap after the last (1 s, 2 s, ...
+  at most a window).
 
 Admissions are spread at the rate with :data:`~._limits.PACE_CREDIT` seconds of credit.
 """
@@ -45,7 +45,7 @@ class Discovery:
 
     __slots__ = (
         "_activated_at", "_admitted", "_answered", "_config", "_grown_at", "_limited_at", "_probed_at",
-        "_served", "_slope", "_storm_gap", "_tat", "cap", "generation", "rate",
+        "_served", "_slope", "_storm", "_storm_gap", "_tat", "cap", "generation", "rate",
     )
 
     def __init__(self, config: RateLimitConfig, requests_per_minute: float | None) -> None:
@@ -55,7 +55,8 @@ class Discovery:
         self.generation = 0
         self._activated_at: float | None = None  # the first 429: measuring begins
         self._answered = False  # an answer other than a 429 since the last decrease
-        self._storm_gap = 0.0  # > 0 while nothing gets through: one probe at a time, this far apart
+        self._storm = False  # nothing gets through: one probe at a time, ...
+        self._storm_gap = 0.0  # ... this far apart
         self._probed_at = NOW
         self._slope = 0.0
         self._grown_at = NOW
@@ -70,7 +71,7 @@ class Discovery:
             ready = self._tat - PACE_CREDIT
             if ready > now:
                 self._limited_at = now
-        if self._storm_gap:
+        if self._storm:
             probe = math.inf if in_flight else self._probed_at + self._storm_gap
             if probe > ready:
                 ready = probe
@@ -85,13 +86,18 @@ class Discovery:
         if rate is not None:
             self._tat = max(self._tat, now) + 1.0 / rate
 
-    def answered(self, now: float) -> None:
-        """An answer that was not a 429: count it served, and grow the rate if it held anyone back."""
+    def answered(self, generation: int, now: float) -> None:
+        """An answer that was not a 429: count it served, and grow the rate if it held anyone back.
+
+        Only a call admitted since the last decrease (``generation``) shows that
+        calls get through *now*, ending a storm.
+        """
         if self._activated_at is None:
             return
         self._served.add(now)
-        self._answered = True
-        self._storm_gap = 0.0
+        if generation >= self.generation:
+            self._answered = True
+            self._storm, self._storm_gap = False, 0.0
         rate = self.rate
         if rate is None:
             return
@@ -110,13 +116,16 @@ class Discovery:
         gap (at most a window), until an answer gets through.
         """
         if self._activated_at is None:
+            # The first: measuring begins, and one call at a time goes until one gets through.
             self._activated_at = now
             self.generation += 1
+            self._storm = True
             return
         if generation < self.generation:
             return  # admitted before the last decrease: that storm is already answered
         self.generation += 1
         if not self._answered:
+            self._storm = True
             if not asked_to_wait:
                 self._storm_gap = min(WINDOW_SECONDS, max(1.0, 2.0 * self._storm_gap))
             return

@@ -147,8 +147,8 @@ class PacingCore:
     """One scope's header pacing and discovery; ``active`` once either has anything to say."""
 
     __slots__ = (
-        "_config", "_mean_tokens", "_ratio", "active", "blips", "discovery", "requests", "requests_total",
-        "tokens", "tokens_total",
+        "_config", "_mean_tokens", "_open", "_ratio", "active", "blips", "discovery", "requests",
+        "requests_total", "tokens", "tokens_total",
     )
 
     def __init__(self, config: RateLimitConfig, *, requests_per_minute: float | None = None) -> None:
@@ -160,6 +160,7 @@ class PacingCore:
         self.requests_total = 0
         self.tokens_total = 0.0
         self.blips = 0
+        self._open = 0  # paced calls (with a mark) not settled yet
         self._ratio = 1.0  # real tokens / estimate, averaged over answers
         self._mean_tokens = 0.0  # real tokens per call, averaged over answers
 
@@ -202,17 +203,29 @@ class PacingCore:
             # The pace charges the usage-corrected estimate, the ceiling the cautious one.
             self.tokens.commit(self._paced_tokens(estimate), self.tokens_total, now)
         self.discovery.commit(now)
+        self._open += 1
         return PaceMark(self.requests_total, self.tokens_total, estimate, self.discovery.generation)
 
     # -- answers ------------------------------------------------------------------------------
 
-    def _mark_of(self, mark: PaceMark | None, in_flight: int) -> PaceMark:
-        # A call admitted before pacing began has no mark: assume, cautiously, that every
-        # call still in flight was admitted after it. It was admitted in generation 0.
+    def refund(self, mark: PaceMark | None) -> None:
+        """A paced call that never reached the provider: it stays charged (the cautious side)."""
         if mark is not None:
+            self._open -= 1
+
+    def _mark_of(self, mark: PaceMark | None, in_flight: int) -> PaceMark:
+        """``mark``, or the place of a call admitted before pacing began (in generation 0).
+
+        Every paced call came after such a call, and so did, at most, the other
+        unpaced calls still in flight: it is placed that far before the first
+        paced one. (Unpaced calls that came after it and already ended are not
+        known; the margin covers a few.)
+        """
+        if mark is not None:
+            self._open -= 1
             return mark
-        return PaceMark(self.requests_total - in_flight, self.tokens_total - in_flight * self._mean_tokens,
-                        0, 0)
+        unpaced = max(0, in_flight - self._open)
+        return PaceMark(-unpaced, -unpaced * self._mean_tokens, 0, 0)
 
     def _observe(self, mark: PaceMark, observation: RateLimitObservation) -> None:
         margin = self._config.pacing_margin
@@ -244,7 +257,7 @@ class PacingCore:
         self._learn_usage(placed.estimate, actual_tokens)
         if observation is not None:
             self._observe(placed, observation)
-        self.discovery.answered(now)
+        self.discovery.answered(placed.generation, now)
 
     def rate_limited(self, mark: PaceMark | None, observation: RateLimitObservation | None,
                      retry_after: float | None, in_flight: int, now: float) -> bool:
