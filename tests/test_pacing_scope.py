@@ -39,7 +39,7 @@ LEARN = RateLimitConfig(slow_start_seconds=0.0)
 
 async def drive(scope: QuotaScope, provider: Provider, *, workers: int, latency: float, until: float,
                 now: Stopwatch, admitted: list[float] | None = None) -> None:
-    """Workers call through ``scope`` until ``until``: the provider decides at mid-call, answers at the end."""
+    """Workers call through ``scope`` until ``until``; the provider decides mid-call, answers at the end."""
 
     async def worker() -> None:
         while now() < until:

@@ -2,9 +2,10 @@
 
 Used by :class:`~._pacing.PacingCore` when the provider reports no budget.
 The first 429 only starts measuring (admissions and answers are counted from
-then on, per second), and lets one call at a time go until one gets through. After it, a 429 from a call admitted since the last
-decrease is a new signal, and one per *generation* counts (a 429 from a call
-admitted before the last decrease belongs to a storm already answered):
+then on, per second), and lets one call at a time go until one gets through.
+After it, a 429 from a call admitted since the last decrease is a new signal,
+and one per *generation* counts (a 429 from a call admitted before the last
+decrease belongs to a storm already answered):
 
 - **multiplicative decrease**: the rate becomes ``discovery_decrease`` times
   the rate in force (the first time: the rate measured since the first 429,
