@@ -1,9 +1,9 @@
 """Run every benchmark in one go: ``python3 dev.py bench`` (or ``python benchmarks/run_all.py``).
 
-    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint,batch]
+    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint,batch,cli]
 
-Runs drain.py, throughput.py, overhead.py, store_throughput.py and
-checkpoint_throughput.py, each in its
+Runs drain.py, throughput.py, overhead.py, store_throughput.py,
+checkpoint_throughput.py, batch_mode.py and cli_scale.py, each in its
 own process (so one benchmark's heap and event-loop state never leak into the
 next), in that order. Every script prints its tables and writes JSON (and PNG
 plots where it has them) into benchmarks/results/. ``--quick`` is a smoke run
@@ -32,6 +32,8 @@ SCRIPTS: list[tuple[str, str, list[str], list[str]]] = [
     ("store", "store_throughput.py", [], ["--records", "2000", "--repeat", "1", "--output", "QUICK/store_throughput.json"]),
     ("checkpoint", "checkpoint_throughput.py", [], ["--items", "2000", "--repeat", "1"]),
     ("batch", "batch_mode.py", [], ["--quick"]),
+    # The command line on a million-line file; stopped (SIGINT) after 100,000 answers to bound its time.
+    ("cli", "cli_scale.py", ["--stop-after", "100000"], ["--quick"]),
 ]
 # crash_fuzz.py is a fuzz test of the stores (pass/fail), not a benchmark: run it on its own.
 

@@ -68,7 +68,7 @@ from trio_batch_llm import (
     RetryConfig,
 )
 from trio_batch_llm._runs import Run, RunSnapshot, RunStateError, SqliteRunRepository, open_run
-from trio_batch_llm._runs._batch_drive import METADATA_KEY
+from trio_batch_llm._runs._batch_submit import METADATA_KEY
 from trio_batch_llm._runs._reader import load_results
 from trio_batch_llm._runs._schema import LIVE_SUBMISSION_STATES, RunResult, SubmissionRecord
 from trio_batch_llm.testing import MockServer, MockServerConfig, MockServerStats, serve_mock

@@ -40,6 +40,7 @@ from trio_batch_llm._artifacts import (
     fingerprint,
 )
 from trio_batch_llm._artifacts._group_commit import CommitStatistics, GroupCommitter
+from trio_batch_llm._artifacts._worker_gate import WorkerGate
 
 pytestmark = pytest.mark.anyio
 
@@ -604,11 +605,10 @@ class FakeWriter:
                 self._active -= 1
 
 
-def committer_for(writer: FakeWriter) -> tuple[GroupCommitter[str], list[str], anyio.CapacityLimiter]:
-    limiter = anyio.CapacityLimiter(1)
+def committer_for(writer: FakeWriter) -> tuple[GroupCommitter[str], list[str], WorkerGate]:
+    gate = WorkerGate()
     committer = GroupCommitter(
-        writer, limiter=limiter, io_lock=threading.Lock(),
-        wrap_error=lambda exc: ArtifactStoreError(f"batch failed: {exc}"),
+        writer, gate=gate, wrap_error=lambda exc: ArtifactStoreError(f"batch failed: {exc}"),
     )
     leaders: list[str] = []
     lead = committer._lead
@@ -618,15 +618,27 @@ def committer_for(writer: FakeWriter) -> tuple[GroupCommitter[str], list[str], a
         await lead()
 
     committer._lead = spy  # type: ignore[method-assign]
-    return committer, leaders, limiter
+    return committer, leaders, gate
+
+
+class GateHolder:
+    """Another blocking call of the store (a load, say) that holds its worker gate until released."""
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self) -> None:
+        self.holding.set()
+        assert self.release.wait(timeout=30)
 
 
 async def test_leader_cancelled_before_its_thread_hands_the_batch_back() -> None:
     writer = FakeWriter()
-    committer, leaders, limiter = committer_for(writer)
+    committer, leaders, gate = committer_for(writer)
     scopes = {name: anyio.CancelScope() for name in "XABC"}
     outcome: dict[str, str] = {}
-    holding, release_limiter = anyio.Event(), anyio.Event()
+    holder = GateHolder()
 
     async def appender(name: str) -> None:
         with scopes[name]:
@@ -637,24 +649,22 @@ async def test_leader_cancelled_before_its_thread_hands_the_batch_back() -> None
                 raise
             outcome[name] = "ok"
 
-    async def hold_limiter() -> None:
-        async with limiter:
-            holding.set()
-            await release_limiter.wait()
+    async def hold_gate() -> None:
+        await gate.run(holder)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(appender, "X", name="X")
         await anyio.to_thread.run_sync(writer.entered[0].wait)
         for name in "ABC":
             tg.start_soon(appender, name, name=name)
-        tg.start_soon(hold_limiter)  # queues behind X's write for the limiter
+        tg.start_soon(hold_gate)  # queues behind X's write for the gate
         await anyio.wait_all_tasks_blocked()
         writer.gates[0].set()
-        await holding.wait()
+        await anyio.to_thread.run_sync(holder.holding.wait)
         await anyio.wait_all_tasks_blocked()
         stats = committer.statistics()
         assert (stats.writing, stats.in_flight, stats.pending) == (True, 3, 0)
-        leader = leaders[-1]  # took A, B and C; waits for the limiter, no thread yet
+        leader = leaders[-1]  # took A, B and C; waits for the gate, no thread yet
         scopes[leader].cancel()
         await anyio.wait_all_tasks_blocked()
         assert outcome[leader] == "cancelled"
@@ -662,7 +672,7 @@ async def test_leader_cancelled_before_its_thread_hands_the_batch_back() -> None
         assert (stats.writing, stats.in_flight) == (True, 2)  # the others took over
         for gate in writer.gates[1:]:
             gate.set()
-        release_limiter.set()
+        holder.release.set()
 
     survivors = sorted(set("ABC") - {leader})
     assert [sorted(batch) for batch in writer.writes] == [["X"], survivors]
@@ -671,28 +681,26 @@ async def test_leader_cancelled_before_its_thread_hands_the_batch_back() -> None
 
 async def test_cancelled_owners_of_a_handed_back_batch_are_dropped() -> None:
     writer = FakeWriter()
-    committer, _leaders, limiter = committer_for(writer)
+    committer, _leaders, gate = committer_for(writer)
     scopes = {name: anyio.CancelScope() for name in "XABCD"}
-    holding, release_limiter = anyio.Event(), anyio.Event()
+    holder = GateHolder()
 
     async def appender(name: str) -> None:
         with scopes[name]:
             await committer.submit(name)
 
-    async def hold_limiter() -> None:
-        async with limiter:
-            holding.set()
-            await release_limiter.wait()
+    async def hold_gate() -> None:
+        await gate.run(holder)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(appender, "X", name="X")
         await anyio.to_thread.run_sync(writer.entered[0].wait)
         for name in "ABC":
             tg.start_soon(appender, name, name=name)
-        tg.start_soon(hold_limiter)
+        tg.start_soon(hold_gate)
         await anyio.wait_all_tasks_blocked()
         writer.gates[0].set()
-        await holding.wait()
+        await anyio.to_thread.run_sync(holder.holding.wait)
         await anyio.wait_all_tasks_blocked()
         for name in "ABC":  # the leader and both records it took
             scopes[name].cancel()
@@ -700,7 +708,7 @@ async def test_cancelled_owners_of_a_handed_back_batch_are_dropped() -> None:
         assert committer.statistics() == CommitStatistics(
             pending=0, in_flight=0, writing=False, batches_written=1, records_written=1, failed_batches=0
         )
-        release_limiter.set()
+        holder.release.set()
         for gate in writer.gates[1:]:
             gate.set()
         tg.start_soon(appender, "D", name="D")

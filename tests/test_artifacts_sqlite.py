@@ -12,6 +12,7 @@ import pytest
 
 from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, WorkItemResult
 from trio_batch_llm._artifacts import SqliteArtifactStore, fingerprint
+from trio_batch_llm._artifacts._sqlite_file import SqliteFile, classify_database
 
 pytestmark = pytest.mark.anyio
 
@@ -73,11 +74,9 @@ async def test_one_transaction_per_group_commit_batch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("fsync", "level"), [(False, 1), (True, 2)])  # NORMAL, FULL
 async def test_fsync_selects_synchronous_full(tmp_path: Path, fsync: bool, level: int) -> None:
     async with SqliteArtifactStore(tmp_path / "run.sqlite", identity=IDENTITY, fsync=fsync) as store:
-        conn = store._conn
-        assert conn is not None
-        got = await anyio.to_thread.run_sync(
-            lambda: conn.execute("PRAGMA synchronous").fetchone()[0], limiter=store._limiter
-        )
+        conn, gate = store._conn, store._gate
+        assert conn is not None and gate is not None
+        got = await gate.run(lambda: conn.execute("PRAGMA synchronous").fetchone()[0])
     assert got == level
 
 
@@ -170,3 +169,36 @@ async def test_iter_results_while_the_writer_is_open(tmp_path: Path) -> None:
         seen = await anyio.to_thread.run_sync(lambda: [r.item_id for r in reader.iter_results()])
         assert seen == ["item-1"]
         await store.append(result(2), fingerprint=fp(2))
+
+
+def test_a_file_created_by_another_process_while_it_is_classified_is_seen_in_one_state(
+    tmp_path: Path,
+) -> None:
+    """The four reads of classify_database see one snapshot: another process's commit creating the
+    file between them (seen in a six-process race) must not look like its tables without our
+    application_id, which refused our own file as foreign."""
+    path = tmp_path / "race.sqlite"
+    setup = sqlite3.connect(path, isolation_level=None)
+    setup.execute("PRAGMA journal_mode=WAL")  # as the first process leaves it before it creates
+    setup.close()
+    other = SqliteFile(path, busy_timeout=5.0)
+    created: list[bool] = []
+
+    def create_between_the_reads(statement: str) -> None:
+        if statement.startswith("PRAGMA user_version") and not created:
+            created.append(True)
+            conn = other.connect()
+            with other.transaction(conn):
+                other.initialise(conn, IDENTITY)
+            other.close(conn, fold_wal=False)
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.set_trace_callback(create_between_the_reads)
+        assert classify_database(conn, path) == "empty"  # the snapshot of the first read
+        conn.set_trace_callback(None)
+        assert created == [True]
+        assert classify_database(conn, path) == "ours"
+        assert not conn.in_transaction
+    finally:
+        conn.close()

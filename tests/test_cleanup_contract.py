@@ -699,7 +699,7 @@ def _close_pressing_ctrl_c_trio(presses: int) -> tuple[Log, RecordingStore, Para
 
     with pytest.raises(KeyboardInterrupt):
         trio.run(main)
-    return log, proc._store, proc  # type: ignore[return-value]
+    return log, proc._publisher.store, proc  # type: ignore[return-value]
 
 
 def test_c3_2_first_keyboard_interrupt_reaching_the_closer_is_deferred_trio() -> None:

@@ -173,7 +173,12 @@ def test_resume_refuses_a_file_written_for_another_model(
     before = out.read_bytes()
     code, output = run_cli(capsys, *run_args(source, out), "--resume")
     assert code == 2, output
-    assert f"trio-batch-llm: error: cannot use --out {out}: " in output and "'old-model'" in output
+    # The command line's terms: the flag that continues the file, not the Python argument the
+    # library's own message suggests (allow_identity_mismatch=True).
+    assert (f"trio-batch-llm: error: --out {out} was written with --model openai-compatible:old-model, "
+            "and this run is --model openai-compatible:m: pass --model openai-compatible:old-model to "
+            "continue it, or choose another --out") in output
+    assert "allow_identity_mismatch" not in output
     assert out.read_bytes() == before  # checked before anything was written
 
 

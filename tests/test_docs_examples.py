@@ -115,6 +115,8 @@ EXAMPLES = [
     Example("batch_run", BOTH, needs=SERVER),
     Example("streaming", BOTH, ("consumed 200 results; read ", "calls still running: 0")),
     Example("processor_streaming", BOTH, ("20 results; first few in completion order",)),
+    Example("observability", BOTH),
+    Example("tracing_metrics", BOTH, needs=("opentelemetry.sdk", "prometheus_client")),
     Example("migration_before", ASYNCIO, ("2 True", "streamed item_0", "echo: hello"), ("async_batch_llm",)),
     Example("migration_after", BOTH, ("2 True", "streamed item-", "echo: hello")),
 ]
@@ -214,6 +216,31 @@ def test_every_example_is_shown_on_a_page() -> None:
     assert outputs <= {Path(t).stem for t in _snippets() if t.startswith("docs/examples/output/")}
 
 
+CONTENT_COLUMNS = 88
+"""What the site's content column shows of a code block without a horizontal scroll bar."""
+
+
+def _code_lines() -> Iterator[tuple[str, int, str]]:
+    """Every line a reader sees in a code block: the example files, their outputs, and the
+    fenced blocks written into the pages (an include line stands for its file)."""
+    for path in sorted([*EXAMPLES_DIR.glob("*.py"), *OUTPUTS_DIR.glob("*.txt")]):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            yield str(path.relative_to(ROOT)), number, line
+    for page in sorted(DOCS.rglob("*.md")):
+        inside = False
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.lstrip().startswith("```"):
+                inside = not inside
+            elif inside and "--8<--" not in line:
+                yield str(page.relative_to(ROOT)), number, line
+
+
+def test_code_fits_the_content_column() -> None:
+    wide = [f"{where}:{number} ({len(line)})" for where, number, line in _code_lines()
+            if len(line) > CONTENT_COLUMNS]
+    assert wide == []
+
+
 def _main_source(name: str) -> str:
     tree = ast.parse((EXAMPLES_DIR / f"{name}.py").read_text(encoding="utf-8"))
     mains = [node for node in tree.body if isinstance(node, ast.AsyncFunctionDef) and node.name == "main"]
@@ -256,12 +283,14 @@ def test_the_example_test_module_passes() -> None:
 def _cli_commands() -> list[str]:
     page = (DOCS / "cli.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```text\n(.*?)```", page, flags=re.DOTALL)
-    return [line for block in blocks for line in block.splitlines() if line.startswith("trio-batch-llm ")]
+    # A command may go on over several lines, each but the last ending in a backslash.
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    return [" ".join(line.split()) for line in lines if line.startswith("trio-batch-llm ")]
 
 
 def test_cli_page_shows_every_command() -> None:
     shown = {shlex.split(line)[1] for line in _cli_commands()}
-    assert shown == {"run", "runs", "demo", "serve-mock"}
+    assert shown == {"run", "export", "runs", "demo", "serve-mock"}
 
 
 @pytest.mark.parametrize("line", _cli_commands())

@@ -9,10 +9,13 @@ clocks, but they synchronise on events, never on sleeps.
 from __future__ import annotations
 
 import ast
+import fcntl
 import io
 import logging
 import os
 import re
+import struct
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,7 +143,7 @@ def test_tracker_invariants(events: list[tuple[str, float]]) -> None:
 
 def test_terminal_bar_exact_text() -> None:
     out = io.StringIO()
-    bar = TerminalProgressBar(out)
+    bar = TerminalProgressBar(out, columns=200)
     assert not bar.uses_rich  # a StringIO is not a terminal
     bar.update(HALF)
     bar.close(DONE)
@@ -149,9 +152,16 @@ def test_terminal_bar_exact_text() -> None:
     assert out.getvalue() == f"\r{HALF_LINE}\x1b[K\r{DONE_LINE}\x1b[K\n"
 
 
+def set_terminal_size(fd: int, columns: int, rows: int = 24) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+
+
 @pytest.fixture
-def pty() -> Iterator[tuple[int, Any]]:
+def pty(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, Any]]:
+    """A pseudo-terminal 200 columns wide (tests that need another width resize it)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
     master, slave = os.openpty()
+    set_terminal_size(slave, 200)
     os.set_blocking(master, False)
     stream = os.fdopen(slave, "w", encoding="utf-8")
     try:
@@ -415,7 +425,7 @@ async def test_callback_error_propagates_and_later_calls_still_arrive() -> None:
 
 async def test_renderers_ignore_items_and_aclose_draws_the_final_line() -> None:
     out = io.StringIO()
-    bar = TerminalProgressBar(out)
+    bar = TerminalProgressBar(out, columns=200)
     await bar.on_item_async(1, 2, "a")
     await bar.aclose(DONE)
     assert out.getvalue() == f"\r{DONE_LINE}\x1b[K\n"

@@ -25,8 +25,9 @@ from trio_batch_llm import BatchLLMError, ConfigurationError, ErrorCategory, Pro
 from trio_batch_llm._engine._classify import Classification, classify
 from trio_batch_llm._strategies._factory import llm
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._strategies.openai._keys import Secret
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
-from trio_batch_llm._strategies.openai._wire import Secret, error_from_status, parse_retry_after
+from trio_batch_llm._strategies.openai._wire_errors import error_from_status, parse_retry_after
 
 pytestmark = pytest.mark.anyio
 
@@ -207,6 +208,25 @@ async def test_sdk_sends_exact_request_without_retrying(api: str) -> None:
     assert usage["total_tokens"] == 10
     assert metadata["api"] == api
     assert metadata["model"] == "m-served"
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("kind", ["compatible", "sdk"])
+async def test_a_batch_request_line_carries_the_body_execute_sends(api: str, kind: str) -> None:
+    """Provider-batch mode must ask for what a live call asks for: extra_body included (the SDK
+    strategy keeps extra_body apart for the SDK, and its batch lines used to lose it)."""
+    rec = Recorder(httpx2.Response(200, json=OK_BODY[api]))
+    settings: dict[str, Any] = {"api": api, "system_prompt": "sys", "temperature": 0.0,
+                                "max_output_tokens": 9, "extra_body": {"store": False, "seed": 7}}
+    strategy, http = sdk(rec, **settings) if kind == "sdk" else compat(rec, **settings)
+    async with http:
+        await strategy.execute("hello", 1, None)
+    request = strategy.batch_endpoint().encode_request("item-1", "hello")
+    line = json.loads(request.line)
+    assert request.line.endswith(b"\n") and request.line.count(b"\n") == 1
+    path = "/chat/completions" if api == "chat" else "/responses"
+    assert line == {"custom_id": "item-1", "method": "POST", "url": "/v1" + path, "body": rec.bodies[0]}
+    assert request.text == "sys\nhello"
 
 
 # -- responses ---------------------------------------------------------------------------------

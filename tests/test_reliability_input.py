@@ -334,7 +334,8 @@ def test_rel6a_redaction_everywhere_a_url_is_shown(monkeypatch: pytest.MonkeyPat
         from trio_batch_llm._runs._batch_config import ProviderBatchConfig
         from trio_batch_llm._runs._batch_drive import capacity_scope_of
 
-        shown.append(capacity_scope_of(strategies[0], ProviderBatchConfig()))  # stored in the run database
+        for strategy in strategies:  # stored in the run database
+            shown.append(capacity_scope_of(strategy.batch_endpoint(), ProviderBatchConfig()))
         from trio_batch_llm._runs._schema import RunTermination
 
         shown.append(repr(RunTermination("error", f"HTTPStatusError: 401 for url '{url}'")))  # stored too
@@ -591,7 +592,7 @@ def test_rel7_csv_field_over_131072_characters_is_read(tmp_path: Path,
     assert records[0].context == {"note": long_note}
     assert csv.field_size_limit() == before  # the process-wide limit is not touched
     # where the interpreter cannot make a private csv module, the shared limit is raised and restored
-    from trio_batch_llm._cli import _input as _cli_input
+    from trio_batch_llm._cli import _input_csv as _cli_input
 
     monkeypatch.setattr(_cli_input, "_private_csv", lambda: None)
     assert [r.item_id for r in read_input(source)] == ["a", "b"]
@@ -600,7 +601,7 @@ def test_rel7_csv_field_over_131072_characters_is_read(tmp_path: Path,
 
 def test_rel7_csv_field_over_the_documented_limit_names_the_line(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from trio_batch_llm._cli import _input as _cli_input
+    from trio_batch_llm._cli import _input_csv as _cli_input
 
     assert _cli_input.CSV_FIELD_LIMIT == 64 * 1024 * 1024
     monkeypatch.setattr(_cli_input, "CSV_FIELD_LIMIT", 1000)

@@ -48,7 +48,7 @@ Store = JsonlArtifactStore | SqliteArtifactStore
 
 
 @pytest.fixture(scope="module", params=[pytest.param("asyncio", id="asyncio"),
-                                        pytest.param(trio_virtual_clock(), id="trio")])
+                                        pytest.param(trio_virtual_clock(threads=True), id="trio")])
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
 

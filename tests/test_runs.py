@@ -55,7 +55,7 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(), id="trio")],
+    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(threads=True), id="trio")],
 )
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param

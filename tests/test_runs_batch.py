@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import pytest
 
@@ -24,9 +25,11 @@ from trio_batch_llm import (
     OpenAICompatibleStrategy,
     ProcessorConfig,
     ProviderBatchConfig,
+    ProviderError,
     RetryConfig,
 )
 from trio_batch_llm._runs import Run, RunStateError, SqliteRunRepository, iter_run_results, open_run
+from trio_batch_llm._strategies._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
 from trio_batch_llm.testing import MockOpenAIApp, MockServerConfig
 
 from ._runs_child import IDENTITY, CountingStrategy, prompts
@@ -39,7 +42,7 @@ NO_WAIT = RetryConfig(max_attempts=3, initial_wait=1.0, max_wait=1.0, jitter=Fal
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(), id="trio")],
+    params=[pytest.param("asyncio", id="asyncio"), pytest.param(trio_virtual_clock(threads=True), id="trio")],
 )
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
@@ -384,8 +387,10 @@ async def test_wait_raises_at_the_deadline_and_starts_no_provider_work_after_it(
 
 
 async def test_open_run_checks_its_batch_arguments(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="strategy"):
+    with pytest.raises(ConfigurationError, match="strategy") as info:
         await open_run(tmp_path / "x.sqlite", "r", CountingStrategy(), prompts(1), mode="provider-batch")
+    assert "batch_endpoint()" in str(info.value) and info.value.value == "CountingStrategy"
+    assert not (tmp_path / "x.sqlite").exists()  # refused before any work
     with pytest.raises(ConfigurationError, match="batch"):
         await open_run(tmp_path / "x.sqlite", "r", CountingStrategy(), prompts(1),
                        batch=ProviderBatchConfig())
@@ -467,3 +472,136 @@ async def test_a_create_left_in_flight_is_settled_only_when_nobody_drives(tmp_pa
             assert (await run.wait()).status == "completed"
         assert app.statistics().batches_created == 1
     _assert_exactly_once(db, _ids(3))
+
+
+# --- the BatchEndpoint protocol is all a run needs of a provider ------------------------------
+
+
+class ShoutingBatches:
+    """A provider of its own, in memory: every batch is done at the first look, each prompt shouted.
+
+    Its wire format is not OpenAI's (``id<TAB>prompt`` lines; answers ``id<TAB>TEXT``, a ``!`` line
+    marks an item it refused), so a run that completes on it used nothing but the protocol."""
+
+    capacity_scope = "shouting|one-key"
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, BatchInfo] = {}
+        self.metadata: list[dict[str, str]] = []
+        self.cancelled: list[str] = []
+        self.connections = 0
+        self.closed = 0
+
+    def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
+        return BatchRequest(line=f"{item_id}\t{prompt}\n".encode(), text=prompt)
+
+    def decode_results(
+        self, batch: BatchInfo, files: Any, item_ids: Any
+    ) -> dict[str, BatchItemOutcome]:
+        outcomes = {}
+        for line in b"".join(files).decode().splitlines():
+            item_id, text = line.split("\t")
+            if text == "!":
+                outcomes[item_id] = BatchItemOutcome(
+                    error=ProviderError("refused", category=ErrorCategory.CONTENT_POLICY))
+            else:
+                outcomes[item_id] = BatchItemOutcome(text=text, usage={"input_tokens": 1, "output_tokens": 1})
+        return outcomes
+
+    def create_outcome_unknown(self, error: ProviderError) -> bool:
+        return error.status_code is None
+
+    def connect(self, *, request_timeout: float, start_before: float) -> ShoutingBatches:
+        self.connections += 1
+        return self
+
+    async def upload(self, filename: str, content: bytes) -> str:
+        await anyio.lowlevel.checkpoint()
+        file_id = f"file-{len(self.files)}"
+        self.files[file_id] = content
+        return file_id
+
+    async def create(self, input_file_id: str, *, completion_window: str, metadata: Any,
+                     sending: SendMark | None = None) -> BatchInfo:
+        await anyio.lowlevel.checkpoint()
+        if sending is not None:
+            sending.sent = True
+        self.metadata.append(dict(metadata))
+        answers = []
+        for line in self.files[input_file_id].decode().splitlines():
+            item_id, prompt = line.split("\t")
+            answers.append(f"{item_id}\t{'!' if 'forbidden' in prompt else prompt.upper()}")
+        out = f"out-{input_file_id}"
+        self.files[out] = "\n".join(answers).encode()
+        batch_id = f"batch-{len(self.batches)}"
+        self.batches[batch_id] = BatchInfo(id=batch_id, status="done", terminal=True, result_files=(out,))
+        return BatchInfo(id=batch_id, status="queued")
+
+    async def retrieve(self, batch_id: str) -> BatchInfo | None:
+        await anyio.lowlevel.checkpoint()
+        return self.batches.get(batch_id)
+
+    async def find(self, key: str, value: str) -> BatchInfo | None:
+        await anyio.lowlevel.checkpoint()
+        return None
+
+    async def download(self, file_id: str) -> bytes:
+        await anyio.lowlevel.checkpoint()
+        return self.files[file_id]
+
+    async def cancel(self, batch_id: str) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.cancelled.append(batch_id)
+
+    async def aclose(self) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.closed += 1
+
+
+class ShoutingStrategy(CountingStrategy):
+    """A live strategy (it would answer ``out: ...``) that also offers a Batch API of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.provider = ShoutingBatches()
+
+    def batch_endpoint(self) -> Any:
+        return self.provider
+
+
+async def test_a_run_reaches_any_provider_through_its_batch_endpoint(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    strategy = ShoutingStrategy()
+    source = [("a", "hello"), ("b", "forbidden words"), ("c", "bye")]
+    async with await _open(db, strategy, source, batch=_batch(max_requests_per_batch=2)) as run:
+        snap = await run.wait()
+    assert (snap.status, snap.succeeded, snap.failed) == ("completed", 2, 1)
+    assert sum(strategy.calls.values()) == 0  # no live call: everything went through the endpoint
+    provider = strategy.provider
+    assert len(provider.batches) == 2 and provider.connections == provider.closed == 1
+    assert {m["trio_batch_llm_submission"] for m in provider.metadata} == {
+        s.submission_id for s in _submissions(db)
+    }
+    results = {r.item_id: r.result for r in iter_run_results(db, "run")}
+    assert (results["a"].output, results["c"].output) == ("HELLO", "BYE")
+    assert results["b"].error_category is ErrorCategory.CONTENT_POLICY and results["b"].attempts == 1
+    assert results["a"].metadata["batch_id"] in provider.batches
+    _assert_exactly_once(db, ["a", "b", "c"])
+
+
+def _submissions(db: Path) -> list[Any]:
+    repository = SqliteRunRepository(db, read_only=True)
+    repository.open()
+    try:
+        return repository.submissions("run")
+    finally:
+        repository.close()
+
+
+async def test_the_default_capacity_scope_is_the_endpoints(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    strategy = ShoutingStrategy()
+    async with await _open(db, strategy, prompts(2)) as run:
+        assert (await run.wait()).status == "completed"
+    assert {s.scope for s in _submissions(db)} == {"shouting|one-key"}

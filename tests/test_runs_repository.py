@@ -26,8 +26,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, SqliteArtifactStore
+from trio_batch_llm import ArtifactIdentity, ArtifactStoreError
 from trio_batch_llm._artifacts._fingerprint import canonical_json, identity_fingerprint
+from trio_batch_llm._artifacts._sqlite_file import SqliteFile
 from trio_batch_llm._runs import RunRepository, RunStateError, SqliteRunRepository
 from trio_batch_llm._runs._schema import (
     LIVE_SUBMISSION_STATES,
@@ -338,7 +339,7 @@ def _write_v1_file(path: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("BEGIN IMMEDIATE")
-        SqliteArtifactStore(path, identity=IDENTITY)._create(conn)  # the artifact header both share
+        SqliteFile(path, busy_timeout=5.0).initialise(conn, IDENTITY)  # the artifact header both share
         for statement in _V1_SCHEMA:
             conn.execute(statement)
         conn.execute(

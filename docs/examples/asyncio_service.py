@@ -1,4 +1,4 @@
-"""asyncio: one pool shared by concurrent requests; asyncio.timeout and cancellation just work."""
+"""asyncio: one pool shared by concurrent requests; timeouts and cancellation work."""
 
 import asyncio
 
@@ -14,8 +14,13 @@ async def main() -> None:
     strategy = FakeStrategy(latency=0.05)
     async with LLMCallPool(strategy, config=ProcessorConfig(concurrency=4)) as pool:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(handle_request(pool, f"question {i}")) for i in range(10)]
-        print(tasks[0].result(), f"(never more than {strategy.max_in_flight} calls at once)")
+            tasks = [
+                tg.create_task(handle_request(pool, f"question {i}")) for i in range(10)
+            ]
+        print(
+            tasks[0].result(),
+            f"(never more than {strategy.max_in_flight} calls at once)",
+        )
 
         # A timeout cancels exactly this caller's request and frees its slot.
         try:
@@ -27,7 +32,9 @@ async def main() -> None:
     # Around a whole batch, a timeout cancels it and closes everything before it raises.
     try:
         async with asyncio.timeout(0.1):
-            await process_prompts(strategy, [f"p{i}" for i in range(100)], concurrency=5)
+            await process_prompts(
+                strategy, [f"p{i}" for i in range(100)], concurrency=5
+            )
     except TimeoutError:
         print(f"batch timed out; calls still running: {strategy.in_flight}")
 

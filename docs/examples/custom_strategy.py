@@ -40,13 +40,20 @@ class TranslateStrategy(LLMCallStrategy[str]):
         self._session = await Session.open()
 
     async def execute(
-        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+        self,
+        prompt: str,
+        attempt: int,
+        timeout: float | None,
+        state: RetryState | None = None,
     ) -> tuple[str, TokenUsage | None, Any]:
         # Runs once per attempt, inside the attempt's cancel scope: no timeout
         # handling needed here. Raise to fail the attempt; the engine classifies it.
         assert self._session is not None, "prepare() runs before execute()"
         text = await self._session.translate(prompt, self.target)
-        usage: TokenUsage = {"input_tokens": len(prompt.split()), "output_tokens": len(text.split())}
+        usage: TokenUsage = {
+            "input_tokens": len(prompt.split()),
+            "output_tokens": len(text.split()),
+        }
         return text, usage, {"target": self.target}
 
     async def cleanup(self) -> None:
@@ -58,9 +65,14 @@ class TranslateStrategy(LLMCallStrategy[str]):
 
 async def main() -> None:
     strategy = TranslateStrategy("fr")
-    batch = await process_prompts(strategy, [f"sentence {i}" for i in range(20)], concurrency=5)
+    batch = await process_prompts(
+        strategy, [f"sentence {i}" for i in range(20)], concurrency=5
+    )
     print(batch.results[0].output, batch.results[0].metadata)
-    print(f"{batch.succeeded} translated; sessions opened {Session.opened}, closed {Session.closed}")
+    print(
+        f"{batch.succeeded} translated; sessions opened "
+        f"{Session.opened}, closed {Session.closed}"
+    )
 
 
 if __name__ == "__main__":

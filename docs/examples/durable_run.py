@@ -1,4 +1,4 @@
-"""A durable run: bounded waits, pause and resume, reattach, and reading results with a cursor."""
+"""A durable run: bounded waits, pause and resume, reattach, results read by cursor."""
 
 import tempfile
 from pathlib import Path
@@ -22,17 +22,25 @@ async def main() -> None:
     async with serve_mock(MockServerConfig(latency=0.05)) as server:
         strategy = OpenAICompatibleStrategy("any-model", base_url=server.base_url)
         with tempfile.TemporaryDirectory() as tmp:
-            db = Path(tmp) / "runs.sqlite"  # the run's state lives here, not in this process
+            db = (
+                Path(tmp) / "runs.sqlite"
+            )  # the run's state lives here, not in this process
 
-            async with await open_run(db, "nightly", strategy, PROMPTS, config=config) as run:
+            async with await open_run(
+                db, "nightly", strategy, PROMPTS, config=config
+            ) as run:
                 # wait() drives the run; its timeout bounds this call, not the run.
                 try:
                     await run.wait(timeout=0.1)
                 except TimeoutError:
                     snap = await run.snapshot()
-                    print(f"after wait(timeout=0.1): {snap.status}, finished: {snap.done == len(PROMPTS)}")
+                    print(
+                        f"after wait(timeout=0.1): {snap.status}, "
+                        f"finished: {snap.done == len(PROMPTS)}"
+                    )
 
-                # Pause while driving: no new call starts, calls in flight finish and are recorded.
+                # Pause while driving: no new call starts, calls in flight finish and
+                # are recorded.
                 seen = server.stats.requests
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(run.wait)
@@ -40,28 +48,45 @@ async def main() -> None:
                     paused = await run.pause("deploy")
                     tg.cancel_scope.cancel()  # wait() would keep watching a paused run
                 assert paused.termination is not None
-                print(f"paused: {paused.status} ({paused.termination.reason}), "
-                      f"some pending: {paused.pending > 0}")
+                print(
+                    f"paused: {paused.status} ({paused.termination.reason}), "
+                    f"some pending: {paused.pending > 0}"
+                )
 
-            # Any process can reattach by name; pass the same source, it continues from its checkpoint.
-            async with await open_run(db, "nightly", strategy, PROMPTS, config=config) as run:
+            # Any process can reattach by name; pass the same source, it continues from
+            # its checkpoint.
+            async with await open_run(
+                db, "nightly", strategy, PROMPTS, config=config
+            ) as run:
                 await run.resume()
                 final = await run.wait()
-                print(f"resumed and finished: {final.status}, {final.succeeded}/{final.items} succeeded, "
-                      f"last sequence {final.last_sequence}")
+                print(
+                    f"resumed and finished: {final.status}, "
+                    f"{final.succeeded}/{final.items} succeeded, "
+                    f"last sequence {final.last_sequence}"
+                )
 
-                # Results come in a gapless sequence: store the cursor with what you did with them.
+                # Results come in a gapless sequence: store the cursor with what you did
+                # with them.
                 cursor = 0
                 while page := await run.read_results(after_sequence=cursor, limit=25):
                     print(f"read sequences {page[0].sequence}-{page[-1].sequence}")
                     cursor = page[-1].sequence
                 answers = {r.item_id: r.result.output for r in await run.read_results()}
                 print("doc-07:", answers["doc-07"])
-                print("exported", await run.export_jsonl(Path(tmp) / "results.jsonl"), "results")
+                print(
+                    "exported",
+                    await run.export_jsonl(Path(tmp) / "results.jsonl"),
+                    "results",
+                )
 
-            # Another process (a dashboard, cron) reads the stored snapshot without a handle.
+            # Another process (a dashboard, cron) reads the stored snapshot without a
+            # handle.
             snap = await anyio.to_thread.run_sync(read_run_snapshot, db, "nightly")
-            print(f"read_run_snapshot: {snap.status}, {snap.done} done, {snap.total_tokens} tokens")
+            print(
+                f"read_run_snapshot: {snap.status}, "
+                f"{snap.done} done, {snap.total_tokens} tokens"
+            )
 
 
 if __name__ == "__main__":

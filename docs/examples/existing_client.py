@@ -1,4 +1,4 @@
-"""Wrap the async client you already have: CallableStrategy, CallOutcome, error classification."""
+"""Wrap the async client you already have: CallableStrategy, CallOutcome, errors."""
 
 from typing import Any
 
@@ -22,7 +22,7 @@ class GarbledReply(Exception):
 
 
 class ReviewClient:
-    """Stands in for the client your application already has (any anyio/Trio-compatible one)."""
+    """Stands in for the client your application already has (anyio/Trio-compatible)."""
 
     def __init__(self) -> None:
         self.requests = 0
@@ -35,15 +35,17 @@ class ReviewClient:
             raise RateLimited(retry_after=0.05)
         if number == 5:
             raise GarbledReply("unexpected end of JSON")
-        return {"label": "positive" if "good" in text else "negative",
-                "usage": {"prompt_tokens": len(text.split()), "completion_tokens": 1}}
+        return {
+            "label": "positive" if "good" in text else "negative",
+            "usage": {"prompt_tokens": len(text.split()), "completion_tokens": 1},
+        }
 
 
 client = ReviewClient()
 
 
 async def label_review(prompt: str) -> CallOutcome[str]:
-    """The one function the library needs: a prompt in, a value (with its token usage) out."""
+    """The one function the library needs: a prompt in, a value (and its usage) out."""
     reply = await client.complete(prompt)
     usage = reply["usage"]
     return CallOutcome(
@@ -57,7 +59,7 @@ async def label_review(prompt: str) -> CallOutcome[str]:
 
 
 def classify_client_errors(exc: Exception) -> ErrorCategory | None:
-    """Teach the engine about errors it cannot know; None defers to the built-in rules."""
+    """Teach the engine errors it cannot know; None defers to the built-in rules."""
     if isinstance(exc, GarbledReply):
         return ErrorCategory.PARSE  # retried: the next answer may well parse
     return None
@@ -69,7 +71,10 @@ async def main() -> None:
     batch = await process_prompts(
         strategy, reviews, concurrency=4, error_classifier=classify_client_errors
     )
-    print(f"{batch.succeeded} succeeded, {batch.failed} failed, {client.requests} requests")
+    print(
+        f"{batch.succeeded} succeeded, {batch.failed} "
+        f"failed, {client.requests} requests"
+    )
     retried = [r for r in batch if r.attempts > 1]
     print("retried:", [(r.item_id, r.attempts) for r in retried])
     print("tokens:", batch.total_tokens())

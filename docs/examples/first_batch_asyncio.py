@@ -2,12 +2,18 @@
 
 import asyncio
 
-from trio_batch_llm import OpenAICompatibleStrategy, call, process_prompts, process_stream
+from trio_batch_llm import (
+    OpenAICompatibleStrategy,
+    call,
+    process_prompts,
+    process_stream,
+)
 from trio_batch_llm.mock import serve_mock
 
 REVIEWS = {
     "r1": "Great battery life, terrible screen.",
-    "r2": "Arrived broken. [[content_policy]]",  # a marker: the mock server refuses this one
+    # a marker: the mock server refuses this one
+    "r2": "Arrived broken. [[content_policy]]",
     "r3": "Does exactly what it says.",
 }
 
@@ -18,12 +24,16 @@ async def main() -> None:
         prompts = list(REVIEWS.items())  # (item_id, prompt) pairs
 
         # 1. A whole batch: one result per item, whatever happened to it.
-        batch = await process_prompts(strategy, prompts, concurrency=8, preserve_order=True)
+        batch = await process_prompts(
+            strategy, prompts, concurrency=8, preserve_order=True
+        )
         for result in batch:
             if result.success:
                 print(f"{result.item_id}: {result.output}")
             else:
-                print(f"{result.item_id} failed ({result.error_category}): {result.error}")
+                print(
+                    f"{result.item_id} failed ({result.error_category}): {result.error}"
+                )
         print(batch.summary())
 
         # 2. The same work as a stream: results in completion order, as they finish.

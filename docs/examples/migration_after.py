@@ -2,7 +2,13 @@
 
 import trio
 
-from trio_batch_llm import FakeStrategy, ProcessorConfig, call, process_prompts, process_stream
+from trio_batch_llm import (
+    FakeStrategy,
+    ProcessorConfig,
+    call,
+    process_prompts,
+    process_stream,
+)
 
 
 async def main() -> None:
@@ -12,7 +18,8 @@ async def main() -> None:
     batch = await process_prompts(strategy, ["a", "b"], config=config)
     print(batch.succeeded, batch.wall_time >= 0)
 
-    # An async context manager owns the tasks; leaving the block early is always deterministic.
+    # An async context manager owns the tasks; leaving the block early is always
+    # deterministic.
     async with process_stream(strategy, ["a", "b", "c"], config=config) as results:
         async for result in results:
             print("streamed", result.item_id)

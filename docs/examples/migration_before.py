@@ -19,9 +19,12 @@ async def main() -> None:
     batch = await process_prompts(strategy, ["a", "b"], config=config)
     print(batch.succeeded, batch.wall_time_seconds is not None)
 
-    # An async generator that owns tasks: early exit is only deterministic inside aclosing().
+    # An async generator that owns tasks: early exit is only deterministic inside
+    # aclosing().
     # (0.28 annotates process_stream as an AsyncIterator, hence the ignore.)
-    async with aclosing(process_stream(strategy, ["a", "b", "c"], config=config)) as results:  # type: ignore[type-var]
+    async with aclosing(
+        process_stream(strategy, ["a", "b", "c"], config=config)
+    ) as results:  # type: ignore[type-var]
         async for result in results:
             print("streamed", result.item_id)
             break

@@ -1,4 +1,4 @@
-"""The bundled mock server: an OpenAI-compatible endpoint with latency and fault knobs."""
+"""The bundled mock server: an OpenAI-compatible endpoint with latency and faults."""
 
 import trio
 
@@ -21,7 +21,8 @@ async def main() -> None:
         output_tokens=(3, 8),  # answer with that many words instead of an echo
         seed=7,  # the same faults on every run and on both backends
     )
-    # Short waits keep this demo fast; see the limits and retries guides for real values.
+    # Short waits keep this demo fast; see the limits and retries guides for real
+    # values.
     config = ProcessorConfig(
         concurrency=16,
         retry=RetryConfig(initial_wait=0.02, max_wait=0.1),
@@ -33,9 +34,11 @@ async def main() -> None:
         prompts.append("[[fail:503x2]] a prompt that fails twice, then succeeds")
         batch = await process_prompts(strategy, prompts, config=config)
         stats = server.stats
-    print(f"{batch.succeeded}/{len(batch)} succeeded after {stats.requests} requests: "
-          f"{stats.rate_limited} rate-limited, {stats.server_errors} server errors, "
-          f"at most {stats.max_in_flight} at once")
+    print(
+        f"{batch.succeeded}/{len(batch)} succeeded after {stats.requests} requests: "
+        f"{stats.rate_limited} rate-limited, {stats.server_errors} server errors, "
+        f"at most {stats.max_in_flight} at once"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Keep outputs that JSON cannot carry: a replay gives back the original, or the item is refused."""
+"""Keep outputs JSON cannot carry: a replay gives the original back, or is refused."""
 
 import datetime
 import tempfile
@@ -7,13 +7,26 @@ from typing import Any
 
 import trio
 
-from trio_batch_llm import ArtifactIdentity, FakeStrategy, JsonlArtifactStore, ResumePolicy, process_prompts
+from trio_batch_llm import (
+    ArtifactIdentity,
+    FakeStrategy,
+    JsonlArtifactStore,
+    ResumePolicy,
+    process_prompts,
+)
 
 IDENTITY = ArtifactIdentity(provider="openai", model="gpt-4o-mini")
 WHEN = datetime.datetime(2025, 3, 1, 9, 30)
 # What a post-processor might hand back: a (label, score) pair and a timestamp.
-SCRIPT: dict[str, list[Any]] = {"Classify review 1.": [("positive", 0.9)], "Date the order.": [WHEN]}
-PROMPTS = [("review-1", "Classify review 1."), ("order-7", "Date the order."), ("note", "Say hi.")]
+SCRIPT: dict[str, list[Any]] = {
+    "Classify review 1.": [("positive", 0.9)],
+    "Date the order.": [WHEN],
+}
+PROMPTS = [
+    ("review-1", "Classify review 1."),
+    ("order-7", "Date the order."),
+    ("note", "Say hi."),
+]
 
 
 def encode(output: Any) -> Any:
@@ -35,20 +48,34 @@ def decode(stored: Any) -> Any:
 
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        # Without a codec, outputs that would come back changed are refused, item by item.
+        # Without a codec, outputs that would come back changed are refused, item by
+        # item.
         store = JsonlArtifactStore(Path(tmp) / "a.jsonl", identity=IDENTITY)
-        plain = await process_prompts(FakeStrategy(script=SCRIPT), PROMPTS, artifact_store=store)
+        plain = await process_prompts(
+            FakeStrategy(script=SCRIPT), PROMPTS, artifact_store=store
+        )
         for r in sorted(plain, key=lambda r: r.item_id):
             print(f"no codec: {r.item_id}: {'kept' if r.success else r.error_category}")
 
-        # With one, they round-trip: the resume replays a tuple and a datetime, not a list and a str.
+        # With one, they round-trip: the resume replays a tuple and a datetime, not a
+        # list and a str.
         def store_with_codec() -> JsonlArtifactStore:
-            return JsonlArtifactStore(Path(tmp) / "b.jsonl", identity=IDENTITY,
-                                      output_encoder=encode, output_decoder=decode)
+            return JsonlArtifactStore(
+                Path(tmp) / "b.jsonl",
+                identity=IDENTITY,
+                output_encoder=encode,
+                output_decoder=decode,
+            )
 
-        await process_prompts(FakeStrategy(script=SCRIPT), PROMPTS, artifact_store=store_with_codec())
-        again = await process_prompts(FakeStrategy(), PROMPTS, resume=ResumePolicy.REUSE_SUCCESSES,
-                                      artifact_store=store_with_codec())
+        await process_prompts(
+            FakeStrategy(script=SCRIPT), PROMPTS, artifact_store=store_with_codec()
+        )
+        again = await process_prompts(
+            FakeStrategy(),
+            PROMPTS,
+            resume=ResumePolicy.REUSE_SUCCESSES,
+            artifact_store=store_with_codec(),
+        )
         for r in sorted(again, key=lambda r: r.item_id):
             print(f"replayed: {r.item_id}: {r.output!r}")
 

@@ -3,7 +3,12 @@
 import anyio
 import trio
 
-from trio_batch_llm import FakeStrategy, LLMWorkItem, ParallelBatchProcessor, ProcessorConfig
+from trio_batch_llm import (
+    FakeStrategy,
+    LLMWorkItem,
+    ParallelBatchProcessor,
+    ProcessorConfig,
+)
 
 
 async def main() -> None:
@@ -15,8 +20,11 @@ async def main() -> None:
         async def produce() -> None:
             for i in range(20):
                 # Each item names its own strategy: one batch may mix models.
-                await processor.add_work(LLMWorkItem(item_id=f"q{i}", strategy=strategy,
-                                                     prompt=f"question {i}"))
+                await processor.add_work(
+                    LLMWorkItem(
+                        item_id=f"q{i}", strategy=strategy, prompt=f"question {i}"
+                    )
+                )
             await processor.finish()  # no more input
 
         async with anyio.create_task_group() as tg:

@@ -9,11 +9,18 @@ from trio_batch_llm.mock import serve_mock
 
 async def main() -> None:
     async with serve_mock() as server:
-        # In production: OpenAIStrategy("gpt-4o-mini"), with OPENAI_API_KEY in the environment.
+        # In production: OpenAIStrategy("gpt-4o-mini"), with OPENAI_API_KEY in the
+        # environment.
         # Here base_url and api_key point the SDK at the local mock server instead.
-        responses = OpenAIStrategy("gpt-4o-mini", base_url=server.base_url, api_key="sk-test")
+        responses = OpenAIStrategy(
+            "gpt-4o-mini", base_url=server.base_url, api_key="sk-test"
+        )
         chat = OpenAIStrategy(
-            "gpt-4o-mini", api="chat", base_url=server.base_url, api_key="sk-test", max_output_tokens=100
+            "gpt-4o-mini",
+            api="chat",
+            base_url=server.base_url,
+            api_key="sk-test",
+            max_output_tokens=100,
         )
         for strategy in (responses, chat):
             batch = await process_prompts(strategy, ["Name a colour."], concurrency=4)
@@ -24,7 +31,9 @@ async def main() -> None:
         # belong to the engine) and is never closed by the library: you close it.
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key="sk-test")
         try:
-            batch = await process_prompts(OpenAIStrategy("gpt-4o-mini", client=client), ["Hi."])
+            batch = await process_prompts(
+                OpenAIStrategy("gpt-4o-mini", client=client), ["Hi."]
+            )
             print("own client:", batch.results[0].output)
         finally:
             await client.close()

@@ -17,9 +17,13 @@ async def main() -> None:
     config = ProcessorConfig(concurrency=50, max_requests_per_minute=100)
     strategy = FakeStrategy(latency=0.5)
     started = anyio.current_time()
-    await process_prompts(strategy, [f"question {i}" for i in range(250)], config=config)
-    print(f"250 requests at 100 RPM: {anyio.current_time() - started:.1f} s, "
-          f"at most {strategy.max_in_flight} in flight")
+    await process_prompts(
+        strategy, [f"question {i}" for i in range(250)], config=config
+    )
+    print(
+        f"250 requests at 100 RPM: {anyio.current_time() - started:.1f} s, "
+        f"at most {strategy.max_in_flight} in flight"
+    )
 
     # Tokens per minute: each request reserves its estimate before it starts; the
     # reservation is settled with the real usage when it ends.
@@ -28,12 +32,19 @@ async def main() -> None:
         max_tokens_per_minute=10_000,
         token_estimator=lambda prompt: 1_000,  # prompt plus expected answer, in tokens
     )
-    strategy = FakeStrategy(latency=0.5, tokens=(400, 600))  # really uses 1,000 tokens a call
+    strategy = FakeStrategy(
+        latency=0.5, tokens=(400, 600)
+    )  # really uses 1,000 tokens a call
     started = anyio.current_time()
-    batch = await process_prompts(strategy, [f"essay {i}" for i in range(25)], config=config)
+    batch = await process_prompts(
+        strategy, [f"essay {i}" for i in range(25)], config=config
+    )
     longest = max(result.timing.admission_wait for result in batch)
-    print(f"25 requests of 1,000 tokens at 10,000 TPM: {anyio.current_time() - started:.1f} s; "
-          f"the longest wait for quota was {longest:.1f} s")
+    print(
+        f"25 requests of 1,000 tokens at 10,000 TPM: "
+        f"{anyio.current_time() - started:.1f} s; "
+        f"longest wait for quota {longest:.1f} s"
+    )
 
 
 if __name__ == "__main__":

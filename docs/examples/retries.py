@@ -1,4 +1,4 @@
-"""Retries that fit the cause: backoff, a shared cooldown for 429s, or no retry at all."""
+"""Retries that fit the cause: backoff, a shared cooldown for 429s, or no retry."""
 
 import trio
 
@@ -14,23 +14,42 @@ from trio_batch_llm import (
 
 
 def server_error() -> ProviderError:
-    return ProviderError("502 Bad Gateway", category=ErrorCategory.SERVER, status_code=502)
+    return ProviderError(
+        "502 Bad Gateway", category=ErrorCategory.SERVER, status_code=502
+    )
 
 
 async def main() -> None:
-    # Outcomes by attempt, per prompt: an exception is raised, anything else is the answer.
-    strategy = FakeStrategy(script={
-        "flaky": [server_error(), server_error(), "third time lucky"],
-        "doomed": [server_error(), server_error(), server_error()],
-        "too long": [ProviderError("maximum context length exceeded",
-                                   category=ErrorCategory.CONTEXT_LENGTH, status_code=400)],
-        "busy": [ProviderError("429 Too Many Requests", category=ErrorCategory.RATE_LIMIT,
-                               retry_after=0.05, status_code=429), "answered after the cooldown"],
-    })
+    # Outcomes by attempt, per prompt: an exception is raised, anything else is the
+    # answer.
+    strategy = FakeStrategy(
+        script={
+            "flaky": [server_error(), server_error(), "third time lucky"],
+            "doomed": [server_error(), server_error(), server_error()],
+            "too long": [
+                ProviderError(
+                    "maximum context length exceeded",
+                    category=ErrorCategory.CONTEXT_LENGTH,
+                    status_code=400,
+                )
+            ],
+            "busy": [
+                ProviderError(
+                    "429 Too Many Requests",
+                    category=ErrorCategory.RATE_LIMIT,
+                    retry_after=0.05,
+                    status_code=429,
+                ),
+                "answered after the cooldown",
+            ],
+        }
+    )
     config = ProcessorConfig(
         retry=RetryConfig(
-            max_attempts=3,  # calls per item for retryable failures (429s have their own budget)
-            initial_wait=0.01,  # backoff ceilings 0.01, 0.02, 0.04 ... capped at max_wait;
+            # calls per item for retryable failures (429s have their own budget)
+            max_attempts=3,
+            # backoff ceilings 0.01, 0.02, 0.04 ... capped at max_wait;
+            initial_wait=0.01,
             max_wait=0.1,  # full jitter draws each wait uniformly below its ceiling
             max_rate_limit_retries=20,
         ),

@@ -1,4 +1,4 @@
-"""Stream a lazy source of any size with bounded memory; stop early and nothing is left running."""
+"""Stream a lazy source of any size in bounded memory; stop early, nothing is left."""
 
 from collections.abc import AsyncIterator
 
@@ -11,7 +11,7 @@ read_so_far = 0
 
 
 async def rows() -> AsyncIterator[tuple[str, str]]:
-    """A lazy source, read only as fast as the batch consumes it (a file, a query, a queue...)."""
+    """A lazy source, read only as fast as the batch consumes it (a file, a query)."""
     global read_so_far
     for i in range(1_000_000):
         read_so_far += 1
@@ -31,9 +31,12 @@ async def main() -> None:
         async for result in results:  # completion order
             done += 1
             if done == 200 or not result.success:
-                break  # leaving the block cancels the outstanding work and closes in order
-    print(f"consumed {done} results; read {read_so_far} of 1,000,000 rows; "
-          f"calls still running: {strategy.in_flight}")
+                # leaving the block cancels the outstanding work and closes in order
+                break
+    print(
+        f"consumed {done} results; read {read_so_far} of 1,000,000 rows; "
+        f"calls still running: {strategy.in_flight}"
+    )
 
 
 if __name__ == "__main__":

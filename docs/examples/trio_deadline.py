@@ -1,4 +1,4 @@
-"""Trio: your cancel scope stops a batch; a batch_timeout still gives every item a result."""
+"""Trio: your cancel scope stops a batch; a batch_timeout gives every item a result."""
 
 import trio
 
@@ -23,15 +23,22 @@ async def main() -> None:
         async with process_stream(strategy, prompts, concurrency=10) as results:
             async for result in results:
                 received.append(result)
-    print(f"cancelled: {scope.cancelled_caught}; received {len(received)} results; "
-          f"calls still running: {strategy.in_flight}")
+    print(
+        f"cancelled: {scope.cancelled_caught}; received {len(received)} results; "
+        f"calls still running: {strategy.in_flight}"
+    )
 
     # The library's deadline is a controlled stop: the batch returns normally and
     # every item has exactly one result (the unfinished ones say why).
-    config = ProcessorConfig(concurrency=10, guardrails=GuardrailConfig(batch_timeout=0.12))
+    config = ProcessorConfig(
+        concurrency=10, guardrails=GuardrailConfig(batch_timeout=0.12)
+    )
     batch = await process_prompts(strategy, prompts, config=config)
-    print(f"{batch.termination.kind}: {batch.succeeded} succeeded, {batch.failed} stopped, "
-          f"{len(batch)} results in all")
+    print(
+        f"{batch.termination.kind}: {batch.succeeded} "
+        f"succeeded, {batch.failed} stopped, "
+        f"{len(batch)} results in all"
+    )
 
 
 if __name__ == "__main__":

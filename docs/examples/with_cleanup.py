@@ -1,4 +1,4 @@
-"""with_cleanup: a bounded cleanup on every exit path, and the body's outcome kept as it was."""
+"""with_cleanup: bounded cleanup on every exit path; the body's outcome is kept."""
 
 import anyio
 import trio
@@ -12,7 +12,9 @@ async def main() -> None:
         raise ValueError("the upload failed")
 
     async def cleanup() -> None:
-        await anyio.sleep_forever()  # a cleanup that never returns: cut off at its bound
+        await (
+            anyio.sleep_forever()
+        )  # a cleanup that never returns: cut off at its bound
 
     try:
         await with_cleanup(body, cleanup, cleanup_timeout=0.05)

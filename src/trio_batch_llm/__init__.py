@@ -32,6 +32,8 @@ from ._observe._events import Observer as Observer
 from ._observe._hooks import Middleware as Middleware
 from ._observe._metrics import DEFAULT_LATENCY_BUCKETS as DEFAULT_LATENCY_BUCKETS
 from ._observe._metrics import MetricsObserver as MetricsObserver
+from ._observe._otel import OpenTelemetryObserver as OpenTelemetryObserver
+from ._observe._prometheus import PrometheusCollector as PrometheusCollector
 from ._runs import ProviderBatchConfig as ProviderBatchConfig
 from ._runs import Run as Run
 from ._runs import RunRepository as RunRepository
@@ -133,11 +135,13 @@ __all__ = [
     "Observer",
     "OpenAICompatibleStrategy",
     "OpenAIStrategy",
+    "OpenTelemetryObserver",
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
     "ParallelBatchProcessor",
     "PoolStatistics",
     "ProcessorConfig",
     "ProcessorStatistics",
+    "PrometheusCollector",
     "ProviderBatchConfig",
     "ProviderError",
     "QueueFullError",

@@ -16,7 +16,7 @@ Cancellation (the invariants the tests check):
 * Once a batch is handed to the thread, the write runs to completion there
   (``to_thread.run_sync`` does not abandon it); appenders whose records are in
   it may still be cancelled, and their records are durable anyway.
-* A leader cancelled before its thread started (waiting for the limiter)
+* A leader cancelled before its thread started (waiting for the store's worker gate)
   abandons the batch: the records whose appenders still wait go back to the
   front of the pending list; its own, and those of appenders already gone,
   are dropped (nobody would lead them, and nobody was told they were written). A claim lock decides atomically
@@ -25,8 +25,8 @@ Cancellation (the invariants the tests check):
 * On asyncio a native ``Task.cancel()`` can unwind a leader while its thread
   is still writing. That batch becomes an *orphan*: the writer slot is
   released, and the next leader settles it after its own thread has passed
-  the I/O lock, which it can only take once the orphaned write is finished.
-  The I/O lock also keeps two writes from ever overlapping in the file.
+  the gate's lock, which it can only take once the orphaned write is finished.
+  That lock also keeps two writes from ever overlapping in the file.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from typing import Generic, TypeVar, final
 
 import anyio
 import anyio.lowlevel
+
+from ._worker_gate import WorkerGate
 
 __all__ = ["CommitStatistics", "GroupCommitter"]
 
@@ -101,8 +103,8 @@ class CommitStatistics:
 class GroupCommitter(Generic[T]):
     """Batch concurrent ``submit()`` calls into one ``write_batch`` call per write.
 
-    ``write_batch(items)`` runs in a worker thread behind ``limiter`` and under
-    ``io_lock``; it must write all items or raise. ``wrap_error`` turns the
+    ``write_batch(items)`` runs through the store's worker ``gate`` (a worker
+    thread, under the gate's lock); it must write all items or raise. ``wrap_error`` turns the
     exception a failed batch raised into the (fresh) exception each of its
     appenders raises. Construct inside the event loop that will use it.
     """
@@ -111,13 +113,11 @@ class GroupCommitter(Generic[T]):
         self,
         write_batch: Callable[[Sequence[T]], None],
         *,
-        limiter: anyio.CapacityLimiter,
-        io_lock: threading.Lock,
+        gate: WorkerGate,
         wrap_error: Callable[[BaseException], BaseException],
     ) -> None:
         self._write_batch = write_batch
-        self._limiter = limiter
-        self._io_lock = io_lock
+        self._gate = gate
         self._claim_lock = threading.Lock()
         self._wrap_error = wrap_error
         self._pending: list[_Entry[T]] = []
@@ -167,29 +167,28 @@ class GroupCommitter(Generic[T]):
         self._current = batch
         self._idle = anyio.Event()
         try:
-            await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self._limiter)
+            await self._gate.run(self._run_batch, batch)
         finally:
             self._finish(batch)
 
     def _run_batch(self, batch: _Batch[T]) -> None:
-        """Thread side: write the batch unless the loop side abandoned it first."""
-        with self._io_lock:
-            with self._claim_lock:
-                if batch.state is _BatchState.ABANDONED:
-                    return
-                batch.state = _BatchState.STARTED
-            written = False
-            try:
-                if batch.entries:
-                    self._write_batch([entry.item for entry in batch.entries])
-                written = True
-            except Exception as exc:  # noqa: BLE001  (delivered to every appender of the batch)
-                batch.error = exc
-            finally:
-                if not written and batch.error is None:
-                    # A BaseException is escaping to the leader; the appenders still need an answer.
-                    batch.error = RuntimeError("the batch write was interrupted")
-                batch.state = _BatchState.FINISHED
+        """Thread side, under the gate's lock: write the batch unless the loop side abandoned it first."""
+        with self._claim_lock:
+            if batch.state is _BatchState.ABANDONED:
+                return
+            batch.state = _BatchState.STARTED
+        written = False
+        try:
+            if batch.entries:
+                self._write_batch([entry.item for entry in batch.entries])
+            written = True
+        except Exception as exc:  # noqa: BLE001  (delivered to every appender of the batch)
+            batch.error = exc
+        finally:
+            if not written and batch.error is None:
+                # A BaseException is escaping to the leader; the appenders still need an answer.
+                batch.error = RuntimeError("the batch write was interrupted")
+            batch.state = _BatchState.FINISHED
 
     def _finish(self, batch: _Batch[T]) -> None:
         """Loop side, synchronous: settle, hand back, or orphan the batch; free the writer slot."""
@@ -205,7 +204,7 @@ class GroupCommitter(Generic[T]):
             self._settle(batch)
         else:
             self._orphans.append(batch)
-        # Our thread passed the I/O lock, so every earlier orphan has finished.
+        # Our thread passed the gate's lock, so every earlier orphan has finished.
         for orphan in [b for b in self._orphans if b.state is _BatchState.FINISHED]:
             self._orphans.remove(orphan)
             self._settle(orphan)

@@ -1,10 +1,9 @@
 """What both built-in stores share: lifecycle, the writer thread, group commit, error mapping.
 
-A store owns no task. Every blocking call (file or SQLite I/O) runs in a
-worker thread through ``anyio.to_thread.run_sync`` behind the store's own
-``CapacityLimiter(1)``, and under a ``threading.Lock`` held for the whole
-call, so one store never runs two blocking operations at once even if a
-native asyncio cancellation unwinds the task that started one.
+A store owns no task. Every blocking call (file or SQLite I/O) goes through
+the store's own :class:`WorkerGate`: a worker thread, one call at a time, a
+started call never abandoned, even if a native asyncio cancellation unwinds
+the task that started it.
 
 Before a record is built, :meth:`ThreadedStore.append` checks the item id and
 turns the output into what the store keeps (see ``_codec.py``); a result that
@@ -14,7 +13,7 @@ nothing. Loading decodes stored outputs (in the thread, with the rest of the loa
 Subclasses implement the synchronous halves: ``_encode`` (on the event loop,
 cheap: builds the bytes or row of one record), and ``_open_sync``,
 ``_load_sync``, ``_count_sync``, ``_write_sync``, ``_close_sync`` (in the
-thread, under the I/O lock).
+gate's thread, under its lock).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -46,13 +44,13 @@ from ._codec import JSONValue, OutputCodec
 from ._fingerprint import identity_fingerprint
 from ._group_commit import GroupCommitter
 from ._protocol import StoredRecord, StoreState, StoreStatistics
+from ._worker_gate import WorkerGate
 
 __all__ = ["ThreadedStore", "logger"]
 
 logger = logging.getLogger("trio_batch_llm.artifacts")
 
 EncodedT = TypeVar("EncodedT")
-R = TypeVar("R")
 
 
 class ThreadedStore(abc.ABC, Generic[EncodedT]):
@@ -81,9 +79,8 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         self._store_prompts = bool(store_prompts)
         self._allow_identity_mismatch = bool(allow_identity_mismatch)
         self._state: StoreState = "unopened"
-        self._io_lock = threading.Lock()
-        self._io_closed = False  # set under the I/O lock by close; checked by writes
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._io_closed = False  # set in the gate by close; checked by writes
+        self._gate: WorkerGate | None = None
         self._committer: GroupCommitter[EncodedT] | None = None
         self._closed: anyio.Event | None = None
 
@@ -116,17 +113,14 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
             raise ArtifactStoreError(
                 f"{self._path}: this store object is {self._state}; create a new one per run"
             )
-        limiter = anyio.CapacityLimiter(1)
-        self._limiter = limiter
+        gate = self._gate = WorkerGate()
         self._state = "opening"
         try:
-            await anyio.to_thread.run_sync(self._locked, self._open_sync, limiter=limiter)
+            await gate.run(self._open_sync)
         except BaseException:
             self._state = "unopened"
             raise
-        self._committer = GroupCommitter(
-            self._write_checked, limiter=limiter, io_lock=self._io_lock, wrap_error=self._fresh_error
-        )
+        self._committer = GroupCommitter(self._write_checked, gate=gate, wrap_error=self._fresh_error)
         self._state = "open"
 
     async def aclose(self) -> None:
@@ -134,7 +128,7 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
 
         Not-yet-written appends are not waited for: their appenders get an
         ArtifactStoreError. A write in flight finishes first (it holds the
-        I/O lock), so the shielded wait is bounded by one batch write.
+        gate), so the shielded wait is bounded by one batch write.
         """
         if self._state == "closed":
             await anyio.lowlevel.checkpoint()
@@ -146,10 +140,10 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         closed = self._closed = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                if self._limiter is None:
+                if self._gate is None:
                     await anyio.lowlevel.checkpoint()
                 else:
-                    await anyio.to_thread.run_sync(self._locked, self._close_once, limiter=self._limiter)
+                    await self._gate.run(self._close_once)
         finally:
             self._state = "closed"
             closed.set()
@@ -162,8 +156,8 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
 
     async def load(self) -> dict[str, StoredRecord]:
         """Every item's newest stored record, by item id, its output decoded."""
-        limiter = await self._require_open()
-        return await anyio.to_thread.run_sync(self._locked, self._load_decoded, limiter=limiter)
+        gate = await self._require_open()
+        return await gate.run(self._load_decoded)
 
     def _load_decoded(self) -> dict[str, StoredRecord]:
         records = self._load_sync()
@@ -186,11 +180,8 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
 
     async def count_records(self) -> int:
         """How many result records the store holds (superseded ones included)."""
-        limiter = await self._require_open()
-        return await anyio.to_thread.run_sync(self._locked, self._count_sync, limiter=limiter)
-
-    async def is_empty(self) -> bool:
-        return await self.count_records() == 0
+        gate = await self._require_open()
+        return await gate.run(self._count_sync)
 
     async def append(
         self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None
@@ -233,22 +224,18 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
             in_flight=stats.in_flight if stats else 0,
         )
 
-    async def _require_open(self) -> anyio.CapacityLimiter:
+    async def _require_open(self) -> WorkerGate:
         await anyio.lowlevel.checkpoint_if_cancelled()
-        if self._state != "open" or self._limiter is None:
+        if self._state != "open" or self._gate is None:
             await anyio.lowlevel.checkpoint()
             hint = "call `await store.open()` first" if self._state == "unopened" else "create a new store"
             raise ArtifactStoreError(f"{self._path}: the store is {self._state}; {hint}")
-        return self._limiter
+        return self._gate
 
     # -- thread side -------------------------------------------------------------
 
-    def _locked(self, fn: Callable[[], R]) -> R:
-        with self._io_lock:
-            return fn()
-
     def _write_checked(self, items: Sequence[EncodedT]) -> None:
-        # Runs under the I/O lock (the committer takes it).
+        # Runs in the gate, as every other blocking call (the committer sends it there).
         if self._io_closed:
             raise ArtifactStoreError(
                 f"{self._path}: the store was closed before {len(items)} record(s) could be written"

@@ -2,10 +2,11 @@
 
 Each command lives in its own module, imported only when it runs (so
 ``--help`` stays fast): ``run`` in :mod:`._run` (its input file in
-:mod:`._input`), ``runs`` in :mod:`._runs_parser` (then :mod:`._runs_start`
-and :mod:`._runs_ops`), ``demo`` in :mod:`._demo`; ``serve-mock`` is the
-small handler below. The argument checks are in :mod:`._args`, everything the
-commands print in :mod:`._render`. Every command checks its arguments before
+:mod:`._input`), ``export`` in :mod:`._export`, ``runs`` in
+:mod:`._runs_parser` (then :mod:`._runs_start` and :mod:`._runs_ops`),
+``demo`` in :mod:`._demo`; ``serve-mock`` is the small handler below.
+The argument checks are in :mod:`._args`, everything the commands print in
+:mod:`._render`. Every command checks its arguments before
 doing anything; a bad one exits with status 2.
 """
 
@@ -36,6 +37,12 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from ._run import run_command
 
     return run_command(args, argv)
+
+
+def _export(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from ._export import export_command
+
+    return export_command(args)
 
 
 def _demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -76,60 +83,109 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
-        "run", help="run every prompt of a JSONL or CSV file; the output file is the checkpoint",
+        "run", help="run every prompt of a JSONL or CSV file; --out is the checkpoint (see export)",
         description="Run every prompt of INPUT (.jsonl: objects with id, prompt, context, or strings; "
-                    ".csv: id,prompt columns). Results go to --out, one JSON line each, written as they "
-                    "finish; --resume continues an interrupted run from that file. Ctrl+C once stops "
-                    "admission and drains the calls in flight; twice abandons them.",
+                    ".csv: id,prompt columns). INPUT is checked whole before the first call, then read "
+                    "as the run goes. --out is the run's checkpoint: a header line, then one JSON "
+                    "record per result, written as it finishes (after a resume an item may have "
+                    "several; the last one counts). --resume continues an interrupted run from it. "
+                    "For a flat table of the results (one row per id: JSONL, CSV or Parquet) run "
+                    "`trio-batch-llm export CHECKPOINT OUT`. Ctrl+C once stops admission and drains "
+                    "the calls in flight; twice abandons them.",
     )
     add_model_arguments(run)  # INPUT, --model, --base-url, --api-key-env (shared with `runs start`)
-    run.add_argument("--out", required=True, metavar="RESULTS.jsonl", help="results and checkpoint file")
+    run.add_argument("--out", required=True, metavar="CHECKPOINT.jsonl",
+                     help="the checkpoint: every result as it finishes, what --resume continues "
+                          "(not a flat table: see `trio-batch-llm export`)")
     run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
     run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
     run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
     run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
                      help="seconds one attempt may take (default 120)")
+    run.add_argument("--max-attempts", type=positive_int, metavar="N",
+                     help="attempts per item before it fails, rate-limit retries not counted (default 3)")
     run.add_argument("--batch-timeout", type=positive_float, metavar="S",
                      help="seconds the whole run may take")
     run.add_argument("--resume", action="store_true",
                      help="continue the run recorded in --out: keep its successes, run the rest")
-    run.add_argument("--backend", choices=BACKENDS, default="trio")
+    run.add_argument("--resume-policy", choices=["successes", "all"], metavar="successes|all",
+                     help="what --resume keeps (implies --resume): successes (the default), or all, "
+                          "which also keeps failures that would fail again (invalid request, context "
+                          "length, content policy)")
+    run.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="a progress bar on stderr (default: when stderr is a terminal; "
-                          "otherwise periodic log lines)")
+                          "otherwise a plain progress line every 10 s)")
     run.set_defaults(handler=_run)
+
+    export = sub.add_parser(
+        "export", help="write a checkpoint's results as a flat table: one row per item id",
+        description="Write the results in CHECKPOINT (the --out of `run`, or any JSONL or SQLite "
+                    "checkpoint store) to OUT as a flat table: one row per item id, the last record "
+                    "of an id winning (a resume supersedes earlier records), with the columns id, "
+                    "success, output, error, error_category, attempts, input_tokens, output_tokens, "
+                    "total_tokens, execution_seconds and context. Outputs and contexts that are not "
+                    "text are written as JSON. OUT is replaced only once it is complete.",
+    )
+    export.add_argument("checkpoint", metavar="CHECKPOINT", help="the checkpoint file to read")
+    export.add_argument("out", metavar="OUT", help="the table to write")
+    export.add_argument("--format", choices=["jsonl", "csv", "parquet"], metavar="jsonl|csv|parquet",
+                        help="the table's format (default: from OUT's extension; parquet needs "
+                             "pyarrow: pip install 'trio-batch-llm[parquet]')")
+    export.add_argument("--prompts", metavar="INPUT",
+                        help="add a prompt column, taken from INPUT (the file `run` read), matched by id")
+    export.set_defaults(handler=_export)
 
     add_runs_parser(sub)
 
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
-    demo.add_argument("--items", type=positive_int, default=200)
-    demo.add_argument("--concurrency", type=positive_int, default=32)
-    demo.add_argument("--backend", choices=BACKENDS, default="trio")
-    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    demo.add_argument("--items", type=positive_int, default=200, help="prompts to run (default 200)")
+    demo.add_argument("--concurrency", type=positive_int, default=32, help="calls in flight (default 32)")
+    demo.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
+    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                      help="a progress bar on stderr (default: when stderr is a terminal)")
     demo.set_defaults(handler=_demo)
 
-    serve = sub.add_parser("serve-mock", help="serve the OpenAI-compatible mock server until Ctrl+C")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=port, default=8000, help="0 lets the system choose")
-    serve.add_argument("--backend", choices=BACKENDS, default="trio")
-    serve.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S")
+    serve = sub.add_parser(
+        "serve-mock", help="serve the OpenAI-compatible mock server until Ctrl+C",
+        description="Serve the OpenAI-compatible mock server (chat completions, responses, models, "
+                    "files, batches) on HOST:PORT until Ctrl+C, and print its base URL. It echoes "
+                    "each prompt back; the options below make it slow or faulty on purpose. "
+                    "Probabilities are per request, from 0 to 1, drawn from --seed.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=port, default=8000,
+                       help="the port to listen on (default 8000; 0 lets the system choose)")
+    serve.add_argument("--backend", choices=BACKENDS, default="trio",
+                       help="the event loop the server runs on (default trio)")
+    serve.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S",
+                       help="seconds before each answer (default 0)")
     serve.add_argument("--latency-max", type=non_negative_float, metavar="S",
                        help="draw each latency uniformly from [--latency, --latency-max]")
-    serve.add_argument("--rate-limit-rate", type=probability, default=0.0, metavar="P")
-    serve.add_argument("--retry-after", type=non_negative_float, default=1.0, metavar="S")
-    serve.add_argument("--server-error-rate", type=probability, default=0.0, metavar="P")
-    serve.add_argument("--hang-rate", type=probability, default=0.0, metavar="P")
-    serve.add_argument("--rpm-limit", type=positive_int)
-    serve.add_argument("--tpm-limit", type=positive_int)
+    serve.add_argument("--rate-limit-rate", type=probability, default=0.0, metavar="P",
+                       help="probability of answering 429 Too Many Requests (default 0)")
+    serve.add_argument("--retry-after", type=non_negative_float, default=1.0, metavar="S",
+                       help="the Retry-After seconds sent with an injected 429 or 503 (default 1)")
+    serve.add_argument("--server-error-rate", type=probability, default=0.0, metavar="P",
+                       help="probability of answering 500 (default 0)")
+    serve.add_argument("--hang-rate", type=probability, default=0.0, metavar="P",
+                       help="probability of never answering, until the client gives up (default 0)")
+    serve.add_argument("--rpm-limit", type=positive_int, metavar="N",
+                       help="requests per minute the server enforces: a request over it gets 429 with "
+                            "the exact wait (default: none)")
+    serve.add_argument("--tpm-limit", type=positive_int, metavar="N",
+                       help="tokens per minute the server enforces, the same way (default: none)")
     serve.add_argument("--ratelimit-headers", action="store_true",
                        help="send OpenAI-style x-ratelimit-* headers computed from the enforced limits")
     serve.add_argument("--limit-change", type=limit_change, action="append", metavar="AT:RPM:TPM",
                        help="from AT seconds after the first request, enforce these limits (empty: none); "
                             "repeatable")
-    serve.add_argument("--output-tokens", type=positive_int)
-    serve.add_argument("--seed", type=int, default=0)
-    serve.add_argument("--api-key", help="require this bearer key")
-    serve.add_argument("--model", help="the model name /v1/models reports")
+    serve.add_argument("--output-tokens", type=positive_int, metavar="N",
+                       help="answer N seeded words (N completion tokens) instead of echoing the prompt")
+    serve.add_argument("--seed", type=int, default=0, help="the seed of every random draw (default 0)")
+    serve.add_argument("--api-key", metavar="KEY",
+                       help="require the header Authorization: Bearer KEY (else 401)")
+    serve.add_argument("--model", help="the model name /v1/models lists (answers echo the requested model)")
     serve.set_defaults(handler=_serve_mock)
     return parser
 

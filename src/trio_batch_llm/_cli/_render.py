@@ -15,6 +15,7 @@ input's total, which a streaming run does not know.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -23,13 +24,14 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
-from .._values._categories import ErrorCategory
-from .._values._results import BatchResult, WorkItemResult
+from .._values._results import BatchResult, BatchTermination
 from .._values._urls import REDACTED, redact_urls
+from ._input_records import InputError
 
 if TYPE_CHECKING:  # only named in annotations: rendering loads neither the runs nor the mock
     from .._runs import RunSnapshot
     from ..mock import MockServerStats
+    from ._summary import RunSummary
 
 __all__ = [
     "PROG",
@@ -37,14 +39,16 @@ __all__ = [
     "announce_drive",
     "describe",
     "drive_progress_line",
+    "identity_mismatch_message",
     "progress_display",
     "progress_mode",
-    "print_batch_report",
     "print_demo_report",
+    "print_run_report",
     "redaction_note",
     "resolve_hint",
     "run_list_line",
     "say",
+    "say_input_error",
     "shown_command",
     "snapshot_json",
 ]
@@ -130,23 +134,43 @@ class _KnownTotal(Progress):
 # --- run and demo --------------------------------------------------------------------------------
 
 
-def _first_failures(results: Sequence[WorkItemResult[Any]]) -> list[str]:
-    """One line per failure category, with its first item's error: the reason, where it says how to fix it."""
-    first: dict[ErrorCategory, WorkItemResult[Any]] = {}
-    for result in results:
-        category = result.error_category
-        if not result.success and category is not None and category is not ErrorCategory.NOT_EXECUTED:
-            first.setdefault(category, result)
-    return [f"first {category.value} failure: item {result.item_id!r}: {result.error}"
-            for category, result in first.items()]
-
-
-def print_batch_report(batch: BatchResult[Any], out: Path) -> None:
-    """The batch's summary and where its results are (stdout), then its first failure of each kind."""
-    print(batch.summary(), flush=True)
-    print(f"results: {out}", flush=True)
-    for line in _first_failures(batch.results):
+def print_run_report(summary: RunSummary, termination: BatchTermination, wall_time: float, out: Path) -> None:
+    """The run's summary and which file is which (stdout), then its first failure of each kind."""
+    print(summary.text(termination, wall_time), flush=True)
+    print(f"checkpoint: {out}; a flat table of it: {PROG} export {shlex.quote(str(out))} TABLE.csv",
+          flush=True)
+    for line in summary.first_failure_lines():
         say(line)
+
+
+def say_input_error(error: InputError) -> None:
+    """Every problem an input check reported, one ``error:`` line each."""
+    for line in error.lines():
+        say(f"error: {line}")
+
+
+def identity_mismatch_message(out: Path, provider: str, model: str, error: Exception) -> str:
+    """Why ``--resume`` cannot continue ``out``, in the command line's terms (the library's message
+    names a Python argument, ``allow_identity_mismatch``, that the command line does not have)."""
+    stored = _stored_identity(out)
+    if stored is None:
+        return f"--out {out} was written for another model ({error})"
+    stored_provider, stored_model = stored
+    return (f"--out {out} was written with --model {stored_provider}:{stored_model}, and this run is "
+            f"--model {provider}:{model}: pass --model {stored_provider}:{stored_model} to continue it, "
+            "or choose another --out for this model (results of one model are never replayed for another)")
+
+
+def _stored_identity(path: Path) -> tuple[str, str] | None:
+    """The provider and model in a checkpoint's header line, or ``None`` if it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            header = json.loads(f.readline(1 << 16))
+        identity = header["identity"]
+        provider, model = identity["provider"], identity["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (provider, model) if isinstance(provider, str) and isinstance(model, str) else None
 
 
 def print_demo_report(batch: BatchResult[Any], mock: MockServerStats) -> None:

@@ -1,11 +1,16 @@
 """``trio-batch-llm run``: check everything, run the batch, stop cleanly on signals.
 
 Everything that can be wrong with the command is found before the first
-call and before the output file is touched (exit status 2). The output file
-*is* the checkpoint: a :class:`JsonlArtifactStore` under the identity
-``(provider, model)``, so ``--resume`` continues it with
-``ResumePolicy.REUSE_SUCCESSES`` (stored successes are replayed, everything
-else runs again), and a later record for an item supersedes an earlier one.
+call and before the output file is touched (exit status 2): the input file
+is checked whole in a first pass (:func:`scan_input`) that keeps only a hash
+per id, then read again item by item as the run takes them, so neither the
+input nor the results are ever all in memory; the summary is counted as
+results arrive (:class:`RunSummary`). The output file *is* the checkpoint:
+a :class:`JsonlArtifactStore` under the identity ``(provider, model)``, so
+``--resume`` continues it with ``--resume-policy`` (``successes``, the
+default: stored successes are replayed, everything else runs again; ``all``:
+terminal failures are replayed too), and a later record for an item
+supersedes an earlier one. ``trio-batch-llm export`` turns it into a flat table.
 
 Signals (SIGINT, SIGTERM), received by a task of the run's own task group:
 
@@ -30,47 +35,58 @@ import signal
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, final
+from typing import Any, Final, final
 
 import anyio
+import anyio.lowlevel
 
 from .._artifacts import JsonlArtifactStore
 from .._core._ledger import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
 from .._strategies._base import LLMCallStrategy
 from .._strategies._factory import llm
-from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy
-from .._values._errors import AdmissionClosedError, BatchLLMError, ConfigurationError
+from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy, RetryConfig
+from .._values._errors import AdmissionClosedError, ArtifactMismatchError, BatchLLMError, ConfigurationError
 from .._values._requests import LLMWorkItem
-from .._values._results import BatchResult, BatchTermination, WorkItemResult
+from .._values._results import BatchTermination
 from .._values._urls import is_openai_api, redact_url
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
-from ._input import InputError, InputRecord, read_input
+from ._input import InputError, InputScan, iter_input, scan_input
 from ._render import (
     ProgressMode,
-    print_batch_report,
+    identity_mismatch_message,
+    print_run_report,
     progress_display,
     progress_mode,
     redaction_note,
     say,
+    say_input_error,
     shown_command,
 )
+from ._summary import RunSummary
 
-__all__ = ["RunPlan", "plan_run", "run_command"]
+__all__ = ["RESUME_POLICIES", "RunPlan", "plan_run", "run_command"]
+
+RESUME_POLICIES: Final = {"successes": ResumePolicy.REUSE_SUCCESSES, "all": ResumePolicy.REUSE_ALL}
+
 
 @final
 @dataclass(frozen=True, slots=True)
 class RunPlan:
-    records: list[InputRecord]
+    scan: InputScan
     provider: str
     model: str
     strategy: LLMCallStrategy[str]
     out: Path
     config: ProcessorConfig
-    resume: bool
+    resume: ResumePolicy
     backend: str
     progress: ProgressMode
     resume_command: str
+
+    @property
+    def source(self) -> Path:
+        return self.scan.path
 
 
 def _check_out(out: Path, source: Path, *, resume: bool) -> None:
@@ -97,8 +113,10 @@ def _resume_command(argv: Sequence[str]) -> str:
 def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     """Everything the run needs, checked; :class:`UsageError` (or :class:`InputError`) otherwise."""
     source, out = Path(args.input), Path(args.out)
-    _check_out(out, source, resume=args.resume)
-    records = read_input(source)
+    resume_policy = getattr(args, "resume_policy", None)
+    resume = bool(args.resume or resume_policy)  # a policy says how to resume: it implies --resume
+    _check_out(out, source, resume=resume)
+    scan = scan_input(source)
     provider, model = args.model
     if provider == "openai-compatible" and not args.base_url:
         raise UsageError(f"--base-url is required with --model {provider}:{model}")
@@ -122,12 +140,14 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
             # Bounded, so a huge input is read only as fast as it runs and a stop leaves few queued items.
             max_queue_size=max(2 * args.concurrency, 64),
             guardrails=GuardrailConfig(batch_timeout=args.batch_timeout),
+            retry=RetryConfig(max_attempts=getattr(args, "max_attempts", None) or 3),
         )
     except (ConfigurationError, ImportError) as exc:
         raise UsageError(str(exc)) from None
+    policy = RESUME_POLICIES[resume_policy or "successes"] if resume else ResumePolicy.NONE
     return RunPlan(
-        records=records, provider=provider, model=model, strategy=strategy, out=out, config=config,
-        resume=args.resume, backend=args.backend, progress=progress_mode(args.progress),
+        scan=scan, provider=provider, model=model, strategy=strategy, out=out, config=config,
+        resume=policy, backend=args.backend, progress=progress_mode(args.progress),
         resume_command=_resume_command(argv),
     )
 
@@ -135,17 +155,32 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
 def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         plan = plan_run(args, argv)
-    except (UsageError, InputError) as exc:
+    except InputError as exc:
+        say_input_error(exc)
+        return EXIT_USAGE
+    except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
-    outcome = _RunOutcome()
+    outcome = _RunOutcome(plan.scan.items)
     try:
         anyio.run(_run_batch, plan, outcome, backend=plan.backend)
+    except ArtifactMismatchError as exc:
+        if not outcome.opened:  # --resume on a file written for another model: say which flag
+            say(f"error: {identity_mismatch_message(plan.out, plan.provider, plan.model, exc)}")
+            return EXIT_USAGE
+        say(f"error: the run failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
     except (BatchLLMError, OSError) as exc:
-        if not outcome.opened:  # e.g. --resume on a file written for another model
+        if not outcome.opened:
             say(f"error: cannot use --out {plan.out}: {exc}")
             return EXIT_USAGE
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    if outcome.input_error is not None:
+        say_input_error(outcome.input_error)
+        say(f"the input changed while the run read it; the {outcome.summary.results:,} result(s) so far "
+            f"are kept in {plan.out}: fix the file, then: {plan.resume_command}"
+            f"{redaction_note(plan.resume_command)}")
         return EXIT_FAILED
     return _report(plan, outcome)
 
@@ -157,9 +192,10 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 class _RunOutcome:
     """What the run produced, and what its signal task decided."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int) -> None:
         self.opened = False
-        self.results: list[WorkItemResult[Any]] = []
+        self.summary = RunSummary(total)
+        self.input_error: InputError | None = None
         self.termination = BatchTermination()
         self.wall_time = 0.0
         self.signal: signal.Signals | None = None
@@ -212,21 +248,29 @@ class _RunOutcome:
             "to finish (press Ctrl+C again to abandon them)")
 
 
-async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan) -> None:
+async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: _RunOutcome) -> None:
+    """Read the input again, one record at a time, as the bounded queue takes them.
+
+    The file was checked whole before the run; reading it is a few MiB of
+    blocking reads from the page cache at a time, between the queue's waits.
+    """
     try:
-        for record in plan.records:
+        for record in iter_input(plan.source):
             await processor.add_work(
                 LLMWorkItem(item_id=record.item_id, strategy=plan.strategy, prompt=record.prompt,
                             context=record.context)
             )
     except AdmissionClosedError:
         pass  # a stop (a signal, a guardrail) closed admission; the rest is for --resume
+    except InputError as exc:  # the file changed since it was checked: stop, keep what finished
+        outcome.input_error = exc
+        processor.request_stop("the input file changed while the run read it")
+        await anyio.lowlevel.checkpoint()
     await processor.finish()
 
 
 async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
     store = JsonlArtifactStore(plan.out, identity=ArtifactIdentity(provider=plan.provider, model=plan.model))
-    policy = ResumePolicy.REUSE_SUCCESSES if plan.resume else ResumePolicy.NONE
     started = anyio.current_time()
     with unwrap_group(), signal_receiver() as signals:
         async with anyio.create_task_group() as run_group:
@@ -235,17 +279,18 @@ async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
             with anyio.CancelScope() as run_scope:
                 outcome.run_scope = run_scope
                 processor: ParallelBatchProcessor[str] = ParallelBatchProcessor(
-                    plan.config, progress_callback=progress_display(plan.progress, total=len(plan.records)),
-                    artifact_store=store, resume=policy,
+                    plan.config, progress_callback=progress_display(plan.progress, total=plan.scan.items),
+                    artifact_store=store, resume=plan.resume,
                 )
                 async with processor:
                     outcome.opened = True
                     outcome.attach(processor)
                     processor.start()
+                    add = outcome.summary.add
                     async with anyio.create_task_group() as feeding:
-                        feeding.start_soon(_feed, processor, plan)
+                        feeding.start_soon(_feed, processor, plan, outcome)
                         async for result in processor.results():
-                            outcome.results.append(result)
+                            add(result)  # counted, then dropped: the checkpoint holds it
                     outcome.termination = processor.termination
             outcome.wall_time = anyio.current_time() - started
             run_group.cancel_scope.cancel(reason="the run finished")
@@ -258,16 +303,16 @@ def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
     termination = outcome.termination
     if outcome.forced and outcome.signal is not None:
         termination = BatchTermination("interrupted", f"forced by a second {outcome.signal.name}")
-    batch = BatchResult.from_results(outcome.results, termination=termination, wall_time=outcome.wall_time)
-    print_batch_report(batch, plan.out)
-    unfinished = len(plan.records) - batch.succeeded
+    summary = outcome.summary
+    print_run_report(summary, termination, outcome.wall_time, plan.out)
+    unfinished = summary.unfinished
     if outcome.signal is not None:
         how = "forced stop" if outcome.forced else "stopped"
-        say(f"{how} by {outcome.signal.name}: {batch.succeeded} of {len(plan.records)} item(s) succeeded; "
+        say(f"{how} by {outcome.signal.name}: {summary.succeeded} of {summary.total} item(s) succeeded; "
             f"{unfinished} still to run")
         say(f"resume with: {plan.resume_command}{redaction_note(plan.resume_command)}")
         return 128 + int(outcome.signal)
-    if batch.failed or not termination.completed or unfinished:
+    if summary.failed or not termination.completed or unfinished:
         say(f"{unfinished} item(s) did not succeed; to run them again: {plan.resume_command}"
             f"{redaction_note(plan.resume_command)}")
         return EXIT_FAILED

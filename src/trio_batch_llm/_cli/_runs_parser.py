@@ -67,7 +67,7 @@ def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     target.add_argument("db", metavar="DB", help="the SQLite database holding the run")
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
-    backend.add_argument("--backend", choices=BACKENDS, default="trio")
+    backend.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
     return target, backend
 
 
@@ -96,6 +96,8 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
     live.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
     live.add_argument("--attempt-timeout", type=positive_float, metavar="S",
                       help="seconds one attempt may take (default 120)")
+    live.add_argument("--max-attempts", type=positive_int, metavar="N",
+                      help="attempts per item before it fails, rate-limit retries not counted (default 3)")
     batch = start.add_argument_group("provider-batch mode")
     batch.add_argument("--batch-size", type=batch_size, metavar="N",
                        help=f"requests per batch file (default and maximum {MAX_BATCH_REQUESTS})")
@@ -133,7 +135,8 @@ def add_runs_parser(sub: Any) -> None:
 
     pause = group.add_parser("pause", parents=[target, backend],
                              help="stop starting calls; calls in flight finish; resumable")
-    pause.add_argument("--reason", default="paused from the command line")
+    pause.add_argument("--reason", default="paused from the command line",
+                       help="stored with the pause, shown by `runs status`")
     pause.set_defaults(handler=_control)
 
     resume = group.add_parser("resume", parents=[target, backend],
@@ -146,7 +149,8 @@ def add_runs_parser(sub: Any) -> None:
                     "In provider-batch mode the run's open batches are cancelled at the provider, so "
                     "--base-url (and the key) are needed when it has open batches.",
     )
-    cancel.add_argument("--reason", default="cancelled from the command line")
+    cancel.add_argument("--reason", default="cancelled from the command line",
+                        help="stored with the cancel, shown by `runs status`")
     cancel.add_argument("--base-url", help="provider-batch: the endpoint whose open batches to cancel")
     cancel.add_argument("--api-key-env", metavar="NAME", help=KEY_HELP)
     cancel.add_argument("--request-timeout", type=positive_float, default=30.0, metavar="S",

@@ -45,7 +45,7 @@ from .._values._errors import (
     RunStateError,
 )
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, signal_receiver
-from ._input import InputError
+from ._input import InputError, iter_input
 from ._render import (
     PROG,
     announce_drive,
@@ -54,6 +54,7 @@ from ._render import (
     redaction_note,
     resolve_hint,
     say,
+    say_input_error,
     shown_command,
 )
 from ._run import plan_run
@@ -64,7 +65,7 @@ __all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
 EXIT_TIMED_OUT: Final = 3
 _PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is not terminal
 _LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
-                      "attempt_timeout": "--attempt-timeout"}
+                      "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts"}
 _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--enqueued-token-limit",
                        "poll_interval": "--poll-interval", "request_timeout": "--request-timeout"}
 
@@ -128,7 +129,7 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         input=args.input, out=str(db), resume=True, model=args.model, base_url=args.base_url,
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
-        progress=False,
+        progress=False, max_attempts=args.max_attempts,
     ), argv)
     identity = ArtifactIdentity(provider=checked.provider, model=checked.model)
     existing = _existing(db, args.run_id)
@@ -144,7 +145,7 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
             raise UsageError(str(exc)) from None
     return StartPlan(
         db=db, run_id=args.run_id,
-        source=[(record.item_id, record.prompt, record.context) for record in checked.records],
+        source=[(record.item_id, record.prompt, record.context) for record in iter_input(checked.source)],
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
         timeout=args.timeout, backend=args.backend, existing=existing, command=shown_command(argv),
     )
@@ -230,7 +231,10 @@ def _report(plan: StartPlan, outcome: _Outcome) -> int:
 def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         plan = plan_start(args, argv)
-    except (UsageError, InputError) as exc:
+    except InputError as exc:
+        say_input_error(exc)
+        return EXIT_USAGE
+    except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
     announce_drive(plan.run_id, plan.db, plan.mode, plan.existing, plan.timeout)

@@ -48,6 +48,14 @@ class HostedOwner:
         """:meth:`force_close` from another thread; never blocks."""
         self._ledger.force_close_from_thread()
 
+    def only_strategy_cleanup_failed(self) -> bool:
+        """Whether the last close failed, and only in user strategies' ``cleanup()`` (CONTRACT C7.5).
+
+        Then work that completed before the close may keep its result; ``False``
+        after an aborted close, or while no close has finished.
+        """
+        return self._ledger.only_failed_in("strategies")
+
     @property
     def state(self) -> str:
         """``open``, ``closing`` or ``closed``; one way only (CONTRACT C4.7)."""

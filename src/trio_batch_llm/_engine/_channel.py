@@ -19,7 +19,7 @@ original exception instance.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
@@ -28,7 +28,7 @@ import anyio.lowlevel
 
 from .._values._errors import StreamFinalizationError
 
-__all__ = ["ResultChannel", "ResultChannelStatistics"]
+__all__ = ["ResultChannel", "ResultChannelStatistics", "ResultIterator"]
 
 T = TypeVar("T")
 
@@ -69,7 +69,6 @@ class ResultChannel(Generic[T]):
         self._finalizing = False
         self._readable: anyio.Event | None = None
         self._writable: anyio.Event | None = None
-        self._decided_event = anyio.Event()
         self._readers_waiting = 0
         self._writers_waiting = 0
         self.failure_delivered = False
@@ -95,6 +94,15 @@ class ResultChannel(Generic[T]):
         self._wake_readers()
         await anyio.lowlevel.checkpoint()
 
+    def preload(self, items: Iterable[T]) -> None:
+        """Queue ``items`` before the stream runs: results published before it started (replays).
+
+        They are published already, so the bound does not apply to them.
+        """
+        if self._decision is not None or self._delivered:
+            raise RuntimeError("preload() after the stream started")
+        self._queue.extend(items)
+
     def producers_finished(self) -> None:
         """Every producer is done: the next reader to find the queue empty finalizes."""
         self._producers_done = True
@@ -116,20 +124,10 @@ class ResultChannel(Generic[T]):
             self._settle()
 
     def _settle(self) -> None:
-        self._decided_event.set()
         self._wake_readers()
         if self._writable is not None:
             self._writable.set()
             self._writable = None
-
-    @property
-    def decided(self) -> bool:
-        return self._decision is not None
-
-    @property
-    def failure(self) -> BaseException | None:
-        decision = self._decision
-        return decision.exc if isinstance(decision, _Failure) else None
 
     # --- consumer side -------------------------------------------------
 
@@ -185,9 +183,6 @@ class ResultChannel(Generic[T]):
             raise
         self._decide_success()
 
-    async def wait_decided(self) -> None:
-        await self._decided_event.wait()
-
     def _wake_readers(self) -> None:
         if self._readable is not None:
             self._readable.set()
@@ -205,3 +200,22 @@ class ResultChannel(Generic[T]):
             readers_waiting=self._readers_waiting,
             writers_waiting=self._writers_waiting,
         )
+
+
+@final
+class ResultIterator(AsyncIterator[T]):
+    """One consumer's view of a channel: its results, then the terminal (the end, or the failure)."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: ResultChannel[T]) -> None:
+        self._channel = channel
+
+    def __aiter__(self) -> ResultIterator[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self._channel.get()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None

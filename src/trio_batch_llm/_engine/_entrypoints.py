@@ -18,8 +18,7 @@ from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig, ResumePolicy
-from .._values._errors import AdmissionClosedError, ConfigurationError
-from .._values._requests import LLMWorkItem
+from .._values._errors import ConfigurationError
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from ._channel import ResultChannelStatistics
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
@@ -147,12 +146,10 @@ class ResultStream(AsyncIterator[WorkItemResult[TOutput]]):
 
     @property
     def input_order(self) -> list[str]:
-        return self._processor._input_order
+        return list(self._processor.input_order)
 
     def statistics(self) -> ResultChannelStatistics:
-        channel = self._processor._channel
-        assert channel is not None
-        return channel.statistics()
+        return self._processor.results_statistics()
 
 
 @asynccontextmanager
@@ -185,9 +182,9 @@ async def process_stream(
         progress_callback=_progress_callback(progress),
         artifact_store=artifact_store,
         resume=resume,
+        record_input_order=False,
         **processor_kwargs,
     ) as proc:
-        proc._record_order = False
         yield _start_stream(proc, prompts, strategy)
 
 
@@ -202,7 +199,7 @@ def _start_stream(
     proc: ParallelBatchProcessor[TOutput], source: Prompts, strategy: LLMCallStrategy[TOutput]
 ) -> ResultStream[TOutput]:
     proc.start()
-    proc._runtime_group().start_soon(_feed, proc, source, strategy, name="process_stream producer")
+    proc.feed(aiter_items(source, strategy))
     return ResultStream(proc)
 
 
@@ -218,30 +215,9 @@ def _keep_if_only_strategy_cleanup_failed(
     try:
         yield
     except Exception:
-        if not completed() or not proc._ledger.only_failed_in("strategies"):
+        if not completed() or not proc.only_strategy_cleanup_failed():
             raise
         logger.warning("strategy cleanup failed after the work completed; keeping the result", exc_info=True)
-
-
-async def _feed(  # noqa: ASYNC910 - add_work checkpoints on every path
-    proc: ParallelBatchProcessor[TOutput], source: Prompts, strategy: LLMCallStrategy[TOutput]
-) -> None:
-    items: AsyncIterator[LLMWorkItem[TOutput]] = aiter_items(source, strategy)
-    try:
-        async for item in items:
-            try:
-                await proc.add_work(item)
-            except AdmissionClosedError:
-                break  # a controlled stop; queued items are reported as not executed
-        await proc.finish()  # a no-op after a controlled stop
-    except Exception as exc:  # noqa: BLE001 - ends the stream with this error
-        # A bad entry or a failing source ends the stream with that error (CONTRACT C6.2).
-        proc._fail_stream(exc)
-    finally:
-        closer = getattr(source, "aclose", None)
-        if closer is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await closer()
 
 
 async def call_result(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import anyio
+import anyio.lowlevel
+
 from .._strategies._base import LLMCallStrategy
+from .._values._errors import AdmissionClosedError
 from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 
-__all__ = ["aiter_items", "is_sized_source", "items_from_sequence", "validate_source"]
+__all__ = ["aiter_items", "feed_items", "is_sized_source", "items_from_sequence", "validate_source"]
 
 TOutput = TypeVar("TOutput")
 
@@ -114,13 +118,14 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
     nothing to finalize (the source itself is closed by its owner).
     """
 
-    __slots__ = ("_async", "_index", "_iterator", "_strategy", "_tracker")
+    __slots__ = ("_async", "_index", "_iterator", "_source", "_strategy", "_tracker")
 
     def __init__(
         self, prompts: Iterable[object] | AsyncIterable[object], strategy: LLMCallStrategy[TOutput]
     ) -> None:
         self._tracker = DuplicateTracker()
         self._index = 0
+        self._source = prompts
         self._strategy = strategy
         self._async = isinstance(prompts, AsyncIterable)
         self._iterator: Iterator[object] | AsyncIterator[object] = (
@@ -129,6 +134,14 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
 
     def __aiter__(self) -> aiter_items[TOutput]:
         return self
+
+    async def aclose(self) -> None:
+        """Close the source, if it can be closed (an async generator, for one)."""
+        closer = getattr(self._source, "aclose", None)
+        if closer is not None:
+            await closer()
+        else:
+            await anyio.lowlevel.checkpoint()
 
     async def __anext__(self) -> LLMWorkItem[TOutput]:  # consumers checkpoint per item
         if self._async:
@@ -142,3 +155,36 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
         self._tracker.check(item.item_id, generated=isinstance(entry, str), index=self._index)
         self._index += 1
         return item  # noqa: ASYNC910
+
+
+async def feed_items(  # noqa: ASYNC910 - add() checkpoints on every path; a source that fails at once ends it
+    items: Iterable[LLMWorkItem[TOutput]] | AsyncIterable[LLMWorkItem[TOutput]],
+    *,
+    add: Callable[[LLMWorkItem[TOutput]], Awaitable[None]],
+    finish: Callable[[], Awaitable[None]],
+    fail: Callable[[Exception], None],
+) -> None:
+    """``add`` every item, then ``finish()``; the body of ``ParallelBatchProcessor.feed``'s task.
+
+    A controlled stop (``add`` raises :class:`AdmissionClosedError`) ends the feeding
+    quietly; anything else that fails (the source, a bad entry) goes to ``fail``
+    (CONTRACT C6.2). ``items`` is closed afterwards, if it can be, within 5 s.
+    """
+    try:
+        try:
+            if isinstance(items, AsyncIterable):
+                async for item in items:
+                    await add(item)
+            else:
+                for item in items:
+                    await add(item)
+        except AdmissionClosedError:
+            pass  # a controlled stop; queued items are reported as not executed
+        await finish()  # a no-op after a controlled stop
+    except Exception as exc:  # noqa: BLE001 - ends the stream with this error
+        fail(exc)
+    finally:
+        closer = getattr(items, "aclose", None)
+        if closer is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await closer()

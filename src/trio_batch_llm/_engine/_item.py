@@ -1,124 +1,100 @@
-"""One item's path: admit → attempt → classify → retry → account.
+"""One item's path: admit → attempt → parse → decide, one function per stage, over a :class:`Binding`.
 
-Shared by the processor's workers and the pool's callers. Each stage is a
-small piece of :meth:`ItemRunner.run`; the hot path (admitted at once, first
-attempt succeeds) allocates one tally and one result and checkpoints only
-inside the strategy call.
+Shared by the processor's workers and the pool's callers. A :class:`Binding` is what
+the path needs of one strategy, resolved once per owner: the prepared strategy, its
+quota scope, whether its prompts need a token estimate, its classifier. Nothing on the
+hot path calls back into the host. An :class:`ItemRun` is one item on its way; it
+survives its guard firing (:mod:`._guards`), so the caller can go on with it::
+
+    result = await runner.drive(run, guard)     # in the guard's scope
+    ...the scope caught a deadline or a stop:
+    verdict = runner.cut(run, guard)            # a result, STOPPED, or RETRY (drive again)
+
+In :meth:`ItemRunner.drive`, per attempt:
+
+- :meth:`~ItemRunner.admit`: a slot, an RPM unit, a TPM reservation and the end of any
+  cooldown; no call starts at or after a start limit (the item or batch deadline, the
+  processor's ``call_start_deadline``);
+- :meth:`~ItemRunner.attempt`: ``strategy.execute`` under the attempt deadline; a failure
+  is classified here (the one ``except Exception`` boundary), and the admission is given
+  back here, in :meth:`~ItemRunner.settle`, with the strategy's metadata or the failure's
+  exception at hand;
+- :meth:`~ItemRunner.parse`: the raw output becomes the item's output;
+- :meth:`~ItemRunner.decide`: a failed attempt becomes the item's result, or the wait
+  before the next attempt (separate budgets for rate limits and other failures; no retry
+  that cannot start before a deadline). :meth:`~ItemRunner.back_off` runs the hooks,
+  ``on_error()`` and that wait.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
-from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
-from .._values._results import ItemTiming, RetryState, WorkItemResult, add_usage, usage_total
-from ._classify import Classification, classify
+from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
+from ._classify import Classification
+from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier
 
 if TYPE_CHECKING:
-    from .._admission import Admission, QuotaScope
+    from .._admission import Admission
     from .._core._host import ExecutorHost
     from .._observe._hooks import Hooks
+    from .._strategies._base import LLMCallStrategy
     from .._values._config import ProcessorConfig
+    from ._guards import Guard
 
-__all__ = ["AttemptTimedOut", "ItemRunner", "ItemStop", "ItemTally", "UserClassifier"]
+__all__ = ["RETRY", "STOPPED", "AttemptTimedOut", "ItemRunner", "start_deadline"]
 
 TOutput = TypeVar("TOutput")
-UserClassifier = Callable[[Exception], Any]
 
-_NO_METADATA: Final[dict[str, Any]] = {}
+_ITEM_DEADLINE: Final = "total_timeout_per_item"
+"""What an item's deadline is called in its error: the setting that set it."""
+_CALL_START: Final = "call_start_deadline"
+
+RETRY: Final = "retry"
+""":meth:`ItemRunner.cut`: the attempt's own deadline fired; drive the run again."""
+STOPPED: Final = None
+""":meth:`ItemRunner.cut` and :meth:`ItemRunner.drive`: the batch's stop cut the item short."""
+
+Cut = WorkItemResult[TOutput] | Literal["retry"] | None
 
 
 class AttemptTimedOut(TimeoutError):
     """An attempt ran past ``attempt_timeout``; classified TIMEOUT and retried."""
 
 
-class ItemTally:
-    """What is known about an item so far; read when it is cut short from outside."""
+def start_deadline(value: float | None) -> float:
+    """Check a ``call_start_deadline``: a time on ``anyio.current_time()``'s clock, or ``None``."""
+    if value is None:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        from .._values._errors import ConfigurationError
 
-    __slots__ = ("attempts", "last_category", "last_error", "started", "timing", "usage")
-
-    def __init__(self, started: float) -> None:
-        self.attempts = 0
-        self.usage: dict[str, int] = {}
-        self.timing = ItemTiming()
-        self.started = started
-        self.last_error: BaseException | None = None
-        self.last_category: ErrorCategory | None = None
-
-
-class ItemStop:
-    """What may cut an item short from outside: a deadline, and an explicit :meth:`cancel`.
-
-    One per worker. The runner points ``scope`` at the running attempt's scope,
-    so a stop cancels one scope per item in flight.
-    """
-
-    __slots__ = ("cancelled", "deadline", "reason", "scope")
-
-    def __init__(self, deadline: float = math.inf) -> None:
-        self.deadline = deadline
-        self.cancelled = False
-        self.reason: str | None = None
-        self.scope: anyio.CancelScope | None = None
-
-    def cancel(self, reason: str) -> None:
-        if self.cancelled:
-            return
-        self.cancelled = True
-        self.reason = reason
-        if self.scope is not None:
-            self.scope.cancel(reason)
-
-
-class _Unscoped:
-    """Stands in for a cancel scope where nothing can cut an attempt short."""
-
-    __slots__ = ()
-    cancelled_caught: bool = False
-
-    def __enter__(self) -> _Unscoped:
-        return self
-
-    def __exit__(self, *exc_info: object) -> bool:
-        return self.cancelled_caught  # never: nothing to catch
-
-
-_UNSCOPED: Final = _Unscoped()
-
-
-def _timed_out(attempt: int, timeout: float | None) -> AttemptTimedOut:
-    return AttemptTimedOut(f"attempt {attempt} timed out after {timeout} s")
-
-
-def _metadata(meta: Any) -> dict[str, Any]:
-    if meta is None:
-        return {}
-    if isinstance(meta, dict):
-        return meta
-    return {"strategy": meta}
+        raise ConfigurationError("call_start_deadline", value, "must be a time of anyio.current_time()")
+    return float(value)
 
 
 class ItemRunner(Generic[TOutput]):
-    """Runs items with one host's quotas, leases, config and classifier."""
+    """Runs items with one owner's host, config, classifier and hooks; keeps its Bindings."""
 
     __slots__ = (
         "_attempt_timeout",
+        "_bindings",
         "_classifier",
         "_clock",
         "_config",
         "_hooks",
         "_host",
         "_item_timeout",
-        "_needs_tokens",
+        "_last",
         "_retry",
+        "start_by",
     )
 
     def __init__(
@@ -128,6 +104,7 @@ class ItemRunner(Generic[TOutput]):
         *,
         classifier: UserClassifier | None = None,
         hooks: Hooks | None = None,
+        start_by: float = math.inf,
     ) -> None:
         self._hooks = hooks if hooks is not None and hooks.active else None
         self._host = host
@@ -136,193 +113,110 @@ class ItemRunner(Generic[TOutput]):
         self._classifier = classifier
         self._attempt_timeout = config.attempt_timeout
         self._item_timeout = config.guardrails.total_timeout_per_item
-        self._needs_tokens = config.max_tokens_per_minute is not None
         self._clock = anyio.current_time
+        self._bindings: dict[int, Binding] = {}
+        self._last: Binding | None = None
+        self.start_by = start_by
+        """No call starts at or after this time (``call_start_deadline``)."""
 
-    async def run(
+    @property
+    def has_deadlines(self) -> bool:
+        """Whether an attempt, an item or a call start has a deadline (a watcher is needed)."""
+        return self._attempt_timeout is not None or self._item_timeout is not None or self.start_by < math.inf
+
+    def begin(
         self,
         item: LLMWorkItem[TOutput],
-        tally: ItemTally | None = None,
         *,
+        stop_deadline: float = math.inf,
         timeout: float | None = None,
-        timeout_reason: str = "item deadline",
-    ) -> WorkItemResult[TOutput]:
-        """Run ``item`` to its one result. Cancellation from outside propagates untouched.
-
-        ``timeout`` (seconds) overrides ``total_timeout_per_item`` for this item.
-        """
-        result = await self.execute_item(
-            item, tally if tally is not None else ItemTally(self._clock()), None,
-            timeout=timeout, timeout_reason=timeout_reason,
+        timeout_name: str = _ITEM_DEADLINE,
+    ) -> ItemRun[TOutput]:
+        """A run of ``item`` starting now; ``timeout`` overrides ``total_timeout_per_item``
+        and ``timeout_name`` then names it in the result's error."""
+        if timeout is None:
+            timeout, timeout_name = self._item_timeout, _ITEM_DEADLINE
+        return ItemRun(
+            item, self._clock(), limit=timeout, limit_name=timeout_name, stop_deadline=stop_deadline,
+            start_by=self.start_by,
         )
-        assert result is not None, "only a stop cuts an item short without a result"
-        return result
 
-    async def execute_item(
-        self,
-        item: LLMWorkItem[TOutput],
-        tally: ItemTally,
-        stop: ItemStop | None,
-        *,
-        timeout: float | None = None,
-        timeout_reason: str = "item deadline",
-    ) -> WorkItemResult[TOutput] | None:
-        """Run ``item``; ``None`` when ``stop`` cut it short (the caller builds that result).
+    async def bind(self, strategy: LLMCallStrategy[Any]) -> Binding:
+        """Resolve the Binding of ``strategy`` (prepare it on the host) and keep it for this owner.
 
-        Cancel scopes: at most one per attempt. When an item deadline or a stop
-        applies, one scope per attempt covers the whole attempt (the previous
-        attempt's failure handling and backoff, admission, the call) with the
-        earliest of the item deadline, the stop's deadline and, during the call,
-        the attempt deadline; the stop cancels it. Otherwise only the call runs
-        under a scope, and only when ``attempt_timeout`` is set. Which deadline
-        fired is read off the clock, in the precedence nested scopes had (the
-        outermost cancelled scope catches): the stop, then the item deadline,
-        then the attempt's own.
+        :meth:`drive` calls it for a strategy it has not seen, in the item's admission
+        time; after that nothing is looked up per item.
         """
-        limit = timeout if timeout is not None else self._item_timeout
-        item_deadline = tally.started + limit if limit is not None else math.inf
-        outer = item_deadline if stop is None else min(item_deadline, stop.deadline)
-        bounded = stop is not None or outer != math.inf
-        attempt_timeout = self._attempt_timeout
-        strategy = item.strategy
-        host = self._host
-        hooks = self._hooks
-        clock = self._clock
-        timing = tally.timing
-        quota: QuotaScope | None = None
-        tokens = 0
-        state: RetryState | None = None
-        rng: random.Random | None = None
-        failures = 0
-        rate_limited = 0
-        attempt = 0
-        started = 0.0
-        # The previous attempt's failure and its token usage: handled at the top of the next
-        # iteration, under that attempt's scope, so the item deadline and the stop bound the
-        # hooks, on_error() and the backoff too.
-        failed: tuple[Exception, Any] | None = None
-        held: Admission | None = None  # released exactly once; cut short -> release(None)
-        try:
-            while True:
-                scope: anyio.CancelScope | None = None
-                if bounded:
-                    scope = anyio.CancelScope(deadline=outer)
-                    if stop is not None:
-                        stop.scope = scope
-                        if stop.cancelled:
-                            scope.cancel(stop.reason)
-                with scope or _UNSCOPED:
-                    if failed is not None:
-                        exc, failed_usage = failed
-                        failed = None
-                        verdict = self._classify(exc, strategy)
-                        tally.last_error = exc
-                        tally.last_category = verdict.category
-                        if hooks is not None:
-                            await hooks.on_attempt_error(item, exc, attempt, verdict.category)
-                        assert held is not None
-                        if verdict.category is ErrorCategory.RATE_LIMIT:
-                            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-                            held.release_rate_limited(verdict.retry_after, usage_total(failed_usage))
-                            held = None
-                            rate_limited += 1
-                            retry = rate_limited <= self._retry.max_rate_limit_retries
-                            wait = 0.0  # the scope's cooldown holds this worker and every other one
-                        else:
-                            held.release(usage_total(failed_usage))
-                            held = None
-                            failures += 1
-                            retry = verdict.category.retryable and failures < self._retry.max_attempts
-                            wait = 0.0
-                            if retry:
-                                if rng is None:
-                                    rng = self._rng(item)
-                                wait = self._retry.wait_before_retry(failures - 1, verdict.retry_after, rng)
-                        # (No checkpoint needed: the failed attempt's execute() was one.)
-                        if not retry:
-                            return self.failure_result(item, tally, exc, verdict.category)  # noqa: ASYNC910
-                        if clock() + wait >= item_deadline:
-                            return self.deadline_result(  # noqa: ASYNC910
-                                item,
-                                tally,
-                                reason=f"deadline of {limit} s leaves no room for a retry after {wait:.3g} s",
-                            )
-                        if state is None:
-                            state = RetryState()
-                        state.attempt = attempt
-                        state.last_error = exc
-                        state.last_category = verdict.category
-                        await strategy.on_error(exc, attempt, state)
-                        if wait > 0:
-                            await anyio.sleep(wait)
-                            timing.backoff += wait
-                    if quota is None:
-                        await host.ensure_prepared(strategy)
-                        quota = host.quota_scope(strategy)
-                        tokens = self._config.estimate_tokens(item.prompt) if self._needs_tokens else 0
-                    tally.attempts += 1
-                    attempt = tally.attempts
-                    held = await self._admit(quota, tokens, timing)
-                    started = clock()
-                    attempt_scope: anyio.CancelScope | _Unscoped = _UNSCOPED
-                    if attempt_timeout is not None:
-                        if scope is None:
-                            attempt_scope = anyio.CancelScope(deadline=started + attempt_timeout)
-                        elif started + attempt_timeout < outer:
-                            scope.deadline = started + attempt_timeout
-                    try:
-                        with attempt_scope:
-                            output, usage, meta = await strategy.execute(
-                                item.prompt, attempt, attempt_timeout, state
-                            )
-                    except Exception as exc:  # noqa: BLE001 - the one classification boundary
-                        timing.execution += clock() - started
-                        failed_usage = getattr(exc, "token_usage", None)
-                        add_usage(tally.usage, failed_usage)
-                        failed = (exc, failed_usage)
-                        continue
-                    if attempt_scope.cancelled_caught:
-                        timing.execution += clock() - started
-                        failed = (_timed_out(attempt, attempt_timeout), None)
-                        continue
-                    timing.execution += clock() - started
-                    if usage:
-                        add_usage(tally.usage, usage)
-                    held.release(usage_total(usage))
-                    held = None
-                    timing.total = clock() - tally.started
-                    return WorkItemResult(
-                        item_id=item.item_id,
-                        success=True,
-                        output=output,
-                        attempts=attempt,
-                        token_usage=tally.usage,
-                        timing=timing,
-                        context=item.context,
-                        metadata=_metadata(meta),
-                    )
-                # Only reached when this attempt's scope caught its own cancellation.
-                now = clock()
-                if stop is not None and (stop.cancelled or now >= stop.deadline):
-                    return None
-                if now >= item_deadline:
-                    return self.deadline_result(item, tally, reason=f"{timeout_reason} of {limit} s")
-                timing.execution += now - started
-                failed = (_timed_out(attempt, attempt_timeout), None)
-        finally:
-            if held is not None:
-                held.release(None)  # cut short: real usage unknown, the reservation stands
-            if stop is not None:
-                stop.scope = None
+        await self._host.ensure_prepared(strategy)
+        config = self._config
+        binding = Binding(
+            strategy,
+            self._host.quota_scope(strategy),
+            estimate=config.estimate_tokens if config.max_tokens_per_minute is not None else None,
+            user_classifier=self._classifier,
+        )
+        self._bindings[id(strategy)] = binding
+        return binding
 
-    async def _admit(self, scope: QuotaScope, tokens: int, timing: ItemTiming) -> Admission:
+    async def drive(self, run: ItemRun[TOutput], guard: Guard) -> WorkItemResult[TOutput] | None:
+        """Run the stages until ``run`` has its result; ``None`` when the batch's stop cut it short.
+
+        Call it inside ``guard.scope``. A deadline or a stop propagates as the guard
+        scope's cancellation; the caller then asks :meth:`cut` what it means.
+        """
+        guard.arm(run, run.start_limit)
+        try:
+            if guard.stopped is not None:
+                return STOPPED  # noqa: ASYNC910 - the worker's next receive checkpoints
+            if run.failed is not None:  # driven again after its attempt timed out
+                failure, run.failed = run.failed, None
+                if (result := await self.back_off(run, failure)) is not None:
+                    return result
+            strategy = run.item.strategy
+            binding = self._last
+            if binding is None or binding.strategy is not strategy:
+                binding = self._bindings.get(id(strategy))
+                if binding is None or binding.strategy is not strategy:
+                    binding = await self.bind(strategy)
+                self._last = binding
+            run.binding = binding
+            tokens = binding.estimate(run.item.prompt) if binding.estimate is not None else 0
+            while True:
+                held = run.held = await self.admit(binding, run, tokens)
+                if held is None:  # past a start limit: between calls, never the attempt's own deadline
+                    return self.cut(run, guard)  # type: ignore[return-value]
+                outcome = await self.attempt(binding, run, held, guard)
+                if not isinstance(outcome, Failure):
+                    output, meta = outcome
+                    try:
+                        output = self.parse(binding, output)
+                    except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
+                        guard.set_deadline(run.start_limit)
+                        outcome = Failure(exc, binding.classify(exc))
+                    else:
+                        return run.succeeded(output, meta, self._clock())
+                if (result := await self.back_off(run, outcome)) is not None:
+                    return result
+        finally:
+            guard.disarm()
+            if run.held is not None:
+                run.held.release(None)  # cut short: real usage unknown, the reservation stands
+                run.held = None
+
+    async def admit(self, binding: Binding, run: ItemRun[TOutput], tokens: int) -> Admission | None:
+        """Stage 1: the quota scope's admission, or ``None`` at or past the run's start limit."""
+        clock = self._clock
+        if run.start_limit != math.inf and clock() >= run.start_limit:
+            await anyio.lowlevel.checkpoint()
+            return None
+        scope = binding.quota
         try:
             return scope.try_admit_nowait(tokens)  # noqa: ASYNC910 - hot path; execute() checkpoints
         except anyio.WouldBlock:
             pass
-        clock = self._clock
-        began = clock()
+        # Booked by phase, so a wait cut short (by the item deadline, a stop) is counted too.
         cooling = scope.statistics().cooldown_remaining > 0
+        run.switch("cooldown" if cooling else "admission_wait", clock())
         admission = await scope.admit(tokens)
         try:
             # Granted while this worker was being cancelled: the provider never sees the call,
@@ -331,15 +225,160 @@ class ItemRunner(Generic[TOutput]):
         except BaseException:
             admission.release_unused()
             raise
-        waited = clock() - began
-        if cooling:
-            timing.cooldown += waited
-        else:
-            timing.admission_wait += waited
+        if clock() >= run.start_limit:  # the guard fires at that instant too; the clock said it first
+            admission.release_unused()
+            return None
         return admission
 
-    def _classify(self, exc: Exception, strategy: Any) -> Classification:
-        return classify(exc, strategy_classifier=strategy.classify_error, user_classifier=self._classifier)
+    async def attempt(
+        self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard
+    ) -> tuple[Any, Any] | Failure:
+        """Stage 2: one call under the attempt deadline; ``(raw output, metadata)`` or the failure."""
+        clock = self._clock
+        run.attempts += 1
+        attempt = run.attempts
+        started = clock()
+        run.switch("execution", started)
+        timeout = self._attempt_timeout
+        if timeout is not None and started + timeout < run.outer:
+            guard.set_deadline(started + timeout)
+        else:
+            guard.set_deadline(run.outer)
+        state = run.retries.state if run.retries is not None else None
+        run.calling = True
+        try:
+            output, usage, meta = await binding.strategy.execute(run.item.prompt, attempt, timeout, state)
+        except Exception as exc:  # noqa: BLE001 - the one classification boundary
+            run.calling = False
+            run.switch("backoff", clock())
+            guard.set_deadline(run.start_limit)
+            failed_usage = getattr(exc, "token_usage", None)
+            add_usage(run.usage, failed_usage)
+            verdict = binding.classify(exc)
+            self.settle(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
+            return Failure(exc, verdict)  # noqa: ASYNC910 - execute() is the checkpoint (or raised before one)
+        run.calling = False
+        if usage:
+            add_usage(run.usage, usage)
+        self.settle(run, held, usage, meta=meta, exc=None, verdict=None)
+        return output, meta
+
+    @staticmethod
+    def settle(
+        run: ItemRun[Any],
+        held: Admission,
+        usage: Any,
+        *,
+        meta: Any,
+        exc: Exception | None,
+        verdict: Classification | None,
+    ) -> None:
+        """Give an attempt's admission back: the one place, for every call that returned or raised.
+
+        ``meta`` is what the strategy returned with a success, ``exc`` a failure's
+        exception (the provider's answer, headers included). A call cut short (its
+        deadline, a stop, a cancellation) is released by :meth:`drive` instead, with
+        its usage unknown.
+        """
+        run.held = None
+        if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
+            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
+            held.release_rate_limited(verdict.retry_after, usage_total(usage))
+        else:
+            held.release(usage_total(usage))
+
+    def parse(self, binding: Binding, raw: Any) -> Any:
+        """Stage 3: the call's raw output -> the item's output.
+
+        Raises a parse failure (any ``Exception``; ``ProviderError(category=PARSE)`` to
+        say so) when ``raw`` cannot become an output: :meth:`decide` treats it as a
+        failed attempt whose tokens were spent. Today every output is taken as it is.
+        """
+        return raw
+
+    def decide(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | float:
+        """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one."""
+        exc, verdict = failure.exc, failure.verdict
+        category = verdict.category
+        run.last_error = exc
+        retries = run.retries
+        if retries is None:
+            retries = run.retries = Retries()
+        config = self._retry
+        wait = 0.0
+        if category is ErrorCategory.RATE_LIMIT:
+            retries.rate_limited += 1
+            retry = retries.rate_limited <= config.max_rate_limit_retries
+            # (No wait: the scope's cooldown holds this worker and every other one.)
+        else:
+            retries.failures += 1
+            retry = category.retryable and retries.failures < config.max_attempts
+            if retry:
+                if retries.rng is None:
+                    retries.rng = self._rng(run.item)
+                wait = config.wait_before_retry(retries.failures - 1, verdict.retry_after, retries.rng)
+        now = self._clock()
+        if not retry:
+            return run.failed_with(exc, category, now)
+        if now + wait >= run.item_deadline:
+            reason = f"{run.limit_name} of {run.limit} s leaves no room for a retry after {wait:.3g} s"
+            return run.deadline_exceeded(reason, now)
+        if now + wait >= self.start_by:
+            return self._refused(run, now)
+        return wait
+
+    async def back_off(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | None:
+        """After a failed attempt: its hooks, :meth:`decide`, ``on_error()``, the wait; ``None`` to go on."""
+        exc, category = failure.exc, failure.verdict.category
+        if self._hooks is not None:
+            await self._hooks.on_attempt_error(run.item, exc, run.attempts, category)
+        decision = self.decide(run, failure)
+        if not isinstance(decision, float):
+            return decision  # noqa: ASYNC910 - the failed attempt's execute() was a checkpoint
+        retries = run.retries
+        assert retries is not None
+        state = retries.state
+        if state is None:
+            state = retries.state = RetryState()
+        state.attempt = run.attempts
+        state.last_error = exc
+        state.last_category = category
+        await run.item.strategy.on_error(exc, run.attempts, state)
+        if decision > 0:
+            await anyio.sleep(decision)
+        return None
+
+    def cut(self, run: ItemRun[TOutput], guard: Guard) -> Cut[TOutput]:
+        """What cut ``run`` short, read off the clock in the precedence nested scopes had.
+
+        The stop (:data:`STOPPED`: the caller builds that result), the item deadline,
+        the call-start deadline (only between calls), then the attempt's own deadline
+        (:data:`RETRY`: the timeout is a failed attempt; drive the run again).
+        """
+        now = self._clock()
+        if guard.stopped is not None or now >= guard.stop_deadline:
+            return STOPPED
+        if now >= run.item_deadline:
+            return run.deadline_exceeded(f"{run.limit_name} of {run.limit} s", now)
+        if not run.calling and now >= self.start_by:
+            return self._refused(run, now)
+        run.calling = False
+        run.switch("backoff", now)
+        exc = AttemptTimedOut(f"attempt {run.attempts} timed out after {self._attempt_timeout} s")
+        assert run.binding is not None
+        run.failed = Failure(exc, run.binding.classify(exc))
+        return RETRY
+
+    def stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str) -> WorkItemResult[TOutput]:
+        """The result of an item the batch's stop cut short."""
+        return run.stopped(category, reason, self._clock())
+
+    @staticmethod
+    def _refused(run: ItemRun[TOutput], now: float) -> WorkItemResult[TOutput]:
+        # No call starts at or after call_start_deadline: never started, or cut short before a retry.
+        if run.attempts == 0:
+            return run.stopped(ErrorCategory.NOT_EXECUTED, f"not executed: {_CALL_START} reached", now)
+        return run.stopped(ErrorCategory.ABORTED, f"cut short: {_CALL_START} reached before a retry", now)
 
     def _rng(self, item: LLMWorkItem[TOutput]) -> random.Random:
         # Seeded per item, so a seeded run's backoffs do not depend on the
@@ -348,58 +387,3 @@ class ItemRunner(Generic[TOutput]):
         if seed is None:
             return random.Random()
         return random.Random(f"{seed}\x00{item.item_id}")
-
-    def failure_result(
-        self,
-        item: LLMWorkItem[TOutput],
-        tally: ItemTally,
-        exc: BaseException,
-        category: ErrorCategory,
-    ) -> WorkItemResult[TOutput]:
-        tally.timing.total = self._clock() - tally.started
-        return WorkItemResult(
-            item_id=item.item_id,
-            success=False,
-            error=f"{type(exc).__name__}: {exc}",
-            exception=exc,
-            error_category=category,
-            attempts=tally.attempts,
-            token_usage=tally.usage,
-            timing=tally.timing,
-            context=item.context,
-        )
-
-    def deadline_result(
-        self, item: LLMWorkItem[TOutput], tally: ItemTally, *, reason: str
-    ) -> WorkItemResult[TOutput]:
-        exc = ItemDeadlineExceeded(f"item {item.item_id!r}: {reason}")
-        if tally.last_error is not None:
-            exc.__context__ = tally.last_error
-        return self.failure_result(item, tally, exc, ErrorCategory.DEADLINE)
-
-    def stopped_result(
-        self, item: LLMWorkItem[TOutput], tally: ItemTally | None, *, category: ErrorCategory, reason: str
-    ) -> WorkItemResult[TOutput]:
-        """A result for an item the batch stopped: cut short in flight, or never started.
-
-        A deadline carries an :class:`ItemDeadlineExceeded`; an abort, a spent
-        budget or an item that never ran carries no exception (none happened),
-        only ``error`` saying why.
-        """
-        if tally is None:
-            tally = ItemTally(self._clock())
-        if category is ErrorCategory.DEADLINE:
-            return self.failure_result(
-                item, tally, ItemDeadlineExceeded(f"item {item.item_id!r}: {reason}"), category
-            )
-        tally.timing.total = self._clock() - tally.started
-        return WorkItemResult(
-            item_id=item.item_id,
-            success=False,
-            error=reason,
-            error_category=category,
-            attempts=tally.attempts,
-            token_usage=tally.usage,
-            timing=tally.timing,
-            context=item.context,
-        )

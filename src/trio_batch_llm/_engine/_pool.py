@@ -23,7 +23,9 @@ from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallE
 from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem
 from .._values._results import WorkItemResult
-from ._item import ItemRunner, ItemTally, UserClassifier
+from ._guards import Guard
+from ._item import RETRY, ItemRunner
+from ._item_run import UserClassifier
 
 __all__ = ["LLMCallPool", "PoolStatistics"]
 
@@ -147,14 +149,29 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
         try:
-            return await self._runner.run(
-                item, ItemTally(anyio.current_time()), timeout=limit, timeout_reason="submit timeout"
-            )
+            return await self._drive(item, limit)
         finally:
             self._pending -= 1
             if self._pending == 0 and self._idle is not None:
                 self._idle.set()
                 self._idle = None
+
+    async def _drive(self, item: LLMWorkItem[TOutput], timeout: float | None) -> WorkItemResult[TOutput]:
+        # In the caller's task: its guard's scope carries the deadlines itself (one cancel
+        # scope per request, one more each time an attempt times out). Cancellation from
+        # outside propagates.
+        runner = self._runner
+        run = runner.begin(item, timeout=timeout, timeout_name="submit timeout")
+        guard = Guard()
+        while True:
+            with guard.renew():
+                result = await runner.drive(run, guard)
+                assert result is not None, "only a batch's stop cuts an item short without a result"
+                return result
+            verdict = runner.cut(run, guard)  # the scope caught its own deadline
+            if isinstance(verdict, WorkItemResult):
+                return verdict
+            assert verdict == RETRY, "no batch stop cuts a pool request short"
 
     async def _drain(self) -> None:
         # CONTRACT C2.5: admitted requests run to completion; new ones are refused.

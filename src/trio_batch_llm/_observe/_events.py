@@ -6,11 +6,20 @@ result, exactly one terminal event (:func:`terminal_event`:
 :class:`ItemCompleted`, :class:`ItemFailed` or :class:`ItemReplayed`); then one
 :class:`BatchFinished`. Events are frozen values, built only when someone
 observes (see :class:`~._hooks.Hooks`).
+
+Two more events are defined here and not emitted by the engine yet:
+:class:`AttemptStarted` and :class:`AttemptSucceeded`. The OpenTelemetry and
+Prometheus adapters already accept them (an attempt's span then starts when
+its call starts, and carries that call's own model and usage); until the
+engine emits them, the adapters derive attempts from :class:`ItemStarted`,
+:class:`AttemptFailed` and the terminal event. They are not in the
+package's public names until they are emitted.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, final, runtime_checkable
 
 from .._values._categories import ErrorCategory
@@ -18,7 +27,10 @@ from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import CounterSnapshot
 
 __all__ = [
+    "AttemptEvent",
     "AttemptFailed",
+    "AttemptStarted",
+    "AttemptSucceeded",
     "BatchFinished",
     "BatchStarted",
     "ItemCompleted",
@@ -55,6 +67,36 @@ class AttemptFailed:
 
 @final
 @dataclass(frozen=True, slots=True)
+class AttemptStarted:
+    """An attempt's provider call is about to start (its admission was granted). Not emitted yet.
+
+    ``provider`` and ``model`` are what the call is made to (OpenTelemetry's
+    ``gen_ai.system`` and ``gen_ai.request.model``), ``scope`` names its quota
+    scope; ``None`` when the strategy does not say.
+    """
+
+    item_id: str
+    attempt: int
+    provider: str | None = None
+    model: str | None = None
+    scope: str | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AttemptSucceeded:
+    """An attempt's call returned an answer that was accepted. Not emitted yet.
+
+    ``token_usage`` is this call's own usage (the result's sums every attempt).
+    """
+
+    item_id: str
+    attempt: int
+    token_usage: Mapping[str, int] = field(default_factory=dict)
+
+
+@final
+@dataclass(frozen=True, slots=True)
 class ItemCompleted:
     result: WorkItemResult[Any]
 
@@ -83,6 +125,10 @@ class BatchFinished:
 LifecycleEvent: TypeAlias = (
     BatchStarted | ItemStarted | AttemptFailed | ItemCompleted | ItemFailed | ItemReplayed | BatchFinished
 )
+"""Every event the engine emits today."""
+
+AttemptEvent: TypeAlias = AttemptStarted | AttemptSucceeded
+"""The events the engine does not emit yet (see the module docstring)."""
 
 
 def terminal_event(result: WorkItemResult[Any]) -> ItemCompleted | ItemFailed | ItemReplayed:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
@@ -21,7 +22,7 @@ from ._events import (
     LifecycleEvent,
 )
 
-__all__ = ["DEFAULT_LATENCY_BUCKETS", "MetricsObserver"]
+__all__ = ["DEFAULT_LATENCY_BUCKETS", "HISTOGRAMS", "MetricsObserver", "check_labels"]
 
 
 DEFAULT_LATENCY_BUCKETS: Final = (
@@ -29,7 +30,25 @@ DEFAULT_LATENCY_BUCKETS: Final = (
 )
 """Upper bounds (seconds) of the latency histograms; ``+Inf`` is implied."""
 
-_HISTOGRAMS: Final = (
+_LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_RESERVED_LABELS: Final = frozenset({"le", "outcome", "category", "kind", "termination"})
+
+
+def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """``labels`` as a plain dict, checked: Prometheus label names, string values, none of ours."""
+    checked: dict[str, str] = {}
+    for name, value in (labels or {}).items():
+        if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) or name.startswith("__"):
+            raise ConfigurationError("labels", name, "label names are [a-zA-Z_][a-zA-Z0-9_]*, not __...")
+        if name in _RESERVED_LABELS:
+            raise ConfigurationError("labels", name, f"is a label the metrics set themselves "
+                                     f"({', '.join(sorted(_RESERVED_LABELS))})")
+        if not isinstance(value, str):
+            raise ConfigurationError(f"labels[{name!r}]", value, "must be a str")
+        checked[name] = value
+    return checked
+
+HISTOGRAMS: Final = (
     ("admission_wait", "admission_wait_seconds", "Time items waited for admission (slot, RPM, TPM)."),
     ("execution", "execution_seconds", "Time items spent in provider calls, all attempts."),
     ("total", "item_duration_seconds", "Time from an item's start to its result."),
@@ -81,16 +100,21 @@ class MetricsObserver:
     Items count by outcome (``succeeded``, ``failed``, ``replayed``). A retry
     is a failed attempt that was followed by another attempt of the same item,
     counted under the failure's category. Tokens and latencies cover items
-    executed in this run (replays cost nothing now). Read it on the event
-    loop, or accept a snapshot that may be one event behind.
+    executed in this run (replays cost nothing now). ``labels`` (for example
+    ``{"model": "gpt-4o-mini", "scope": "openai"}``) are added to every sample
+    of :meth:`to_prometheus`, so observers of several batches can be exposed
+    side by side. Read it on the event loop, or accept a snapshot that may be
+    one event behind (:class:`PrometheusCollector` reads it from its scrape thread).
     """
 
     def __init__(self, *, buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
-                 prefix: str = "trio_batch_llm") -> None:
+                 prefix: str = "trio_batch_llm", labels: Mapping[str, str] | None = None) -> None:
         bounds = tuple(sorted(float(b) for b in buckets))
         if not bounds or not all(0 < b < math.inf for b in bounds) or len(set(bounds)) != len(bounds):
             raise ConfigurationError("buckets", bounds, "must be distinct finite numbers > 0")
         self.prefix = prefix
+        self.labels = check_labels(labels)
+        self.bounds = bounds
         self.items = {"succeeded": 0, "failed": 0, "replayed": 0}
         self.failed_by_category: dict[str, int] = {}
         self.attempts = 0
@@ -99,7 +123,7 @@ class MetricsObserver:
         self.tokens = {"input": 0, "output": 0, "total": 0}
         self.batches_started = 0
         self.batches_finished: dict[str, int] = {}
-        self.histograms = {key: _Histogram(bounds) for key, _, _ in _HISTOGRAMS}
+        self.histograms = {key: _Histogram(bounds) for key, _, _ in HISTOGRAMS}
         self._running: dict[str, list[tuple[int, str]]] = {}  # item id -> its failed attempts so far
 
     @property
@@ -152,6 +176,7 @@ class MetricsObserver:
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain JSON types; histogram buckets are cumulative, keyed by ``le``."""
         return {
+            "labels": dict(self.labels),
             "items": dict(self.items),
             "items_failed_by_category": dict(sorted(self.failed_by_category.items())),
             "in_flight": self.in_flight,
@@ -172,6 +197,11 @@ class MetricsObserver:
         """The Prometheus text exposition format (version 0.0.4), ending in a newline."""
         p = self.prefix
         lines: list[str] = []
+        own = "".join(f'{name}="{_escape(value)}",' for name, value in self.labels.items())
+
+        def braces(extra: str = "") -> str:
+            inner = (own + extra).rstrip(",")
+            return f"{{{inner}}}" if inner else ""
 
         def family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, str, float]]) -> None:
             lines.append(f"# HELP {p}_{name} {help_text}")
@@ -180,29 +210,32 @@ class MetricsObserver:
                 lines.append(f"{p}_{name}{suffix}{labels} {_number(value)}")
 
         def labelled(label: str, counts: dict[str, int]) -> list[tuple[str, str, float]]:
-            return [("", f'{{{label}="{_escape(key)}"}}', value) for key, value in sorted(counts.items())]
+            return [("", braces(f'{label}="{_escape(key)}"'), value) for key, value in sorted(counts.items())]
+
+        def single(value: float) -> list[tuple[str, str, float]]:
+            return [("", braces(), value)]
 
         family("items_total", "counter", "Items that reached a result, by outcome.",
                labelled("outcome", self.items))
         family("items_failed_total", "counter", "Failed items, by error category.",
                labelled("category", self.failed_by_category))
-        family("items_in_flight", "gauge", "Items started and not yet finished.", [("", "", self.in_flight)])
+        family("items_in_flight", "gauge", "Items started and not yet finished.", single(self.in_flight))
         family("attempts_total", "counter", "Provider attempts made by finished items.",
-               [("", "", self.attempts)])
+               single(self.attempts))
         family("attempt_failures_total", "counter", "Failed attempts, by error category.",
                labelled("category", self.attempt_failures))
         family("retries_total", "counter", "Failed attempts that were retried, by error category.",
                labelled("category", self.retries))
         family("tokens_total", "counter", "Tokens used by items executed in this run.",
                labelled("kind", self.tokens))
-        family("batches_started_total", "counter", "Batches started.", [("", "", self.batches_started)])
+        family("batches_started_total", "counter", "Batches started.", single(self.batches_started))
         family("batches_finished_total", "counter", "Batches finished, by termination.",
                labelled("termination", self.batches_finished))
-        for key, name, help_text in _HISTOGRAMS:
+        for key, name, help_text in HISTOGRAMS:
             histogram = self.histograms[key]
             samples: list[tuple[str, str, float]] = [
-                ("_bucket", f'{{le="{le}"}}', count) for le, count in histogram.cumulative()
+                ("_bucket", braces(f'le="{le}"'), count) for le, count in histogram.cumulative()
             ]
-            samples += [("_sum", "", histogram.sum), ("_count", "", histogram.count)]
+            samples += [("_sum", braces(), histogram.sum), ("_count", braces(), histogram.count)]
             family(name, "histogram", help_text, samples)
         return "\n".join(lines) + "\n"

@@ -9,11 +9,21 @@ from typing import Final, final
 
 from .._values._errors import ConfigurationError
 
-__all__ = ["ProviderBatchConfig"]
+__all__ = ["ProviderBatchConfig", "estimate_input_tokens"]
 
 OPENAI_MAX_REQUESTS: Final = 50_000
 OPENAI_MAX_FILE_BYTES: Final = 200 * 1024 * 1024
 COMPLETION_WINDOWS: Final = frozenset({"24h"})
+
+
+def estimate_input_tokens(text: str) -> int:
+    """The default enqueued-token estimate of a request: about four characters a token, at least one.
+
+    Providers count a batch's *input* tokens against the enqueued limit. Pass
+    ``ProviderBatchConfig(token_estimator=...)`` (for example a tiktoken count)
+    for text where four characters a token is optimistic (code, CJK).
+    """
+    return max(1, (len(text) + 3) // 4)
 
 
 def _whole(name: str, value: object, minimum: int) -> None:

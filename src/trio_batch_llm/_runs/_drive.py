@@ -17,9 +17,10 @@ A segment runs while its process holds the run's claim, inside the caller's
 A pause asks the processor to stop admitting (``request_stop``): calls in
 flight finish and are recorded, queued items come back ``NOT_EXECUTED`` and
 stay pending. A cancel (or the end of ``wait()``'s time) cancels the segment:
-calls in flight are abandoned and their items stay pending. The
-:class:`DeadlineGate` keeps any call from *starting* once ``wait()``'s
-deadline has passed, whatever the scheduling order at that instant.
+calls in flight are abandoned and their items stay pending. The processor's
+``call_start_deadline`` keeps any call from *starting* once ``wait()``'s
+deadline has passed, whatever the scheduling order at that instant: such an
+item comes back ``NOT_EXECUTED`` (``ABORTED`` before a retry) and stays pending.
 """
 
 from __future__ import annotations
@@ -46,12 +47,12 @@ from .._values._errors import (
     BatchInterruptedError,
 )
 from .._values._requests import LLMWorkItem
-from .._values._results import BatchTermination, RetryState, TokenUsage, WorkItemResult
+from .._values._results import BatchTermination, WorkItemResult
 from ._ingest import Ingestor, decode_context
 from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
 from .repository._client import RepositoryClient
 
-__all__ = ["DeadlineGate", "DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
+__all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
 
 # Results the engine gives items it stopped: not the item's outcome, so it stays pending.
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
@@ -59,48 +60,6 @@ _PENDING_PAGE: Final = 512
 _RECORD_GROUP: Final = 256
 
 StopKind = Literal["paused", "cancelled", "detached"]
-
-
-@final
-class DeadlineGate(LLMCallStrategy[Any]):
-    """Delegates to the run's strategy, but never starts a call at or after ``deadline``."""
-
-    def __init__(self, inner: LLMCallStrategy[Any], deadline: float) -> None:
-        self._inner = inner
-        self._deadline = deadline
-
-    async def prepare(self) -> None:
-        await self._inner.prepare()
-
-    async def execute(
-        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
-    ) -> tuple[Any, TokenUsage | None, Any]:
-        if anyio.current_time() >= self._deadline:
-            # wait()'s cancel scope fires at this deadline: park until it does.
-            await anyio.sleep_forever()
-        return await self._inner.execute(prompt, attempt, timeout, state)
-
-    async def on_error(self, exception: Exception, attempt: int, state: RetryState | None) -> None:
-        await self._inner.on_error(exception, attempt, state)
-
-    async def cleanup(self) -> None:
-        await self._inner.cleanup()
-
-    def configure_concurrency(self, concurrency: int) -> None:
-        self._inner.configure_concurrency(concurrency)
-
-    def quota_scope(self) -> object:
-        return self._inner.quota_scope()
-
-    def lease_identity(self) -> object:
-        return self._inner.lease_identity()
-
-    def classify_error(self, exception: Exception) -> tuple[ErrorCategory, float | None] | None:
-        return self._inner.classify_error(exception)
-
-    @property
-    def model_name(self) -> str | None:
-        return self._inner.model_name
 
 
 @final
@@ -236,15 +195,14 @@ class SegmentDriver(DriverBase):
             budget = self._config.guardrails.max_total_tokens
             await self._fail(RunTermination("budget_exhausted", f"max_total_tokens={budget} reached"))
             return
-        gate = DeadlineGate(self._strategy, deadline)
-        proc = ParallelBatchProcessor[Any](config)
+        proc = ParallelBatchProcessor[Any](config, call_start_deadline=deadline)
         try:
             with unwrap_group():
                 async with proc:
                     proc.start()
                     async with anyio.create_task_group() as tg:
                         seg.bind(proc, tg.cancel_scope)
-                        tg.start_soon(self._feed, seg, proc, gate, snap.checkpoint.exhausted)
+                        tg.start_soon(self._feed, seg, proc, snap.checkpoint.exhausted)
                         tg.start_soon(self._watch, seg)
                         await self._record(seg, proc)
                         tg.cancel_scope.cancel("segment finished")
@@ -291,9 +249,7 @@ class SegmentDriver(DriverBase):
 
     # --- the three tasks ---------------------------------------------------------
 
-    async def _feed(
-        self, seg: Segment, proc: ParallelBatchProcessor[Any], gate: DeadlineGate, exhausted: bool
-    ) -> None:
+    async def _feed(self, seg: Segment, proc: ParallelBatchProcessor[Any], exhausted: bool) -> None:
         try:
             with seg.feeder_scope:
                 after = 0
@@ -302,11 +258,12 @@ class SegmentDriver(DriverBase):
                 ):
                     for pending in page:
                         context = decode_context(pending.context_json)
-                        await proc.add_work(LLMWorkItem(pending.item_id, gate, pending.prompt, context))
+                        item = LLMWorkItem(pending.item_id, self._strategy, pending.prompt, context)
+                        await proc.add_work(item)
                     after = page[-1].ingest_seq
                 if not exhausted:
                     assert self._ingestor is not None
-                    await self._ingest(seg, proc, gate, self._ingestor)
+                    await self._ingest(seg, proc, self._ingestor)
         except AdmissionClosedError:
             pass  # a stop was requested; what was not fed stays pending
         except ArtifactStoreError as exc:
@@ -315,9 +272,7 @@ class SegmentDriver(DriverBase):
             seg.fail(exc, "ingestion_failed")
         await proc.finish()
 
-    async def _ingest(
-        self, seg: Segment, proc: ParallelBatchProcessor[Any], gate: DeadlineGate, ingestor: Ingestor
-    ) -> None:
+    async def _ingest(self, seg: Segment, proc: ParallelBatchProcessor[Any], ingestor: Ingestor) -> None:
         with unwrap_group():
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ingestor.read_ahead, name="run source reader")
@@ -325,7 +280,7 @@ class SegmentDriver(DriverBase):
                     while (items := await ingestor.next_slice()) is not None:
                         seg.progress += len(items)
                         for item_id, prompt, context in items:
-                            await proc.add_work(LLMWorkItem(item_id, gate, prompt, context))
+                            await proc.add_work(LLMWorkItem(item_id, self._strategy, prompt, context))
                 finally:
                     tg.cancel_scope.cancel("ingestion stopped")
 

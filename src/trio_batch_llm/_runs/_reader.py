@@ -15,9 +15,10 @@ from typing import Final
 import anyio
 
 from .._values._results import WorkItemResult
-from ._schema import RunRepository, RunResult, RunSnapshot, StoredResult
+from ._schema import RunResult, RunSnapshot, StoredResult
 from .repository._client import RepositoryClient
-from .repository._sqlite import SqliteRunRepository
+from .repository._locate import repository_at
+from .repository._protocol import RunRepository
 
 __all__ = ["export_results_jsonl", "iter_run_results", "list_runs", "load_results", "read_run_snapshot"]
 
@@ -58,7 +59,7 @@ async def export_results_jsonl(db: RepositoryClient, run_id: str, path: str, aft
 
 def read_run_snapshot(path: str | os.PathLike[str], run_id: str) -> RunSnapshot:
     """The stored snapshot of ``run_id`` (blocking; for scripts and other processes)."""
-    repository = SqliteRunRepository(path, read_only=True)
+    repository = repository_at(path, read_only=True)
     repository.open()
     try:
         return repository.snapshot(run_id)
@@ -68,7 +69,7 @@ def read_run_snapshot(path: str | os.PathLike[str], run_id: str) -> RunSnapshot:
 
 def list_runs(path: str | os.PathLike[str]) -> list[RunSnapshot]:
     """The stored snapshot of every run in the database, oldest first (blocking; read-only)."""
-    repository = SqliteRunRepository(path, read_only=True)
+    repository = repository_at(path, read_only=True)
     repository.open()
     try:
         return [repository.snapshot(run_id) for run_id in repository.run_ids()]
@@ -80,7 +81,7 @@ def iter_run_results(
     path: str | os.PathLike[str], run_id: str, *, after_sequence: int = 0
 ) -> Iterator[RunResult]:
     """Every result of ``run_id`` after ``after_sequence``, in order (blocking; offline use)."""
-    repository = SqliteRunRepository(path, read_only=True)
+    repository = repository_at(path, read_only=True)
     repository.open()
     try:
         cursor = after_sequence

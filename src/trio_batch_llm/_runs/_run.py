@@ -1,4 +1,4 @@
-"""Durable runs: ``open_run`` and the :class:`Run` handle.
+"""The :class:`Run` handle of a durable run (``open_run`` makes one: :mod:`._open`).
 
 A run is driven by ``await run.wait()``: while a ``wait()`` is running and its
 process holds the run's claim, the run makes progress (one *drive segment*
@@ -16,156 +16,22 @@ finish and are recorded.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
-from collections.abc import AsyncIterable, Iterable
 from types import TracebackType
 from typing import Any, Self, final
 
 import anyio
 import anyio.lowlevel
 
-from .._artifacts._fingerprint import jsonable_or_repr
-from .._artifacts._sqlite import SqliteArtifactStore
 from .._core._deliveries import unwrap_group
-from .._strategies._base import LLMCallStrategy
-from .._strategies.openai._compatible import _EndpointStrategy
-from .._values._config import ArtifactIdentity, ProcessorConfig
 from .._values._errors import ConfigurationError
-from ._batch_config import ProviderBatchConfig
 from ._batch_drive import BatchSegmentDriver
 from ._drive import Segment, SegmentDriver, deadline_after
-from ._ingest import Ingestor
 from ._reader import export_results_jsonl, load_results
-from ._schema import RunMode, RunRepository, RunResult, RunSnapshot, RunSpec, RunStateError, RunTermination
-from ._source import make_source
+from ._schema import RunResult, RunSnapshot, RunStateError, RunTermination
 from .repository._client import RepositoryClient
-from .repository._sqlite import SqliteRunRepository
 
-__all__ = ["Run", "open_run"]
-
-RunStore = str | os.PathLike[str] | SqliteArtifactStore | RunRepository
-
-
-def _default_identity(strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
-    return ArtifactIdentity(provider=type(strategy).__name__, model=strategy.model_name or "unknown")
-
-
-def _config_summary(config: ProcessorConfig) -> dict[str, Any]:
-    return {field.name: jsonable_or_repr(getattr(config, field.name)) for field in dataclasses.fields(config)}
-
-
-def _positive(name: str, value: float, *, whole: bool = False) -> None:
-    kind = int if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or value == math.inf:
-        raise ConfigurationError(name, value, "must be a positive " + ("whole number" if whole else "number"))
-
-
-async def open_run(
-    store: RunStore,
-    run_id: str,
-    strategy: LLMCallStrategy[Any],
-    source: Iterable[Any] | AsyncIterable[Any] | str | os.PathLike[str] | None,
-    *,
-    config: ProcessorConfig | None = None,
-    mode: str = "live",
-    identity: ArtifactIdentity | None = None,
-    poll_interval: float = 1.0,
-    slice_items: int = 256,
-    slice_seconds: float = 1.0,
-    batch: ProviderBatchConfig | None = None,
-) -> Run:
-    """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
-
-    ``store`` is a database path, a :class:`SqliteArtifactStore` (its file and
-    identity are used; the run has its own tables there), or a
-    ``RunRepository``. ``source`` is an iterable of prompts (as for
-    ``process_prompts``), an async iterable, a JSONL file (a ``pathlib.Path``
-    or a ``.jsonl`` path), or ``None`` for a handle that only watches or
-    finishes a run whose ingestion is complete. On reattach the same source
-    must be passed again: it is continued from the stored checkpoint.
-
-    ``identity`` (default: from the store, else the strategy's class and model)
-    must match the run's stored identity. Ingestion commits slices of at most
-    ``slice_items`` entries, and waits at most ``slice_seconds`` after a
-    slice's first entry. Status polls happen every ``poll_interval`` seconds.
-    The handle is an async context manager; or call ``aclose()``.
-
-    ``mode="provider-batch"`` sends the items through the provider's Batch API
-    (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then be an
-    :class:`OpenAICompatibleStrategy` or :class:`OpenAIStrategy` (its endpoint,
-    key, model and request settings are used), and ``batch`` tunes chunking,
-    polling and the shared enqueued-token capacity (see :class:`ProviderBatchConfig`).
-    """
-    if mode not in ("live", "provider-batch"):
-        raise ConfigurationError("mode", mode, 'must be "live" or "provider-batch"')
-    if mode == "live" and batch is not None:
-        raise ConfigurationError("batch", batch, 'is only used with mode="provider-batch"')
-    if mode == "provider-batch":
-        if not isinstance(strategy, _EndpointStrategy):
-            raise ConfigurationError(
-                "strategy", type(strategy).__name__,
-                'mode="provider-batch" needs an OpenAICompatibleStrategy or OpenAIStrategy',
-            )
-        batch = batch if batch is not None else ProviderBatchConfig()
-        if not isinstance(batch, ProviderBatchConfig):
-            raise ConfigurationError("batch", batch, "must be a ProviderBatchConfig")
-    if not isinstance(run_id, str) or not run_id:
-        raise ConfigurationError("run_id", run_id, "must be a non-empty string")
-    if not isinstance(strategy, LLMCallStrategy):
-        raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy (see CallableStrategy)")
-    config = config if config is not None else ProcessorConfig()
-    if not isinstance(config, ProcessorConfig):
-        raise TypeError(f"config={config!r}: must be a ProcessorConfig")
-    if config.guardrails.batch_timeout is not None:
-        raise ConfigurationError(
-            "guardrails.batch_timeout", config.guardrails.batch_timeout,
-            "is not used by runs: bound a run's time with run.wait(timeout=...)",
-        )
-    _positive("poll_interval", poll_interval)
-    _positive("slice_items", slice_items, whole=True)
-    _positive("slice_seconds", slice_seconds)
-    repository: RunRepository
-    if isinstance(store, SqliteArtifactStore):
-        identity = identity if identity is not None else store.identity
-        repository = SqliteRunRepository(store.path, identity=identity)
-    elif isinstance(store, (str, os.PathLike)):
-        identity = identity if identity is not None else _default_identity(strategy)
-        repository = SqliteRunRepository(store, identity=identity)
-    elif isinstance(store, RunRepository):
-        repository = store
-    else:
-        raise TypeError(f"store={store!r}: must be a path, a SqliteArtifactStore or a RunRepository")
-    identity = identity if identity is not None else _default_identity(strategy)
-    run_source = make_source(source, strategy)
-    db = RepositoryClient(repository)
-    try:
-        await db.call(repository.open)
-        run_mode: RunMode = "provider-batch" if mode == "provider-batch" else "live"
-        spec = RunSpec(run_id=run_id, mode=run_mode, identity=identity, config=_config_summary(config))
-        await db.call(repository.attach, spec)
-    except BaseException:
-        await db.aclose()
-        raise
-    ingestor = None
-    if run_source is not None:
-        ingestor = Ingestor(
-            run_source, strategy, run_id=run_id, db=db, slice_items=slice_items, slice_seconds=slice_seconds
-        )
-    driver: SegmentDriver | BatchSegmentDriver
-    if batch is not None:
-        assert isinstance(strategy, _EndpointStrategy)
-        driver = BatchSegmentDriver(
-            db=db, run_id=run_id, strategy=strategy, config=config, batch=batch, ingestor=ingestor,
-            poll_interval=poll_interval,
-        )
-    else:
-        driver = SegmentDriver(
-            db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor,
-            poll_interval=poll_interval,
-        )
-    return Run(db=db, run_id=run_id, driver=driver, poll_interval=poll_interval)
+__all__ = ["Run"]
 
 
 @final

@@ -8,6 +8,7 @@ import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
 from .._values._results import RetryState, TokenUsage
+from ._batch import BatchEndpoint
 
 __all__ = ["LLMCallStrategy"]
 
@@ -68,4 +69,12 @@ class LLMCallStrategy(Generic[TOutput]):
     @property
     def model_name(self) -> str | None:
         """The model this strategy calls, when it has one (for artifacts and summaries)."""
+        return None
+
+    def batch_endpoint(self) -> BatchEndpoint | None:
+        """The provider's Batch API for this strategy's calls, if it offers one; ``None`` by default.
+
+        ``open_run(..., mode="provider-batch")`` needs it: the run sends its
+        items through it instead of :meth:`execute`.
+        """
         return None

@@ -7,9 +7,12 @@ setting fails before any work starts.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import math
+import numbers
 import random
+import reprlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
@@ -24,6 +27,7 @@ __all__ = [
     "AbortMode",
     "ArtifactIdentity",
     "GuardrailConfig",
+    "InvalidCost",
     "ProcessorConfig",
     "RateLimitConfig",
     "ResumePolicy",
@@ -33,6 +37,16 @@ __all__ = [
 
 DEFAULT_WORKERS: Final = 5
 
+_SHORT: Final = reprlib.Repr()
+_SHORT.maxlong = _SHORT.maxstring = _SHORT.maxother = 60
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
 
 def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
     if value is None:
@@ -41,14 +55,14 @@ def _positive(name: str, value: float | None, *, allow_none: bool = True) -> Non
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(name, value, "must be a number")
-    if not math.isfinite(value) or value <= 0:
+    if not _finite(value) or value <= 0:
         raise ConfigurationError(name, value, "must be a finite number > 0")
 
 
 def _non_negative(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigurationError(name, value, "must be a number")
-    if not math.isfinite(value) or value < 0:
+    if not _finite(value) or value < 0:
         raise ConfigurationError(name, value, "must be a finite number >= 0")
 
 
@@ -241,10 +255,21 @@ def _fraction(name: str, value: float, *, low_open: bool, high: float, high_open
         raise ConfigurationError(name, value, f"must be in {interval}")
 
 
+class InvalidCost(ValueError):
+    """``cost_function`` raised, or returned something that is not a finite number >= 0."""
+
+
 @final
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
-    """Deadlines, fail-fast categories and spending caps for a batch."""
+    """Deadlines, fail-fast categories and spending caps for a batch.
+
+    A budget fails closed: when ``cost_function`` raises, or returns anything
+    but a finite real number >= 0 (NaN, an infinity, a negative number, a
+    bool, a string, an int too large for a float), the spend is unknown and
+    the batch stops as ``budget_exhausted``, its reason naming the value and
+    the item; every item still gets its one result.
+    """
 
     total_timeout_per_item: float | None = None
     batch_timeout: float | None = None
@@ -272,11 +297,32 @@ class GuardrailConfig:
         if not isinstance(self.abort_mode, AbortMode):
             raise ConfigurationError("abort_mode", self.abort_mode, "must be an AbortMode")
         _whole("max_total_tokens", self.max_total_tokens, minimum=1)
-        _positive("max_total_cost", self.max_total_cost)
-        if self.max_total_cost is not None and self.cost_function is None:
+        if self.max_total_cost is not None:
+            _non_negative("max_total_cost", self.max_total_cost)
+            if self.cost_function is None:
+                raise ConfigurationError("cost_function", None, "is required when max_total_cost is set")
+        if self.cost_function is not None and not callable(self.cost_function):
             raise ConfigurationError(
-                "cost_function", None, "is required when max_total_cost is set"
+                "cost_function", self.cost_function, "must be callable: token usage -> cost (a number >= 0)"
             )
+
+    def item_cost(self, usage: TokenUsage) -> float:
+        """``cost_function(usage)`` as a float; :class:`InvalidCost` when it is not a valid cost
+        (its ``__cause__`` is the exception ``cost_function`` raised, if it raised)."""
+        assert self.cost_function is not None
+        try:
+            value: object = self.cost_function(usage)
+        except Exception as exc:  # the user's function failed: the cost is unknown
+            raise InvalidCost(f"cost_function raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, which is not a number")
+        try:
+            cost = float(value)
+        except (OverflowError, ValueError):  # an int beyond a float, a Decimal signalling NaN
+            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, too large for a float") from None
+        if not math.isfinite(cost) or cost < 0:
+            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, not a finite number >= 0")
+        return cost
 
 
 def default_token_estimator(prompt: str) -> int:

@@ -7,7 +7,7 @@ import statistics as _stats
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TypedDict, TypeVar, final
+from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
 from ._urls import redact_urls
@@ -77,7 +77,14 @@ class RetryState:
 @final
 @dataclass(slots=True)
 class ItemTiming:
-    """Where an item's time went, in seconds."""
+    """Where an item's time went, in seconds.
+
+    The four buckets split ``total`` with no gap and no overlap, also when a
+    deadline or a stop cut the item short mid-wait: ``admission_wait`` (from
+    the start, and waiting for a slot or a quota), ``cooldown`` (waiting out a
+    rate-limit cooldown), ``execution`` (calls), ``backoff`` (from a failed
+    call to the next admission).
+    """
 
     admission_wait: float = 0.0
     execution: float = 0.0
@@ -165,6 +172,15 @@ class BatchTermination:
         return self.kind == "completed"
 
 
+NOT_RUN_CATEGORIES: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.BUDGET})
+"""The verdicts of items that a stop kept from ever starting."""
+
+
+def is_not_run(result: WorkItemResult[Any]) -> bool:
+    """Whether ``result`` is of an item that never started: a stop came first (no attempt made)."""
+    return not result.success and result.attempts == 0 and result.error_category in NOT_RUN_CATEGORIES
+
+
 def _percentile(sorted_values: list[float], fraction: float) -> float:
     if not sorted_values:
         return 0.0
@@ -238,17 +254,25 @@ class BatchResult(Generic[TOutput]):
         return total
 
     def summary(self) -> str:
-        """A readable table: items, retries, tokens, wall time, latency percentiles."""
+        """A readable table: items, retries, tokens, wall time, latency percentiles.
+
+        Items that a stop kept from ever starting (``not_executed``, or
+        ``budget`` once a budget was spent) are counted as *not run*, apart
+        from the items that ran and failed; ``failed`` counts both.
+        """
         executed = [r for r in self.results if not r.replayed]
         retries = sum(max(0, r.attempts - 1) for r in executed)
         tokens = self.total_tokens()
         replayed = len(self.results) - len(executed)
-        rate = len(executed) / self.wall_time if self.wall_time > 0 else 0.0
+        not_run = sum(1 for r in self.results if is_not_run(r))
+        ran = [r for r in executed if not is_not_run(r)]
+        rate = len(ran) / self.wall_time if self.wall_time > 0 else 0.0
         lines = [
             f"Batch {self.termination.kind}"
             + (f" ({self.termination.reason})" if self.termination.reason else ""),
             f"  items       {self.total_items:>10,}   succeeded {self.succeeded:,}"
-            f"   failed {self.failed:,}   replayed {replayed:,}",
+            f"   failed {self.failed - not_run:,}" + (f"   not run {not_run:,}" if not_run else "")
+            + f"   replayed {replayed:,}",
             f"  retries     {retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
             f"   out {tokens.get('output_tokens', 0):,}",
@@ -256,15 +280,15 @@ class BatchResult(Generic[TOutput]):
         ]
         categories: dict[str, int] = {}
         for r in self.results:
-            if not r.success and r.error_category is not None:
+            if not r.success and r.error_category is not None and not is_not_run(r):
                 categories[r.error_category.value] = categories.get(r.error_category.value, 0) + 1
         if categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(categories.items()))
             lines.append(f"  failures    {detail}")
-        if executed:
+        if ran:
             lines.append("                    p50        p95        p99")
             for label, attr in (("admission", "admission_wait"), ("execution", "execution")):
-                values = sorted(getattr(r.timing, attr) for r in executed)
+                values = sorted(getattr(r.timing, attr) for r in ran)
                 p = [_percentile(values, q) * 1000 for q in (0.5, 0.95, 0.99)]
                 lines.append(f"  {label:<11}{p[0]:>8.1f}ms {p[1]:>8.1f}ms {p[2]:>8.1f}ms")
         return "\n".join(lines)

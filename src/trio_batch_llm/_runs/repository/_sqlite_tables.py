@@ -1,16 +1,25 @@
-"""The SQL of a runs database: tables, migration steps, the snapshot query, row decoding and checks.
+"""The SQL of a runs database: tables, migration, the snapshot query, row decoding and checks.
 
 Shared by :class:`SqliteRunRepository` (which owns the connection and the
 transactions); nothing here opens or commits anything.
+
+Schema version 2 added provider-batch submissions (``run_submissions``, and
+``attempts``/``submission`` on ``run_items``). :func:`migrate` brings a
+version-1 file to it in place, inside the writer's opening transaction
+(``ALTER TABLE … ADD COLUMN``, ``CREATE … IF NOT EXISTS``, then the stored
+``runs_schema_version`` is bumped); a file written by a newer schema is refused.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import sqlite3
+from pathlib import Path
 from typing import Any, Final
 
 from ..._values._config import ArtifactIdentity
+from ..._values._errors import ArtifactStoreError
 from .._schema import (
     LIVE_SUBMISSION_STATES,
     UNRESOLVED_SUBMISSION_STATES,
@@ -34,9 +43,12 @@ __all__ = [
     "UNRESOLVED",
     "check_new_submission",
     "check_states",
-    "is_count",
-    "utc_now",
+    "columns",
     "decode_snapshot",
+    "is_count",
+    "migrate",
+    "stored_schema_version",
+    "utc_now",
 ]
 
 RUNS_SCHEMA_VERSION: Final = 2
@@ -142,6 +154,38 @@ SUBMISSION_COLUMNS: Final = (
     "submission_id, run_id, scope, state, items, tokens, input_file_id, batch_id, detail,"
     " created_at, updated_at"
 )
+
+
+def migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Inside the opening transaction: the run tables, created or brought to this schema version."""
+    meta = stored_schema_version(conn, path)
+    for statement in TABLES:
+        conn.execute(statement)
+    for table, column, declaration in ADDED_COLUMNS:
+        if column not in columns(conn, table):
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    for statement in INDEXES:
+        conn.execute(statement)
+    if meta.get("runs_schema_version") != RUNS_SCHEMA_VERSION:
+        meta["runs_schema_version"] = RUNS_SCHEMA_VERSION
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('runs', ?)", (json.dumps(meta),))
+
+
+def stored_schema_version(conn: sqlite3.Connection, path: Path) -> dict[str, Any]:
+    """The 'runs' meta entry ({} if none yet); refuses a file written by a newer schema."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'runs'").fetchone()
+    meta = json.loads(row[0]) if row else {}
+    version = meta.get("runs_schema_version") if isinstance(meta, dict) else None
+    if row is not None and (not isinstance(version, int) or version > RUNS_SCHEMA_VERSION):
+        raise ArtifactStoreError(
+            f"{path}: runs schema version {version!r} is newer than this library reads "
+            f"({RUNS_SCHEMA_VERSION}); upgrade trio-batch-llm"
+        )
+    return meta if isinstance(meta, dict) else {}
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def utc_now() -> str:

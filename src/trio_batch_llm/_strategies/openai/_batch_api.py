@@ -1,101 +1,91 @@
-"""The OpenAI Files and Batch APIs, spoken over ``_http`` (httpx2) with an endpoint strategy's settings.
+"""OpenAI's Files and Batch APIs as a :class:`BatchEndpoint`, spoken over ``_http`` (httpx2).
 
-:class:`BatchEndpoint` is the only thing the batch driver talks to: upload a
-request file, create a batch, look at it, find it again by its metadata,
-download its output and error files, cancel it. It owns its HTTP client (or
-borrows the ``client=`` of an :class:`OpenAICompatibleStrategy`, which it never
-closes), and it is used inside one drive segment, closed by that segment.
+:class:`OpenAIBatchEndpoint` is what both OpenAI strategies offer from
+``batch_endpoint()``: their ``base_url``, key, model and request settings, the
+request lines and result files of :mod:`._batch_lines`. Its
+:class:`OpenAIBatchConnection` (one per drive segment) owns an HTTP client,
+or borrows the ``client=`` of an :class:`OpenAICompatibleStrategy`, which it
+never closes.
 
-Every request first passes :meth:`BatchEndpoint.gate`: at or after the
-``wait()`` deadline no request starts (the caller's cancel scope fires at that
-deadline, so a request that would start then parks until it does). Each
-request is bounded by ``request_timeout``; a request that gets no answer
-raises :class:`ProviderError` with ``status_code=None``, which for a *create*
-means its outcome is unknown (see :func:`create_outcome_unknown`).
+Every request first passes the gate: at or after ``start_before`` no request
+starts (the caller's cancel scope fires at that deadline, so a request that
+would start then parks until it does). Each request is bounded by
+``request_timeout``; a request that gets no answer raises
+:class:`ProviderError` with ``status_code=None``, which for a *create* means
+its outcome is unknown (see :func:`create_outcome_unknown`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Final, final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol, final
 
 import anyio
 import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._urls import join_url
-from ._compatible import _EndpointStrategy
-from ._wire import API_PATHS, Api, decode_error_body, error_from_status
+from ..._values._urls import join_url, redact_url
+from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
+from ._batch_lines import decode_result_files, request_line
+from ._keys import Secret
+from ._wire import API_PATHS, Api, prompt_text_of_request
+from ._wire_errors import decode_error_body, error_from_status
 
-__all__ = ["BatchEndpoint", "BatchInfo", "SendMark", "create_outcome_unknown"]
+__all__ = ["OpenAIBatchConnection", "OpenAIBatchEndpoint", "batch_info", "create_outcome_unknown"]
 
 TERMINAL_BATCH_STATUSES: Final = frozenset({"completed", "failed", "expired", "cancelled"})
+_TOKEN_LIMIT_CODES: Final = frozenset({"token_limit_exceeded"})
 _LIST_PAGE: Final = 100
 _MAX_LIST_PAGES: Final = 20
 # Statuses after which a create certainly made nothing: the request was refused before any work.
 _REFUSED_STATUSES: Final = frozenset({400, 401, 402, 403, 404, 409, 413, 415, 422, 429, 503})
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class BatchInfo:
-    """What we use of a provider batch object."""
+class OpenAIEndpointSettings(Protocol):
+    """What the Batch API uses of an OpenAI strategy (both strategies have it)."""
 
-    id: str
-    status: str
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    errors: tuple[tuple[str, str], ...] = ()
-    """``(code, message)`` of batch-level errors (a failed validation, an enqueued-token refusal)."""
-    error_lines: Mapping[int, str] = field(default_factory=dict)
-    """Validation errors that name a line of the request file (1-based): ``{line: "code: message"}``."""
-    metadata: Mapping[str, str] = field(default_factory=dict)
+    base_url: str
+    api: Api
+    model: str
 
     @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL_BATCH_STATUSES
+    def secret(self) -> Secret | None: ...
 
-    @property
-    def error_codes(self) -> frozenset[str]:
-        return frozenset(code for code, _ in self.errors)
+    def request_headers(self) -> dict[str, str]: ...
 
-    @classmethod
-    def from_payload(cls, payload: Any) -> BatchInfo:
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("id"), str):
-            raise ProviderError("a batch object without an id", category=ErrorCategory.PARSE)
-        errors = payload.get("errors") or {}
-        data = errors.get("data") if isinstance(errors, Mapping) else None
-        pairs = tuple(
-            (str(entry.get("code") or ""), str(entry.get("message") or ""))
-            for entry in (data if isinstance(data, list) else ())
-            if isinstance(entry, Mapping)
-        )
-        lines = {
-            entry["line"]: f"{entry.get('code') or 'invalid'}: {entry.get('message') or 'no message'}"
-            for entry in (data if isinstance(data, list) else ())
-            if isinstance(entry, Mapping) and isinstance(entry.get("line"), int)
-        }
-        metadata = payload.get("metadata")
-        return cls(
-            id=payload["id"],
-            status=str(payload.get("status") or ""),
-            output_file_id=payload.get("output_file_id") or None,
-            error_file_id=payload.get("error_file_id") or None,
-            errors=pairs,
-            error_lines=lines,
-            metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, Mapping) else {},
-        )
+    def http_client(self) -> Any: ...
+
+    def batch_request_body(self, prompt: str) -> dict[str, Any]: ...
 
 
-@final
-@dataclass(slots=True)
-class SendMark:
-    """Whether a request got past the gate: before that, its outcome is known (it was never sent)."""
-
-    sent: bool = False
+def batch_info(payload: Any) -> BatchInfo:
+    """A batch object of the API, as a run sees it."""
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("id"), str):
+        raise ProviderError("a batch object without an id", category=ErrorCategory.PARSE)
+    errors = payload.get("errors") or {}
+    data = errors.get("data") if isinstance(errors, Mapping) else None
+    entries = [entry for entry in (data if isinstance(data, list) else ()) if isinstance(entry, Mapping)]
+    pairs = tuple((str(entry.get("code") or ""), str(entry.get("message") or "")) for entry in entries)
+    lines = {
+        entry["line"]: f"{entry.get('code') or 'invalid'}: {entry.get('message') or 'no message'}"
+        for entry in entries
+        if isinstance(entry.get("line"), int)
+    }
+    metadata = payload.get("metadata")
+    status = str(payload.get("status") or "")
+    files = (payload.get("output_file_id") or None, payload.get("error_file_id") or None)
+    return BatchInfo(
+        id=payload["id"],
+        status=status,
+        terminal=status in TERMINAL_BATCH_STATUSES,
+        capacity_refused=status == "failed" and any(code in _TOKEN_LIMIT_CODES for code, _ in pairs),
+        result_files=tuple(f for f in files if isinstance(f, str)),
+        errors=pairs,
+        error_lines=lines,
+        metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, Mapping) else {},
+    )
 
 
 def create_outcome_unknown(exc: ProviderError) -> bool:
@@ -111,20 +101,60 @@ def create_outcome_unknown(exc: ProviderError) -> bool:
 
 
 @final
-class BatchEndpoint:
-    """The Batch API of one endpoint strategy's ``base_url`` and key; see the module docstring."""
+class OpenAIBatchEndpoint:
+    """The :class:`BatchEndpoint` of an OpenAI strategy; see the module docstring."""
 
-    def __init__(self, strategy: _EndpointStrategy, *, request_timeout: float, deadline: float) -> None:
+    def __init__(self, strategy: OpenAIEndpointSettings) -> None:
+        self._strategy = strategy
+        self._api: Api = strategy.api
+        self._url = "/v1" + API_PATHS[strategy.api]
+
+    @property
+    def capacity_scope(self) -> str:
+        secret = self._strategy.secret
+        fingerprint = secret.fingerprint() if secret else "-"
+        return f"batch|{redact_url(self._strategy.base_url)}|{fingerprint}|{self._strategy.model}"
+
+    def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
+        body = self._strategy.batch_request_body(prompt)
+        text = prompt_text_of_request(self._api, body) or prompt
+        return BatchRequest(line=request_line(item_id, self._url, body), text=text)
+
+    def decode_results(
+        self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
+    ) -> dict[str, BatchItemOutcome]:
+        outcomes = decode_result_files(self._api, files)
+        # The request file was written in the order of item_ids: a rejected line names its item.
+        for line, text in batch.error_lines.items():
+            if 1 <= line <= len(item_ids):
+                rejected = ProviderError(f"batch {batch.id} rejected its line {line}: {text}",
+                                         category=ErrorCategory.INVALID_REQUEST)
+                outcomes[item_ids[line - 1]] = BatchItemOutcome(error=rejected)
+        return outcomes
+
+    def create_outcome_unknown(self, error: ProviderError) -> bool:
+        return create_outcome_unknown(error)
+
+    def connect(self, *, request_timeout: float, start_before: float) -> OpenAIBatchConnection:
+        return OpenAIBatchConnection(self._strategy, self._url, request_timeout=request_timeout,
+                                     start_before=start_before)
+
+
+@final
+class OpenAIBatchConnection:
+    """The Files and Batch API requests of one drive segment; see the module docstring."""
+
+    def __init__(self, strategy: OpenAIEndpointSettings, endpoint: str, *, request_timeout: float,
+                 start_before: float) -> None:
         from . import _http  # lazily: `import trio_batch_llm` stays httpx2-free
 
         self._http = _http
-        self.api: Api = strategy.api
-        self.endpoint = "/v1" + API_PATHS[strategy.api]
+        self._endpoint = endpoint
         self._base = strategy.base_url
         self._headers = strategy.request_headers()
         self._secret = strategy.secret
         self._timeout = request_timeout
-        self._deadline = deadline
+        self._deadline = start_before
         borrowed = strategy.http_client()
         self._owns_client = borrowed is None
         self._client: Any = borrowed if borrowed is not None else _http.create_client(
@@ -138,22 +168,21 @@ class BatchEndpoint:
         else:
             await anyio.lowlevel.checkpoint()
 
-    async def gate(self) -> None:
+    async def _gate(self) -> None:
         """Start nothing at or after the deadline: park until the caller's scope ends this."""
         if anyio.current_time() >= self._deadline:
             await anyio.sleep_forever()
         await anyio.lowlevel.checkpoint()
 
     async def _send(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
-        await self.gate()
+        await self._gate()
         if sending is not None:
             sending.sent = True  # from here on the request may reach the provider
         reply = None
         with anyio.move_on_after(self._timeout):
             reply = await self._http.send_request(
                 self._client, method, join_url(self._base, path), headers=self._headers,
-                timeout=self._timeout,
-                secret=self._secret, **kwargs,
+                timeout=self._timeout, secret=self._secret, **kwargs,
             )
         if reply is None:
             raise ProviderError(f"{method} {path}: no answer within {self._timeout} s",
@@ -183,15 +212,21 @@ class BatchEndpoint:
     async def create(self, input_file_id: str, *, completion_window: str,
                      metadata: Mapping[str, str], sending: SendMark | None = None) -> BatchInfo:
         """Create a batch; ``sending.sent`` turns true once the request may have left (past the gate)."""
-        body = {"input_file_id": input_file_id, "endpoint": self.endpoint,
+        body = {"input_file_id": input_file_id, "endpoint": self._endpoint,
                 "completion_window": completion_window, "metadata": dict(metadata)}
-        return BatchInfo.from_payload(await self._json("POST", "/batches", json_body=body, sending=sending))
+        return batch_info(await self._json("POST", "/batches", json_body=body, sending=sending))
 
-    async def retrieve(self, batch_id: str) -> BatchInfo:
-        return BatchInfo.from_payload(await self._json("GET", f"/batches/{batch_id}"))
+    async def retrieve(self, batch_id: str) -> BatchInfo | None:
+        try:
+            return batch_info(await self._json("GET", f"/batches/{batch_id}"))
+        except ProviderError as exc:
+            if exc.status_code == 404:
+                await anyio.lowlevel.checkpoint()  # the error may have come before any checkpoint
+                return None
+            raise
 
-    async def cancel(self, batch_id: str) -> BatchInfo:
-        return BatchInfo.from_payload(await self._json("POST", f"/batches/{batch_id}/cancel"))
+    async def cancel(self, batch_id: str) -> None:
+        batch_info(await self._json("POST", f"/batches/{batch_id}/cancel"))
 
     async def download(self, file_id: str) -> bytes:
         reply = await self._send("GET", f"/files/{file_id}/content")
@@ -204,7 +239,7 @@ class BatchEndpoint:
         Pages through ``GET /batches`` (newest first, at most a few thousand
         batches back). A provider without a listing answers 404: also ``None``.
         """
-        await self.gate()
+        await self._gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
             params: dict[str, str | int] = {"limit": _LIST_PAGE}
@@ -221,7 +256,7 @@ class BatchEndpoint:
                 return None
             for entry in data:
                 if isinstance(entry, Mapping) and (entry.get("metadata") or {}).get(key) == value:
-                    return BatchInfo.from_payload(entry)
+                    return batch_info(entry)
             if not page.get("has_more"):
                 return None
             last = data[-1]

@@ -26,18 +26,10 @@ from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
 from .._base import LLMCallStrategy
-from ._wire import (
-    API_PATHS,
-    Api,
-    Secret,
-    build_request_body,
-    check_api,
-    decode_error_body,
-    decode_json,
-    endpoint_api_key,
-    error_from_status,
-    parse_response_body,
-)
+from ._batch_api import OpenAIBatchEndpoint
+from ._keys import Secret, endpoint_api_key
+from ._wire import API_PATHS, Api, build_request_body, check_api, decode_json, parse_response_body
+from ._wire_errors import decode_error_body, error_from_status
 
 __all__ = ["OpenAICompatibleStrategy"]
 
@@ -124,8 +116,16 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         return self.concurrency if self.concurrency is not None else self._concurrency_hint
 
     def request_body(self, prompt: str) -> dict[str, Any]:
-        """The JSON body of one request for ``prompt`` (also a Batch API request line's ``body``)."""
+        """The JSON body of one request for ``prompt``."""
         raise NotImplementedError
+
+    def batch_request_body(self, prompt: str) -> dict[str, Any]:
+        """The ``body`` of ``prompt``'s Batch API request line: what :meth:`execute` would send."""
+        return self.request_body(prompt)
+
+    def batch_endpoint(self) -> OpenAIBatchEndpoint:
+        """OpenAI's Files and Batch APIs at this strategy's ``base_url``, with its key and settings."""
+        return OpenAIBatchEndpoint(self)
 
     def request_headers(self) -> dict[str, str]:
         """The headers every request to the endpoint carries: the key as a bearer token, then ``headers=``."""

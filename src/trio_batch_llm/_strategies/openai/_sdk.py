@@ -8,7 +8,7 @@ the engine) and shared per event loop by lease identity, like
 SDK failures are not wrapped (CONTRACT C7.2): ``openai.RateLimitError`` and
 friends reach the engine, and ``WorkItemResult.exception``, as themselves.
 :meth:`OpenAIStrategy.classify_error` files status errors with the same table
-the direct client uses (``_wire.status_category``), so both strategies give a
+the direct client uses (``_wire_errors.status_category``), so both strategies give a
 response the same category; everything else (timeouts, connection errors, a
 body that is not JSON) is left to the default classifier. The one thing done
 to an SDK exception on its way out is scrubbing the API key from its message,
@@ -26,14 +26,9 @@ from ..._values._errors import ConfigurationError
 from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import is_openai_api, redact_url
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
-from ._wire import (
-    Secret,
-    build_request_body,
-    endpoint_api_key,
-    parse_response_body,
-    parse_retry_after,
-    status_category,
-)
+from ._keys import Secret, endpoint_api_key
+from ._wire import build_request_body, parse_response_body
+from ._wire_errors import parse_retry_after, status_category
 
 __all__ = ["OpenAIStrategy"]
 
@@ -147,6 +142,10 @@ class OpenAIStrategy(_EndpointStrategy):
             temperature=self.temperature, max_output_tokens=self.max_output_tokens,
             max_tokens_field="max_completion_tokens",
         )
+
+    def batch_request_body(self, prompt: str) -> dict[str, Any]:
+        """What :meth:`execute` sends: the SDK merges ``extra_body`` last, so a batch line does too."""
+        return {**self.request_body(prompt), **self.extra_body}
 
     async def execute(
         self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None

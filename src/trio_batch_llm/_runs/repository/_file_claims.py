@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import final
 
-from .._values._errors import ArtifactStoreError
+from ..._values._errors import ArtifactStoreError
 
 __all__ = ["FileClaims"]
 

@@ -1,0 +1,159 @@
+"""The summary ``run`` prints, built as results arrive: a run of millions keeps no result.
+
+:class:`RunSummary` takes each result once (:meth:`RunSummary.add`) and keeps
+counts, token sums, the first failure of each kind, and the admission and
+execution times as a :class:`LatencySketch`: exact values up to
+:data:`EXACT_VALUES` of them, then a log-scale histogram whose percentiles are
+within 1 % of the true value, in constant memory. Its text has the layout of
+:meth:`BatchResult.summary` (a test holds the two together), plus the items
+of the input that were never read because a stop came first: they are
+*not run*, like the ones the stop left in the queue.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any, Final, final
+
+from .._values._categories import ErrorCategory
+from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
+
+__all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary"]
+
+EXACT_VALUES: Final = 50_000
+_GROWTH: Final = 1.01  # bucket i holds (GROWTH**(i-1), GROWTH**i]: 1 % wide
+_LOG_GROWTH: Final = math.log(_GROWTH)
+_FLOOR: Final = 1e-6  # seconds; anything smaller (a replay, a cached answer) counts as zero
+
+
+@final
+class LatencySketch:
+    """Percentiles of a stream of durations in bounded memory (see the module docstring)."""
+
+    __slots__ = ("_buckets", "_count", "_exact", "_zeros")
+
+    def __init__(self) -> None:
+        self._exact: array[float] | None = array("d")
+        self._buckets: dict[int, int] = {}
+        self._zeros = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, value: float) -> None:
+        self._count += 1
+        exact = self._exact
+        if exact is not None:
+            exact.append(value)
+            if len(exact) > EXACT_VALUES:
+                self._exact = None
+                for kept in exact:
+                    self._bucket(kept)
+            return
+        self._bucket(value)
+
+    def _bucket(self, value: float) -> None:
+        if value < _FLOOR:
+            self._zeros += 1
+            return
+        index = math.ceil(math.log(value) / _LOG_GROWTH)
+        self._buckets[index] = self._buckets.get(index, 0) + 1
+
+    def percentile(self, fraction: float) -> float:
+        """The value at ``fraction`` (nearest rank, as :meth:`BatchResult.summary` takes it)."""
+        if not self._count:
+            return 0.0
+        rank = min(self._count - 1, max(0, round(fraction * (self._count - 1))))
+        if self._exact is not None:
+            return sorted(self._exact)[rank]
+        if rank < self._zeros:
+            return 0.0
+        seen = self._zeros
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            if rank < seen:
+                return float(_GROWTH ** (index - 0.5))  # the bucket's geometric middle
+        return 0.0  # pragma: no cover - rank < count
+
+
+@final
+class RunSummary:
+    """Counts and times of a run's results, one result at a time; ``total`` is the input's size."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.results = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.not_run = 0
+        self.replayed = 0
+        self.retries = 0
+        self.tokens: dict[str, int] = {}
+        self.categories: dict[str, int] = {}
+        self.first_failures: dict[ErrorCategory, tuple[str, str | None]] = {}
+        self.admission = LatencySketch()
+        self.execution = LatencySketch()
+
+    def add(self, result: WorkItemResult[Any]) -> None:
+        self.results += 1
+        if result.success:
+            self.succeeded += 1
+        elif is_not_run(result):
+            self.not_run += 1
+        else:
+            self.failed += 1
+            category = result.error_category
+            if category is not None:
+                self.categories[category.value] = self.categories.get(category.value, 0) + 1
+                self.first_failures.setdefault(category, (result.item_id, result.error))
+        add_usage(self.tokens, result.token_usage)
+        if result.replayed:
+            self.replayed += 1
+            return
+        self.retries += max(0, result.attempts - 1)
+        if not is_not_run(result):
+            self.admission.add(result.timing.admission_wait)
+            self.execution.add(result.timing.execution)
+
+    @property
+    def never_read(self) -> int:
+        """Items of the input that never got a result: a stop came before they were read."""
+        return max(0, self.total - self.results)
+
+    @property
+    def unfinished(self) -> int:
+        """Items that did not succeed: failed, not run, or never read."""
+        return self.total - self.succeeded
+
+    def text(self, termination: BatchTermination, wall_time: float) -> str:
+        """The table, laid out as :meth:`BatchResult.summary` lays it out."""
+        not_run = self.not_run + self.never_read
+        ran = len(self.execution)
+        rate = ran / wall_time if wall_time > 0 else 0.0
+        tokens = self.tokens
+        lines = [
+            f"Batch {termination.kind}" + (f" ({termination.reason})" if termination.reason else ""),
+            f"  items       {self.total:>10,}   succeeded {self.succeeded:,}   failed {self.failed:,}"
+            + (f"   not run {not_run:,}" if not_run else "") + f"   replayed {self.replayed:,}",
+            f"  retries     {self.retries:>10,}",
+            f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
+            f"   out {tokens.get('output_tokens', 0):,}",
+            f"  wall time   {wall_time:>10.3f} s   {rate:,.0f} items/s",
+        ]
+        if self.categories:
+            detail = ", ".join(f"{k} {v:,}" for k, v in sorted(self.categories.items()))
+            lines.append(f"  failures    {detail}")
+        if ran:
+            lines.append("                    p50        p95        p99")
+            for label, sketch in (("admission", self.admission), ("execution", self.execution)):
+                p = [sketch.percentile(q) * 1000 for q in (0.5, 0.95, 0.99)]
+                lines.append(f"  {label:<11}{p[0]:>8.1f}ms {p[1]:>8.1f}ms {p[2]:>8.1f}ms")
+        return "\n".join(lines)
+
+    def first_failure_lines(self) -> list[str]:
+        """One line per failure category, with its first item's error: the reason, where it says
+        how to fix it."""
+        return [f"first {category.value} failure: item {item_id!r}: {error}"
+                for category, (item_id, error) in self.first_failures.items()]

@@ -1,0 +1,87 @@
+"""A processor's input side: check each item, answer replays, keep the order, queue the rest."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from .._artifacts import ResumePlan
+from .._values._errors import AdmissionClosedError, QueueFullError
+from .._values._item_checks import check_item
+from .._values._requests import LLMWorkItem, item_id_problem
+from .._values._results import WorkItemResult
+from .._values._stats import RunCounters
+
+__all__ = ["Intake"]
+
+TOutput = TypeVar("TOutput")
+
+
+class Intake(Generic[TOutput]):
+    """The bounded input stream of one processor (``max_queue_size``; 0 is unbounded).
+
+    ``record_order`` keeps the ids in the order they were added (batch results need
+    it; a stream of millions keeps no per-item state). ``plan`` is the resume plan of
+    the processor's store, once opened.
+    """
+
+    __slots__ = ("_counters", "_max", "_record", "order", "plan", "recv", "send")
+
+    def __init__(self, max_queue_size: int, counters: RunCounters, *, record_order: bool) -> None:
+        self._max = max_queue_size
+        self._counters = counters
+        self._record = record_order
+        buffer = max_queue_size or float("inf")
+        self.send, self.recv = anyio.create_memory_object_stream[LLMWorkItem[TOutput]](buffer)
+        self.order: list[str] = []
+        self.plan: ResumePlan | None = None
+
+    @property
+    def queued(self) -> int:
+        return self.recv.statistics().current_buffer_used
+
+    def accept(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput] | None:
+        """Check ``item`` (``TypeError``/``ValueError`` naming what is wrong) and count it accepted.
+
+        Returns its replay when the store has a result to reuse; otherwise :meth:`queue` it next.
+        """
+        if not isinstance(item, LLMWorkItem):
+            raise TypeError(f"item={item!r}: must be an LLMWorkItem")
+        if (problem := item_id_problem(item.item_id)) is not None:
+            raise ValueError(f"item_id={item.item_id!r} {problem}")
+        check_item(item.item_id, item.prompt, item.context)
+        replay = self.plan.replay(item) if self.plan is not None else None
+        if self._record:
+            self.order.append(item.item_id)
+        self._counters.accepted += 1
+        return replay
+
+    async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: Any) -> None:
+        """Put an accepted item on the queue: waiting for room (``wait``), or refused at once when full.
+
+        ``stopped`` names the batch's stop for the error when the input is closed.
+        """
+        try:
+            if wait:
+                await self.send.send(item)
+                return
+            self.send.send_nowait(item)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            if self._record:
+                self.order.pop()
+            self._counters.accepted -= 1
+            if isinstance(exc, anyio.WouldBlock):
+                raise QueueFullError(
+                    f"input queue is full (max_queue_size={self._max}); in batch mode workers start "
+                    "only in process_all(): use streaming mode (start()) for backpressure"
+                ) from None
+            raise AdmissionClosedError(
+                f"the batch stopped ({stopped or 'closed'}); no more work is accepted"
+            ) from None
+        await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """No more input (idempotent); what is queued stays readable."""
+        self.send.close()

@@ -1,0 +1,229 @@
+"""What the item path works on: a :class:`Binding` per strategy, an :class:`ItemRun` per item.
+
+Plain state and the results built from it; no awaits. The stages that change it are in
+:mod:`._item`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
+
+from .._values._categories import ErrorCategory
+from .._values._errors import ItemDeadlineExceeded
+from .._values._requests import LLMWorkItem
+from .._values._results import ItemTiming, RetryState, WorkItemResult
+from ._classify import Classification, classify
+
+if TYPE_CHECKING:
+    from .._admission import Admission, QuotaScope
+    from .._strategies._base import LLMCallStrategy
+
+__all__ = ["Binding", "Failure", "ItemRun", "Retries", "UserClassifier"]
+
+TOutput = TypeVar("TOutput")
+UserClassifier = Callable[[Exception], Any]
+
+_Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
+
+
+@final
+class Binding:
+    """One strategy as the item path uses it, resolved once per owner (``ItemRunner.bind``)."""
+
+    __slots__ = ("estimate", "quota", "strategy", "strategy_classifier", "user_classifier")
+
+    def __init__(
+        self,
+        strategy: LLMCallStrategy[Any],
+        quota: QuotaScope,
+        *,
+        estimate: Callable[[str], int] | None,
+        user_classifier: UserClassifier | None,
+    ) -> None:
+        self.strategy = strategy
+        """Prepared on the owner's host."""
+        self.quota = quota
+        self.estimate = estimate
+        """The token estimator, when the config sets a TPM limit (``None``: reserve nothing)."""
+        self.strategy_classifier = strategy.classify_error
+        self.user_classifier = user_classifier
+
+    def classify(self, exc: Exception) -> Classification:
+        by_user, by_strategy = self.user_classifier, self.strategy_classifier
+        return classify(exc, strategy_classifier=by_strategy, user_classifier=by_user)
+
+
+@final
+class Failure:
+    """A failed attempt: its exception and how it is treated."""
+
+    __slots__ = ("exc", "verdict")
+
+    def __init__(self, exc: Exception, verdict: Classification) -> None:
+        self.exc = exc
+        self.verdict = verdict
+
+
+@final
+class Retries:
+    """Per-item retry bookkeeping, made at the item's first failure."""
+
+    __slots__ = ("failures", "rate_limited", "rng", "state")
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.rate_limited = 0
+        self.rng: random.Random | None = None
+        self.state: RetryState | None = None
+
+
+def _metadata(meta: Any) -> dict[str, Any]:
+    if meta is None:
+        return {}
+    if isinstance(meta, dict):
+        return meta
+    return {"strategy": meta}
+
+
+@final
+class ItemRun(Generic[TOutput]):
+    """One item on its way: what the stages read and write, and where its time went.
+
+    Time is booked by phase: the item is always in exactly one of the
+    :class:`ItemTiming` buckets, and :meth:`switch` books the time since the last
+    switch to the phase it leaves. So whatever cuts an item short (its deadline in a
+    cooldown, a stop in a backoff), the buckets add up to ``total``. The phases:
+    ``admission_wait`` from the start (hooks before the item, binding the strategy)
+    and while waiting for a slot or a rate budget; ``cooldown`` while waiting out a
+    cooldown; ``execution`` during a call; ``backoff`` from a failed call to the next
+    admission (classifying it, its hooks, ``on_error()``, the backoff sleep).
+    """
+
+    __slots__ = (
+        "added",
+        "attempts",
+        "binding",
+        "calling",
+        "failed",
+        "held",
+        "item",
+        "item_deadline",
+        "last_error",
+        "limit",
+        "limit_name",
+        "mark",
+        "outer",
+        "phase",
+        "result",
+        "retries",
+        "start_limit",
+        "started",
+        "timing",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        item: LLMWorkItem[TOutput],
+        started: float,
+        *,
+        limit: float | None,
+        limit_name: str,
+        stop_deadline: float,
+        start_by: float,
+    ) -> None:
+        self.item = item
+        """The item as it runs (middlewares may have rewritten it)."""
+        self.added = item
+        """The item as it was added: what its checkpoint fingerprints."""
+        self.started = self.mark = started
+        self.phase: _Phase = "admission_wait"
+        self.timing = ItemTiming()
+        self.usage: dict[str, int] = {}
+        self.attempts = 0
+        self.limit = limit
+        self.limit_name = limit_name
+        """The setting (or the caller's timeout) that set ``item_deadline``, for its error."""
+        self.item_deadline = started + limit if limit is not None else math.inf
+        self.outer = min(self.item_deadline, stop_deadline)
+        """When a call in flight is cut short at the latest (before its own deadline)."""
+        self.start_limit = min(self.outer, start_by)
+        """No call of this item starts at or after it."""
+        self.binding: Binding | None = None
+        self.held: Admission | None = None  # released exactly once; cut short -> release(None)
+        self.calling = False
+        self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
+        self.retries: Retries | None = None
+        self.last_error: BaseException | None = None
+        self.result: WorkItemResult[TOutput] | None = None  # kept while its worker renews its scope
+
+    def switch(self, phase: _Phase, now: float) -> None:
+        """Book the time since the last switch to the current phase, then enter ``phase``."""
+        timing = self.timing
+        setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
+        self.mark = now
+        self.phase = phase
+
+    def settle(self, now: float) -> ItemTiming:
+        """Book the time up to ``now`` and set ``total``: the item's timing, final."""
+        self.switch(self.phase, now)
+        self.timing.total = now - self.started
+        return self.timing
+
+    # --- its result ----------------------------------------------------------------
+
+    def succeeded(self, output: Any, meta: Any, now: float) -> WorkItemResult[TOutput]:
+        item = self.item
+        return WorkItemResult(
+            item_id=item.item_id,
+            success=True,
+            output=output,
+            attempts=self.attempts,
+            token_usage=self.usage,
+            timing=self.settle(now),
+            context=item.context,
+            metadata=_metadata(meta),
+        )
+
+    def failed_with(self, exc: BaseException, category: ErrorCategory, now: float) -> WorkItemResult[TOutput]:
+        return WorkItemResult(
+            item_id=self.item.item_id,
+            success=False,
+            error=f"{type(exc).__name__}: {exc}",
+            exception=exc,
+            error_category=category,
+            attempts=self.attempts,
+            token_usage=self.usage,
+            timing=self.settle(now),
+            context=self.item.context,
+        )
+
+    def deadline_exceeded(self, reason: str, now: float) -> WorkItemResult[TOutput]:
+        """The item's own deadline (or the caller's timeout) came; the last failure is the context."""
+        exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}")
+        if self.last_error is not None:
+            exc.__context__ = self.last_error
+        return self.failed_with(exc, ErrorCategory.DEADLINE, now)
+
+    def stopped(self, category: ErrorCategory, reason: str, now: float) -> WorkItemResult[TOutput]:
+        """A result for an item the batch stopped in flight (or refused to start).
+
+        A deadline carries an :class:`ItemDeadlineExceeded`; an abort, a spent budget or
+        a refused start carries no exception (none happened), only ``error`` saying why.
+        """
+        if category is ErrorCategory.DEADLINE:
+            exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}")
+            return self.failed_with(exc, category, now)
+        return WorkItemResult(
+            item_id=self.item.item_id,
+            success=False,
+            error=reason,
+            error_category=category,
+            attempts=self.attempts,
+            token_usage=self.usage,
+            timing=self.settle(now),
+            context=self.item.context,
+        )

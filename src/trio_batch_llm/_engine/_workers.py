@@ -1,0 +1,192 @@
+"""A processor's workers: take an item, run its path, publish its result, leave when the batch stops.
+
+Workers are the only tasks per batch, plus one :class:`~._guards.DeadlineWatcher` when
+something has a deadline: no task per item. Each worker runs its items inside its
+guard's cancel scope (:mod:`._guards`), and leaves that scope for a new one whenever it
+was cancelled; the item in hand (``guard.run``) goes on in the new scope.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+
+import anyio
+
+from .._observe._events import ItemStarted
+from .._values._results import WorkItemResult
+from ._guards import DeadlineWatcher, Guard
+from ._item import RETRY, ItemRunner
+from ._item_run import ItemRun
+from ._publish import Publisher
+from ._stops import StopPolicy
+
+if TYPE_CHECKING:
+    from .._core._host import RuntimeTasks
+    from .._observe._hooks import Hooks
+
+__all__ = ["NOWAIT_STREAK", "Crew"]
+
+TOutput = TypeVar("TOutput")
+
+NOWAIT_STREAK: Final = 16
+"""Items a worker may take from its queue in a row without a scheduler round."""
+
+
+class Crew(Generic[TOutput]):
+    """The workers of one processor and the watcher of their deadlines.
+
+    ``on_deadline`` is called when the batch deadline cut an item before the watcher
+    had recorded the stop; ``on_crash`` with a worker's unexpected exception;
+    ``on_idle`` once the last worker has left.
+    """
+
+    def __init__(
+        self,
+        *,
+        runner: ItemRunner[TOutput],
+        publisher: Publisher[TOutput],
+        policy: StopPolicy,
+        hooks: Hooks,
+        on_deadline: Callable[[], None],
+        on_crash: Callable[[BaseException], None],
+        on_idle: Callable[[], None],
+    ) -> None:
+        self._runner = runner
+        self._publisher = publisher
+        self._policy = policy
+        self._hooks = hooks if hooks.active else None
+        self._observing = hooks.observing
+        self._watch = runner.has_deadlines
+        self._on_deadline = on_deadline
+        self._on_crash = on_crash
+        self._on_idle = on_idle
+        self._watcher = DeadlineWatcher(on_batch_deadline=on_deadline)
+        self._stop_deadline = math.inf  # the batch deadline, once started
+        self.live = 0
+        self.done = anyio.Event()
+        self.interrupted = False
+        """Whether a worker was cancelled (the batch did not run to its end)."""
+
+    def start(self, runtime: RuntimeTasks, recv: Any, count: int, *, started_at: float) -> None:
+        """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed."""
+        self.live = count
+        self._stop_deadline = self._policy.deadline(started_at)
+        self._watcher.set_batch_deadline(self._stop_deadline)
+        for index in range(count):
+            runtime.start_soon(self._work, recv.clone(), name=f"worker-{index}")
+        recv.close()
+        if self._watch or self._stop_deadline != math.inf:
+            runtime.start_soon(self._watcher.run, name="deadlines")
+
+    def cut_calls(self, reason: str) -> None:
+        """A stop that cuts calls short: every item in flight, and no item starts after it."""
+        for guard in self._watcher.guards:
+            guard.stop(reason)
+
+    def close(self) -> None:
+        """The batch is over: stop watching deadlines."""
+        self._watcher.close()
+
+    async def _work(self, recv: Any) -> None:  # noqa: ASYNC910 - receive() and drive() checkpoint
+        guard = self._watcher.guard(stop_deadline=self._stop_deadline)
+        try:
+            with recv:  # closed synchronously: leaving costs no scheduler round per worker
+                while True:
+                    with guard.renew():
+                        if await self._loop(recv, guard):
+                            return
+                    # The scope was cancelled; the item in hand goes on in a new one.
+        except Exception as exc:  # noqa: BLE001 - reported through process_all / the terminal
+            self._on_crash(exc)
+        except BaseException as exc:
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                self._on_crash(exc)
+            else:
+                self.interrupted = True
+            raise
+        finally:
+            self.live -= 1
+            if self.live == 0:
+                self.done.set()
+                self._on_idle()
+
+    async def _loop(self, recv: Any, guard: Guard) -> bool:  # noqa: ASYNC910 - receive() and drive() checkpoint
+        """Run items in the guard's current scope; ``True`` once the queue is done, ``False`` to renew it."""
+        runner = self._runner
+        publisher = self._publisher
+        policy = self._policy
+        hooks = self._hooks
+        clock = anyio.current_time
+        stop_deadline = guard.stop_deadline
+        run: ItemRun[TOutput] | None = guard.run
+        result: WorkItemResult[TOutput] | None
+        streak = 0  # items taken in a row without a scheduler round
+        while True:
+            if run is None:
+                # A queued item is taken without a scheduler round, so a call that has just
+                # handed its HTTP connection back to the pool checks one out again at once,
+                # as a plain request loop does: a round here leaves a fifth of the pool idle
+                # at concurrency 200, and httpcore2 probes the socket of every idle connection
+                # twice per request (docs/benchmarks.md). A real round every NOWAIT_STREAK
+                # items keeps a strategy that never awaits from starving the other tasks, and
+                # one once the batch deadline has passed lets its watcher stop the batch first.
+                try:
+                    if streak < NOWAIT_STREAK and (stop_deadline == math.inf or clock() < stop_deadline):
+                        item = recv.receive_nowait()
+                        streak += 1
+                    else:
+                        streak = 0
+                        item = await recv.receive()
+                except anyio.WouldBlock:
+                    streak = 0
+                    try:
+                        item = await recv.receive()
+                    except anyio.EndOfStream:
+                        return True  # noqa: ASYNC910 - the queue is done; the worker leaves
+                except anyio.EndOfStream:
+                    return True  # noqa: ASYNC910 - the queue is done; the worker leaves
+                if policy.kind is not None:
+                    await publisher.publish(publisher.not_executed(item), item)
+                    await publisher.drain(recv)
+                    return True
+                run = guard.run = runner.begin(item, stop_deadline=stop_deadline)
+                tracker = publisher.tracker
+                if tracker is not None:
+                    tracker.item_started()
+                if hooks is not None:
+                    if self._observing:
+                        hooks.emit(ItemStarted(item.item_id))
+                    run.item = await hooks.before_item(item)
+                result = await runner.drive(run, guard)
+            elif run.result is not None:
+                result = run.result  # finished in the instant its last scope was cancelled
+            else:
+                verdict = runner.cut(run, guard)  # its guard fired mid-item: why?
+                result = await runner.drive(run, guard) if verdict == RETRY else verdict
+            if result is None:
+                result = self._cut_short(run)
+            if guard.scope.cancel_called:
+                # Cancelled as the item finished: leave this scope before awaiting anything.
+                run.result = result
+                return False  # noqa: ASYNC910 - drive() checkpointed
+            if hooks is not None:
+                result = await hooks.after_item(run.item, result)
+            # Checkpoint under the item as added: resume fingerprints what was added.
+            await publisher.publish(result, run.added)
+            guard.run = run = None
+            if policy.kind is not None:
+                # The batch stopped while this item ran: report the queue, then leave at once
+                # rather than pulling every queued item through the stream.
+                await publisher.drain(recv)
+                return True
+
+    def _cut_short(self, run: ItemRun[TOutput]) -> WorkItemResult[TOutput]:
+        if self._policy.kind is None:
+            # The batch deadline cut this item before the watcher recorded the stop:
+            # stop now rather than when the watcher gets its turn.
+            self._on_deadline()
+        category, reason = self._policy.cut_short()
+        return self._runner.stopped(run, category, reason)
+

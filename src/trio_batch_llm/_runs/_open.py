@@ -1,0 +1,150 @@
+"""``open_run``: check every argument, pick the repository and the driver, attach the run.
+
+Everything that can be refused is refused here, before the repository is
+opened (a bad argument never creates or touches a file): the mode and its
+batch settings (a ``provider-batch`` run needs a strategy with a
+``batch_endpoint()``), the config, the timing knobs. Then the run is created
+or reattached (``repository.attach``: same identity and mode, or an error)
+and handed to a :class:`Run`, which owns the repository from there on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import AsyncIterable, Iterable
+from typing import Any
+
+from .._artifacts._fingerprint import jsonable_or_repr
+from .._artifacts._sqlite import SqliteArtifactStore
+from .._strategies._base import LLMCallStrategy
+from .._values._config import ArtifactIdentity, ProcessorConfig
+from .._values._errors import ConfigurationError
+from ._batch_config import ProviderBatchConfig
+from ._batch_drive import BatchSegmentDriver
+from ._drive import SegmentDriver
+from ._ingest import Ingestor
+from ._run import Run
+from ._schema import RunMode, RunSpec
+from ._source import make_source
+from .repository._client import RepositoryClient
+from .repository._locate import RunStore, repository_at
+
+__all__ = ["open_run"]
+
+
+def _default_identity(strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
+    return ArtifactIdentity(provider=type(strategy).__name__, model=strategy.model_name or "unknown")
+
+
+def _config_summary(config: ProcessorConfig) -> dict[str, Any]:
+    return {field.name: jsonable_or_repr(getattr(config, field.name)) for field in dataclasses.fields(config)}
+
+
+def _positive(name: str, value: float, *, whole: bool = False) -> None:
+    kind = int if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or value == math.inf:
+        raise ConfigurationError(name, value, "must be a positive " + ("whole number" if whole else "number"))
+
+
+async def open_run(
+    store: RunStore,
+    run_id: str,
+    strategy: LLMCallStrategy[Any],
+    source: Iterable[Any] | AsyncIterable[Any] | str | os.PathLike[str] | None,
+    *,
+    config: ProcessorConfig | None = None,
+    mode: str = "live",
+    identity: ArtifactIdentity | None = None,
+    poll_interval: float = 1.0,
+    slice_items: int = 256,
+    slice_seconds: float = 1.0,
+    batch: ProviderBatchConfig | None = None,
+) -> Run:
+    """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
+
+    ``store`` is a database path, a :class:`SqliteArtifactStore` (its file and
+    identity are used; the run has its own tables there), or a
+    ``RunRepository``. ``source`` is an iterable of prompts (as for
+    ``process_prompts``), an async iterable, a JSONL file (a ``pathlib.Path``
+    or a ``.jsonl`` path), or ``None`` for a handle that only watches or
+    finishes a run whose ingestion is complete. On reattach the same source
+    must be passed again: it is continued from the stored checkpoint.
+
+    ``identity`` (default: from the store, else the strategy's class and model)
+    must match the run's stored identity. Ingestion commits slices of at most
+    ``slice_items`` entries, and waits at most ``slice_seconds`` after a
+    slice's first entry. Status polls happen every ``poll_interval`` seconds.
+    The handle is an async context manager; or call ``aclose()``.
+
+    ``mode="provider-batch"`` sends the items through the provider's Batch API
+    (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then offer
+    one (``strategy.batch_endpoint()``, as :class:`OpenAICompatibleStrategy` and
+    :class:`OpenAIStrategy` do: their endpoint, key, model and request settings
+    are used), and ``batch`` tunes chunking, polling and the shared
+    enqueued-token capacity (see :class:`ProviderBatchConfig`).
+    """
+    if mode not in ("live", "provider-batch"):
+        raise ConfigurationError("mode", mode, 'must be "live" or "provider-batch"')
+    if mode == "live" and batch is not None:
+        raise ConfigurationError("batch", batch, 'is only used with mode="provider-batch"')
+    endpoint = None
+    if mode == "provider-batch":
+        endpoint = strategy.batch_endpoint() if isinstance(strategy, LLMCallStrategy) else None
+        if endpoint is None:
+            raise ConfigurationError(
+                "strategy", type(strategy).__name__,
+                'mode="provider-batch" needs a strategy with a Batch API (batch_endpoint() returns none), '
+                "such as OpenAICompatibleStrategy or OpenAIStrategy",
+            )
+        batch = batch if batch is not None else ProviderBatchConfig()
+        if not isinstance(batch, ProviderBatchConfig):
+            raise ConfigurationError("batch", batch, "must be a ProviderBatchConfig")
+    if not isinstance(run_id, str) or not run_id:
+        raise ConfigurationError("run_id", run_id, "must be a non-empty string")
+    if not isinstance(strategy, LLMCallStrategy):
+        raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy (see CallableStrategy)")
+    config = config if config is not None else ProcessorConfig()
+    if not isinstance(config, ProcessorConfig):
+        raise TypeError(f"config={config!r}: must be a ProcessorConfig")
+    if config.guardrails.batch_timeout is not None:
+        raise ConfigurationError(
+            "guardrails.batch_timeout", config.guardrails.batch_timeout,
+            "is not used by runs: bound a run's time with run.wait(timeout=...)",
+        )
+    _positive("poll_interval", poll_interval)
+    _positive("slice_items", slice_items, whole=True)
+    _positive("slice_seconds", slice_seconds)
+    if identity is None:
+        identity = store.identity if isinstance(store, SqliteArtifactStore) else _default_identity(strategy)
+    repository = repository_at(store, identity=identity)
+    run_source = make_source(source, strategy)
+    db = RepositoryClient(repository)
+    try:
+        await db.call(repository.open)
+        run_mode: RunMode = "provider-batch" if mode == "provider-batch" else "live"
+        spec = RunSpec(run_id=run_id, mode=run_mode, identity=identity, config=_config_summary(config))
+        await db.call(repository.attach, spec)
+    except BaseException:
+        await db.aclose()
+        raise
+    ingestor = None
+    if run_source is not None:
+        ingestor = Ingestor(
+            run_source, strategy, run_id=run_id, db=db, slice_items=slice_items, slice_seconds=slice_seconds
+        )
+    driver: SegmentDriver | BatchSegmentDriver
+    if endpoint is not None:
+        assert batch is not None
+        driver = BatchSegmentDriver(
+            db=db, run_id=run_id, endpoint=endpoint, config=config, batch=batch, ingestor=ingestor,
+            poll_interval=poll_interval,
+        )
+    else:
+        driver = SegmentDriver(
+            db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor,
+            poll_interval=poll_interval,
+        )
+    return Run(db=db, run_id=run_id, driver=driver, poll_interval=poll_interval)
+

@@ -1,0 +1,33 @@
+"""Which run repository a store argument names: the one place a new kind of storage plugs in.
+
+``open_run(store, ...)`` and the offline readers (``read_run_snapshot``,
+``list_runs``, ``iter_run_results``) take a store as a user names it: a
+database path, a :class:`SqliteArtifactStore` (its file: the runs get tables
+of their own there), or a ready :class:`RunRepository`, used as it is.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..._artifacts._sqlite import SqliteArtifactStore
+from ..._values._config import ArtifactIdentity
+from ._protocol import RunRepository
+from ._sqlite import SqliteRunRepository
+
+__all__ = ["RunStore", "repository_at"]
+
+RunStore = str | os.PathLike[str] | SqliteArtifactStore | RunRepository
+
+
+def repository_at(
+    store: RunStore, *, identity: ArtifactIdentity | None = None, read_only: bool = False
+) -> RunRepository:
+    """The repository of ``store`` (not opened); ``identity`` goes into a file this creates."""
+    if isinstance(store, SqliteArtifactStore):
+        return SqliteRunRepository(store.path, identity=identity, read_only=read_only)
+    if isinstance(store, (str, os.PathLike)):
+        return SqliteRunRepository(store, identity=identity, read_only=read_only)
+    if isinstance(store, RunRepository):
+        return store
+    raise TypeError(f"store={store!r}: must be a path, a SqliteArtifactStore or a RunRepository")

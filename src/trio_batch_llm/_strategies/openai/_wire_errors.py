@@ -1,0 +1,133 @@
+"""HTTP error answers of the OpenAI wire format as :class:`ProviderError`: one table for everyone.
+
+:class:`OpenAICompatibleStrategy` and the Batch API turn an error answer into
+:func:`error_from_status` (category, ``Retry-After``, a message without the
+key); :class:`OpenAIStrategy` files the SDK's own status errors with the same
+:func:`status_category`, without wrapping them. Headers arrive as plain mappings.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ProviderError
+from ._keys import Secret
+
+__all__ = ["decode_error_body", "error_from_status", "parse_retry_after", "status_category"]
+
+CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
+CONTENT_POLICY_CODES = frozenset(
+    {"content_policy_violation", "content_filter", "moderation_blocked", "invalid_prompt"}
+)
+INSUFFICIENT_BALANCE_CODES = frozenset({"insufficient_quota", "billing_hard_limit_reached"})
+_CONTEXT_LENGTH_TEXT = re.compile(
+    r"context[ _]length|maximum context|prompt is too long|too many (input )?tokens", re.I
+)
+_CONTENT_POLICY_TEXT = re.compile(r"content[ _](management )?polic|content[ _]filter|safety system", re.I)
+_MESSAGE_LIMIT = 500
+
+
+def decode_error_body(content: bytes) -> Any:
+    """An error response's JSON, or its text when it is not JSON (an HTML page from a proxy)."""
+    try:
+        return json.loads(content)
+    except ValueError:
+        return content.decode("utf-8", "replace")
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` (OpenAI, preferred) or ``Retry-After``.
+
+    ``Retry-After`` may be delta-seconds or an HTTP date (compared with the wall
+    clock ``now``, default ``time.time()``). Garbage and negative values are ignored.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    millis = _non_negative_float(lowered.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000.0
+    value = lowered.get("retry-after")
+    if value is None:
+        return None
+    seconds = _non_negative_float(value)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is always GMT; tolerate a missing zone
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _non_negative_float(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def error_from_status(
+    status: int, headers: Mapping[str, str], body: Any, *, secret: Secret | None = None
+) -> ProviderError:
+    """Map an HTTP error response to a :class:`ProviderError` with category and Retry-After.
+
+    ``body`` is the decoded JSON (``{"error": {...}}`` or the inner object, as the
+    openai SDK keeps it), or text. The key in ``secret`` is scrubbed from the message.
+    """
+    code, kind, text = _error_fields(body)
+    category = _category(status, code, kind, text)
+    detail = f": {text[:_MESSAGE_LIMIT]}" if text else ""
+    label = f" ({code})" if code else ""
+    message = f"HTTP {status}{label}{detail}"
+    if secret is not None:
+        message = secret.redact(message)
+    return ProviderError(
+        message, category=category, retry_after=parse_retry_after(headers), status_code=status
+    )
+
+
+def status_category(status: int, body: Any) -> ErrorCategory:
+    """The category of an HTTP error response with decoded ``body``, as :func:`error_from_status` files it."""
+    code, kind, text = _error_fields(body)
+    return _category(status, code, kind, text)
+
+
+def _error_fields(body: Any) -> tuple[str, str, str]:
+    """``(code, type, message)`` of an error body in any shape :func:`error_from_status` accepts."""
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    error = error if isinstance(error, Mapping) else {}
+    code = str(error.get("code") or "")
+    kind = str(error.get("type") or "")
+    text = str(error.get("message") or "") if error else (body if isinstance(body, str) else "")
+    return code, kind, text
+
+
+def _category(status: int, code: str, kind: str, text: str) -> ErrorCategory:
+    if code in INSUFFICIENT_BALANCE_CODES or kind in INSUFFICIENT_BALANCE_CODES or status == 402:
+        return ErrorCategory.INSUFFICIENT_BALANCE
+    if status == 429:
+        return ErrorCategory.RATE_LIMIT
+    if status == 408:
+        return ErrorCategory.TIMEOUT
+    if status >= 500:
+        return ErrorCategory.SERVER
+    if status in (401, 403):
+        return ErrorCategory.AUTHENTICATION
+    if 400 <= status < 500:
+        if code in CONTEXT_LENGTH_CODES or _CONTEXT_LENGTH_TEXT.search(text):
+            return ErrorCategory.CONTEXT_LENGTH
+        if code in CONTENT_POLICY_CODES or kind in CONTENT_POLICY_CODES or _CONTENT_POLICY_TEXT.search(text):
+            return ErrorCategory.CONTENT_POLICY
+        return ErrorCategory.INVALID_REQUEST
+    return ErrorCategory.UNKNOWN
