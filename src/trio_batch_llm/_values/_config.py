@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
 from ._categories import ErrorCategory
+from ._checks import fraction, non_negative, positive, whole
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -39,42 +40,6 @@ DEFAULT_WORKERS: Final = 5
 
 _SHORT: Final = reprlib.Repr()
 _SHORT.maxlong = _SHORT.maxstring = _SHORT.maxother = 60
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
-def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
-    if value is None:
-        if not allow_none:
-            raise ConfigurationError(name, value, "is required")
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(name, value, "must be a number")
-    if not _finite(value) or value <= 0:
-        raise ConfigurationError(name, value, "must be a finite number > 0")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(name, value, "must be a number")
-    if not _finite(value) or value < 0:
-        raise ConfigurationError(name, value, "must be a finite number >= 0")
-
-
-def _whole(name: str, value: int | None, *, minimum: int, allow_none: bool = True) -> None:
-    if value is None:
-        if not allow_none:
-            raise ConfigurationError(name, value, "is required")
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(name, value, "must be a whole number")
-    if value < minimum:
-        raise ConfigurationError(name, value, f"must be >= {minimum}")
 
 
 class AbortMode(enum.Enum):
@@ -145,15 +110,15 @@ class RetryConfig:
     """Seed for the jitter, drawn per item (``Random(f"{seed}\\0{item_id}")``); ``None`` is unseeded."""
 
     def __post_init__(self) -> None:
-        _whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)
-        _non_negative("initial_wait", self.initial_wait)
-        _non_negative("max_wait", self.max_wait)
+        whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)
+        non_negative("initial_wait", self.initial_wait)
+        non_negative("max_wait", self.max_wait)
         if self.max_wait < self.initial_wait:
             raise ConfigurationError("max_wait", self.max_wait, "must be >= initial_wait")
-        _positive("exponential_base", self.exponential_base, allow_none=False)
+        positive("exponential_base", self.exponential_base, allow_none=False)
         if self.exponential_base < 1:
             raise ConfigurationError("exponential_base", self.exponential_base, "must be >= 1")
-        _whole("max_rate_limit_retries", self.max_rate_limit_retries, minimum=0, allow_none=False)
+        whole("max_rate_limit_retries", self.max_rate_limit_retries, minimum=0, allow_none=False)
 
     def backoff_ceiling(self, retry_number: int) -> float:
         """The largest wait before retry ``retry_number`` (0 for the first retry)."""
@@ -224,35 +189,24 @@ class RateLimitConfig:
     """The wait of a call whose 429 said capacity remains, when it carried no Retry-After."""
 
     def __post_init__(self) -> None:
-        _non_negative("cooldown_seconds", self.cooldown_seconds)
-        _positive("backoff_multiplier", self.backoff_multiplier, allow_none=False)
+        non_negative("cooldown_seconds", self.cooldown_seconds)
+        positive("backoff_multiplier", self.backoff_multiplier, allow_none=False)
         if self.backoff_multiplier < 1:
             raise ConfigurationError("backoff_multiplier", self.backoff_multiplier, "must be >= 1")
-        _non_negative("max_cooldown_seconds", self.max_cooldown_seconds)
+        non_negative("max_cooldown_seconds", self.max_cooldown_seconds)
         if self.max_cooldown_seconds < self.cooldown_seconds:
             raise ConfigurationError(
                 "max_cooldown_seconds", self.max_cooldown_seconds, "must be >= cooldown_seconds"
             )
-        _non_negative("slow_start_seconds", self.slow_start_seconds)
-        _fraction("slow_start_initial_fraction", self.slow_start_initial_fraction, low_open=True, high=1.0)
+        non_negative("slow_start_seconds", self.slow_start_seconds)
+        fraction("slow_start_initial_fraction", self.slow_start_initial_fraction, low_open=True, high=1.0)
         if not isinstance(self.learn_limits, bool):
             raise ConfigurationError("learn_limits", self.learn_limits, "must be True or False")
-        _fraction("pacing_margin", self.pacing_margin, low_open=False, high=0.5)
-        _fraction("discovery_decrease", self.discovery_decrease, low_open=True, high=1.0, high_open=True)
-        _positive("discovery_recovery_seconds", self.discovery_recovery_seconds, allow_none=False)
-        _positive("discovery_min_rpm", self.discovery_min_rpm, allow_none=False)
-        _non_negative("blip_retry_seconds", self.blip_retry_seconds)
-
-
-def _fraction(name: str, value: float, *, low_open: bool, high: float, high_open: bool = False) -> None:
-    """A number in the interval from 0 to ``high``, each end open or closed as asked."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigurationError(name, value, "must be a finite number")
-    too_low = value <= 0 if low_open else value < 0
-    too_high = value >= high if high_open else value > high
-    if too_low or too_high:
-        interval = f"{'(' if low_open else '['}0, {high:g}{')' if high_open else ']'}"
-        raise ConfigurationError(name, value, f"must be in {interval}")
+        fraction("pacing_margin", self.pacing_margin, low_open=False, high=0.5)
+        fraction("discovery_decrease", self.discovery_decrease, low_open=True, high=1.0, high_open=True)
+        positive("discovery_recovery_seconds", self.discovery_recovery_seconds, allow_none=False)
+        positive("discovery_min_rpm", self.discovery_min_rpm, allow_none=False)
+        non_negative("blip_retry_seconds", self.blip_retry_seconds)
 
 
 class InvalidCost(ValueError):
@@ -280,8 +234,8 @@ class GuardrailConfig:
     cost_function: Callable[[TokenUsage], float] | None = None
 
     def __post_init__(self) -> None:
-        _positive("total_timeout_per_item", self.total_timeout_per_item)
-        _positive("batch_timeout", self.batch_timeout)
+        positive("total_timeout_per_item", self.total_timeout_per_item)
+        positive("batch_timeout", self.batch_timeout)
         categories: object = self.abort_on_error_categories
         if isinstance(categories, (str, ErrorCategory)) or not isinstance(categories, Iterable):
             raise ConfigurationError(
@@ -296,9 +250,9 @@ class GuardrailConfig:
         object.__setattr__(self, "abort_on_error_categories", normalized)
         if not isinstance(self.abort_mode, AbortMode):
             raise ConfigurationError("abort_mode", self.abort_mode, "must be an AbortMode")
-        _whole("max_total_tokens", self.max_total_tokens, minimum=1)
+        whole("max_total_tokens", self.max_total_tokens, minimum=1)
         if self.max_total_cost is not None:
-            _non_negative("max_total_cost", self.max_total_cost)
+            non_negative("max_total_cost", self.max_total_cost)
             if self.cost_function is None:
                 raise ConfigurationError("cost_function", None, "is required when max_total_cost is set")
         if self.cost_function is not None and not callable(self.cost_function):
@@ -356,8 +310,8 @@ class ProcessorConfig:
     progress_interval: float = 0.5
 
     def __post_init__(self) -> None:
-        _whole("concurrency", self.concurrency, minimum=1)
-        _whole("max_workers", self.max_workers, minimum=1)
+        whole("concurrency", self.concurrency, minimum=1)
+        whole("max_workers", self.max_workers, minimum=1)
         if (
             self.concurrency is not None
             and self.max_workers is not None
@@ -368,19 +322,19 @@ class ProcessorConfig:
                 self.max_workers,
                 f"conflicts with concurrency={self.concurrency}; set one of them",
             )
-        _positive("attempt_timeout", self.attempt_timeout)
+        positive("attempt_timeout", self.attempt_timeout)
         for name, kind in (("retry", RetryConfig), ("rate_limit", RateLimitConfig),
                            ("guardrails", GuardrailConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigurationError(name, getattr(self, name), f"must be a {kind.__name__}")
-        _positive("max_requests_per_minute", self.max_requests_per_minute)
-        _whole("max_tokens_per_minute", self.max_tokens_per_minute, minimum=1)
+        positive("max_requests_per_minute", self.max_requests_per_minute)
+        whole("max_tokens_per_minute", self.max_tokens_per_minute, minimum=1)
         if self.token_estimator is not None and not callable(self.token_estimator):
             raise ConfigurationError("token_estimator", self.token_estimator, "must be callable")
-        _whole("max_queue_size", self.max_queue_size, minimum=0, allow_none=False)
-        _whole("max_result_queue_size", self.max_result_queue_size, minimum=0, allow_none=False)
-        _whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
-        _positive("progress_interval", self.progress_interval, allow_none=False)
+        whole("max_queue_size", self.max_queue_size, minimum=0, allow_none=False)
+        whole("max_result_queue_size", self.max_result_queue_size, minimum=0, allow_none=False)
+        whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
+        positive("progress_interval", self.progress_interval, allow_none=False)
 
     @property
     def workers(self) -> int:
