@@ -99,6 +99,10 @@ class Admission:
         """What the call holds, as the core recorded it; ``None`` once released."""
         return self._grant
 
+    def now(self) -> float:
+        """The scope's clock: the one an observation given to :meth:`release` must be read on."""
+        return self._scope._clock()
+
     def release(
         self, actual_tokens: int | None = None, observation: RateLimitObservation | None = None
     ) -> None:
