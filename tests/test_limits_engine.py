@@ -46,12 +46,16 @@ async def test_headers_keep_a_batch_under_a_limit_it_was_not_told(kind: str) -> 
         config = ProcessorConfig(concurrency=8, rate_limit=NO_RAMP)
         batch = await process_prompts(build(kind, server), [f"p{i}" for i in range(45)], config=config)
         assert batch.succeeded == 45
-        assert enforced(server) == 0  # never one request over the window
-        arrivals = sorted(r.arrival for r in server.requests)
-        start = arrivals[0]
-        # Every 60 s window held at most 20 (the server's own count), and the batch did not idle.
-        assert max(sum(1 for a in arrivals if t <= a < t + 60.0) for t in arrivals) <= 20
-        assert arrivals[-1] - start < 3 * 60.0
+        requests = sorted(server.requests, key=lambda r: r.arrival)
+        start = requests[0].arrival
+        # Once a window is used up and nothing is in flight, one probe may go (the provider's budget
+        # may come back before its reset): at most one 429 per full window, each a call alone.
+        refused = [r for r in requests if r.outcome == "rate_limited_enforced"]
+        assert len(refused) <= 2
+        for probe in refused:
+            assert not [r for r in requests if r is not probe and abs(r.arrival - probe.arrival) < 1.0]
+        served = [r.arrival for r in requests if r.outcome == "ok"]
+        assert served[-1] - start < 3 * 60.0  # and the batch did not idle: 45 in three windows
     for result in batch.results:
         reported = result.metadata["rate_limit"]
         assert set(reported) == HEADER_NAMES, reported
@@ -90,10 +94,8 @@ async def test_a_429_that_says_capacity_remains_holds_only_its_own_call(kind: st
         retried = [r for r in requests if r.prompt == first and r is not refused]
         assert [r.arrival - refused.arrival for r in retried] == pytest.approx([wait])
         others = sorted(r.arrival - refused.arrival for r in requests if r.prompt != first)
-        # Nobody else waited: three at once, then one each time a 50 ms call ended, as without a 429.
-        assert others[:3] == pytest.approx([0.0] * 3)
-        assert others[3] == pytest.approx(0.0)  # the 429's slot went to the next item at once
-        assert others[-1] < wait
+        # Nobody else waited: the three other workers went on every 50 ms, as without a 429.
+        assert others == pytest.approx([0.0] * 3 + [0.05] * 3 + [0.1] * 3 + [0.15] * 2)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -111,4 +113,6 @@ async def test_a_429_with_nothing_left_pauses_the_scope_for_its_retry_after(kind
         assert [r.arrival - start for r in first] == pytest.approx([0.0] * 8)
         assert sorted(r.outcome for r in first) == ["ok"] * 4 + ["rate_limited_enforced"] * 4
         assert later[0].arrival - start == pytest.approx(60.0)  # the Retry-After: the window refills
-        assert max(r.timing.cooldown for r in batch.results) == pytest.approx(60.0)
+        retried = [r for r in batch.results if r.attempts > 1]
+        assert len(retried) >= 4
+        assert min(r.timing.cooldown for r in retried) >= 60.0 - 1e-6  # in the scope's cooldown, not alone
