@@ -4,6 +4,11 @@
         server.base_url          # http://127.0.0.1:PORT/v1
         server.stats()           # the server's counters (MockServerStats fields), plus
                                  # "last_arrival": time.monotonic() of the newest request
+        server.records()         # [[arrival, outcome, prompt_tokens], ...] of every completion
+                                 # request (needs record=True)
+
+``config`` (a dict of :class:`MockServerConfig` keyword arguments, JSON-able;
+lists stand for tuples) sets the server's knobs.
 
 The child calls ``trio_batch_llm.testing.run_mock_server`` on the asyncio
 backend (so its request arrival times are ``time.monotonic()``, comparable with
@@ -28,8 +33,11 @@ from typing import Any
 
 
 class MockServerProcess:
-    def __init__(self, *, record: bool = False, backend: str = "asyncio") -> None:
+    def __init__(self, *, record: bool = False, backend: str = "asyncio",
+                 config: dict[str, Any] | None = None) -> None:
         self._args = [sys.executable, __file__, "--backend", backend] + (["--record"] if record else [])
+        if config:
+            self._args += ["--config", json.dumps(config)]
         self._proc: subprocess.Popen[str] | None = None
         self.base_url = ""
         self.port = 0
@@ -49,6 +57,12 @@ class MockServerProcess:
     def stats(self) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write("stats\n")
+        self._proc.stdin.flush()
+        return json.loads(self._proc.stdout.readline())  # type: ignore[no-any-return]
+
+    def records(self) -> list[list[Any]]:
+        assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write("records\n")
         self._proc.stdin.flush()
         return json.loads(self._proc.stdout.readline())  # type: ignore[no-any-return]
 
@@ -74,7 +88,11 @@ class MockServerProcess:
             proc.wait()
 
 
-def _serve(backend: str, record: bool) -> None:
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _serve(backend: str, record: bool, config: dict[str, Any]) -> None:
     from hypercorn.config import Config
 
     from trio_batch_llm.testing import MockServerConfig, run_mock_server
@@ -89,11 +107,20 @@ def _serve(backend: str, record: bool) -> None:
         print(json.dumps({"base_url": server.base_url, "port": server.port}), flush=True)
         threading.Thread(target=_answer_stats, args=(server,), daemon=True).start()
 
-    run_mock_server("127.0.0.1", 0, MockServerConfig(record_requests=record), backend=backend, on_ready=on_ready)
+    knobs = {k: _tuples(v) for k, v in config.items()}
+    run_mock_server("127.0.0.1", 0, MockServerConfig(record_requests=record, **knobs), backend=backend,
+                    on_ready=on_ready)
 
 
 def _answer_stats(server: Any) -> None:
     for line in sys.stdin:
+        if line.strip() == "records":
+            from trio_batch_llm.mock._state import mock_token_count
+
+            rows = [[r.arrival, r.outcome, mock_token_count(r.prompt)] for r in server.requests
+                    if r.prompt is not None]
+            print(json.dumps(rows), flush=True)
+            continue
         if line.strip() != "stats":
             continue
         stats = dataclasses.asdict(server.stats)
@@ -104,4 +131,5 @@ def _answer_stats(server: Any) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[sys.argv.index("--backend") + 1], "--record" in sys.argv)
+    knobs = json.loads(sys.argv[sys.argv.index("--config") + 1]) if "--config" in sys.argv else {}
+    _serve(sys.argv[sys.argv.index("--backend") + 1], "--record" in sys.argv, knobs)

@@ -34,6 +34,8 @@ SCRIPTS: list[tuple[str, str, list[str], list[str]]] = [
     ("batch", "batch_mode.py", [], ["--quick"]),
     # The command line on a million-line file; stopped (SIGINT) after 100,000 answers to bound its time.
     ("cli", "cli_scale.py", ["--stop-after", "100000"], ["--quick"]),
+    # Admission that learns the provider's limits: three scenarios of a few real 60 s windows (~11 min).
+    ("limits", "limits.py", [], ["--quick", "--only", "rpm"]),
 ]
 # crash_fuzz.py is a fuzz test of the stores (pass/fail), not a benchmark: run it on its own.
 

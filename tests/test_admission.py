@@ -72,10 +72,12 @@ class Stopwatch:
 
 
 def rate_limit(cooldown: float = 5.0, ramp: float = 0.0, fraction: float = 0.25,
-               max_cooldown: float = 120.0) -> RateLimitConfig:
+               max_cooldown: float = 120.0, learn: bool = False) -> RateLimitConfig:
+    # These tests specify the cooldown every 429 starts when learning is off
+    # (learning keeps it only for a Retry-After; see test_pacing_scope.py).
     return RateLimitConfig(cooldown_seconds=cooldown, backoff_multiplier=2.0,
                            max_cooldown_seconds=max_cooldown, slow_start_seconds=ramp,
-                           slow_start_initial_fraction=fraction)
+                           slow_start_initial_fraction=fraction, learn_limits=learn)
 
 
 async def wait_until_waiting(scope: QuotaScope, count: int) -> None:

@@ -44,7 +44,7 @@ SETTINGS = settings(
 STEPS = st.sampled_from([0.0, 0.25, 1.0, 2.5, 7.0, 29.75, 30.0, 59.75, 60.0, 61.0, 150.0])
 RATE_LIMIT = RateLimitConfig(
     cooldown_seconds=5.0, backoff_multiplier=2.0, max_cooldown_seconds=30.0,
-    slow_start_seconds=6.0, slow_start_initial_fraction=0.25,
+    slow_start_seconds=6.0, slow_start_initial_fraction=0.25, learn_limits=False,
 )
 
 
@@ -440,7 +440,7 @@ class ScopeMachine(RuleBasedStateMachine):
             grant = core.try_admit_uncontended()
             if grant is not None:
                 assert fits and self.rpm is None and self.tpm is None
-                assert grant == Grant(core.cooldown.generation, None, None)
+                assert grant == Grant(core.cooldown.generation, None, None, None)
                 return self.hold(grant, tokens)
         if core.closed:
             with pytest.raises(AdmissionClosedError):
@@ -554,7 +554,8 @@ class ScopeMachine(RuleBasedStateMachine):
         reported = core.rate_limits_reported
         del self.outstanding[id(held)]
         self.end_call(held)
-        woken = core.release_rate_limited(held.grant, retry_after, actual, self.now)
+        wait, woken = core.release_rate_limited(held.grant, retry_after, actual, self.now)
+        assert wait == 0.0
         assert core.rate_limits_reported == reported + 1
         if fresh:
             # A fresh 429 starts a cooldown before the slot is freed: nobody slipped in.

@@ -7,18 +7,23 @@ fit at once, and only in queue order: while anyone waits, a newcomer is not
 admitted even if it would fit, so a large request at the head is never
 starved by a stream of small ones behind it.
 
-An admission is a :class:`Grant`, a frozen record of what the call holds (its
-cooldown generation, its RPM stamp, its token reservation). Every change of
+An admission is a :class:`~._records.Grant`, a frozen record of what the call
+holds (its cooldown generation, its RPM stamp, its token reservation, its pace mark). Every change of
 state is a core method taking the grant and ``now``; each grant is settled
 exactly once, by :meth:`QuotaCore.release`, :meth:`~QuotaCore.release_rate_limited`
 or :meth:`~QuotaCore.release_unused` (the async wrapper's handle makes that
 idempotent for its callers).
 
-Waiting is modelled with :class:`Ticket` objects. Every operation that can let
+Waiting is modelled with :class:`~._records.Ticket` objects. Every operation that can let
 someone in (a release, a withdrawal, admitting waiters) admits as many tickets
 from the head as now fit and returns the tickets whose owners must look again:
 those it admitted, plus the new head, whose ready time may have changed. The
 async wrapper (:mod:`._scope`) sets their events; the core never touches one.
+
+When learning is on (``RateLimitConfig.learn_limits``), a
+:class:`~._pacing.PacingCore` adds the provider's reported budgets and the
+discovered rate to the quotas, from the first answer that reports a budget or
+the first 429 on; until then it costs nothing.
 
 The uncontended path (only the concurrency bound in force, nobody waiting)
 needs no clock: :meth:`~QuotaCore.try_admit_uncontended` and
@@ -30,39 +35,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, NamedTuple, final
+from typing import Final, final
 
 import anyio
 
 from .._values._config import RateLimitConfig
 from .._values._errors import AdmissionClosedError, ConfigurationError
-from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore, TokenReservation
+from ._headers import RateLimitObservation
+from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore
+from ._pacing import PacingCore
+from ._records import Grant, QuotaScopeStatistics, Ticket, check_tokens
 
 __all__ = ["Grant", "QuotaCore", "QuotaScopeStatistics", "Ticket"]
-
-
-class Grant(NamedTuple):
-    """What one admitted call holds in its scope: a frozen record, settled once by the core.
-
-    A named tuple rather than a frozen dataclass because it is made on every
-    admission that has an RPM or TPM limit, and a tuple is built about three
-    times faster than a frozen dataclass (which sets each field through
-    ``object.__setattr__``). Grants that hold nothing but a slot are shared.
-    """
-
-    generation: int
-    """The scope's cooldown generation at admission (tells a stale 429 from a fresh one)."""
-    request_stamp: float | None
-    """The call's requests-per-minute stamp; ``None`` when the scope has no RPM limit."""
-    token_reservation: TokenReservation | None
-    """The call's token reservation; ``None`` when the scope has no TPM limit."""
-
-    @property
-    def tokens_reserved(self) -> int:
-        """Tokens reserved for this call (0 when the scope has no token limit)."""
-        reservation = self.token_reservation
-        return 0 if reservation is None else reservation.reserved
 
 
 _new_grant: Final = tuple.__new__  # skips the named tuple's own __new__: half the cost, same record
@@ -70,56 +54,20 @@ _NOTHING_TO_WAKE: Final[tuple[Ticket, ...]] = ()
 
 
 @final
-class Ticket:
-    """A request waiting in a scope's FIFO queue."""
-
-    __slots__ = ("event", "grant", "tokens")
-
-    def __init__(self, tokens: int) -> None:
-        self.tokens = tokens
-        self.grant: Grant | None = None  # set by the core when it admits this waiter
-        self.event: Any = None  # the async wrapper's wake-up event; never touched by the core
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class QuotaScopeStatistics:
-    """A snapshot of one quota scope. ``None`` means "no such limit is configured"."""
-
-    in_flight: int
-    waiting: int
-    concurrency_bound: int
-    concurrency_limit: int
-    """The bound in force now: 0 during a cooldown, ramping back to the bound after it."""
-    requests_per_minute: float | None
-    requests_in_window: int | None
-    tokens_per_minute: int | None
-    tokens_reserved_in_window: int | None
-    tokens_available: int | None
-    cooldown_remaining: float
-    admitted_total: int
-    rate_limits_reported: int
-    closed: bool
-
-
-def check_tokens(tokens: int) -> None:
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise ValueError(f"tokens={tokens!r}: must be a whole number >= 0")
-
-
-@final
 class QuotaCore:
     """The synchronous machine behind a quota scope (see the module docstring).
 
     ``fast`` is true only when nothing but the concurrency bound can refuse a
-    request (no RPM, no TPM, no cooldown or ramp, not closed): a rate-limit
-    report or a close clears it, and the first timed admission after the ramp
-    sets it again.
+    request (no RPM, no TPM, no pacing, no cooldown or ramp, not closed): a
+    rate-limit report, the first pacing or a close clears it, and the first
+    timed admission after the ramp sets it again (unless pacing is in force).
+    ``pacing`` is ``None`` when learning is off (``RateLimitConfig.learn_limits``);
+    ``paced`` says whether it has begun to pace (it never stops once begun).
     """
 
     __slots__ = (
-        "_bare", "admitted_total", "bound", "closed", "cooldown", "fast", "in_flight", "queue",
-        "rate_limits_reported", "requests", "tokens",
+        "_bare", "_blip_wait", "admitted_total", "bound", "closed", "cooldown", "fast", "in_flight", "paced",
+        "pacing", "queue", "rate_limits_reported", "requests", "tokens",
     )
 
     def __init__(
@@ -133,6 +81,7 @@ class QuotaCore:
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError("concurrency", concurrency, "must be a whole number >= 1")
+        config = rate_limit or RateLimitConfig()
         self.bound = concurrency
         self.in_flight = 0
         self.requests = (
@@ -140,7 +89,12 @@ class QuotaCore:
             else RequestRateCore(requests_per_minute, burst=request_burst)
         )
         self.tokens = None if tokens_per_minute is None else TokenRateCore(tokens_per_minute)
-        self.cooldown = CooldownCore(rate_limit or RateLimitConfig())
+        self.cooldown = CooldownCore(config)
+        self.pacing = (
+            PacingCore(config, requests_per_minute=requests_per_minute) if config.learn_limits else None
+        )
+        self.paced = False
+        self._blip_wait = config.blip_retry_seconds
         self.queue: deque[Ticket] = deque()
         self.closed = False
         self.admitted_total = 0
@@ -148,7 +102,7 @@ class QuotaCore:
         self.fast = self.requests is None and self.tokens is None
         # The grant of a call that holds only a slot, shared: immutable, and the same for
         # every such admission of one cooldown generation.
-        self._bare = Grant(self.cooldown.generation, None, None)
+        self._bare = Grant(self.cooldown.generation, None, None, None)
 
     def ready_at(self, tokens: int, now: float) -> float:
         """When a request for ``tokens`` at the head of the queue could be admitted.
@@ -174,6 +128,11 @@ class QuotaCore:
             at = reserve.ready_at(tokens, now)
             if at > ready:
                 ready = at
+        if self.paced:
+            assert self.pacing is not None
+            at = self.pacing.ready_at(tokens, self.in_flight, now)
+            if at > ready:
+                ready = at
         return ready
 
     # -- admission ---------------------------------------------------------
@@ -182,18 +141,19 @@ class QuotaCore:
         self.in_flight += 1
         self.admitted_total += 1
         requests, reserve = self.requests, self.tokens
-        if requests is None and reserve is None:
+        mark = self.pacing.commit(tokens, now) if self.paced and self.pacing is not None else None
+        if requests is None and reserve is None and mark is None:
             return self._bare
         stamp = None if requests is None else requests.commit(now)
         reservation = None if reserve is None else reserve.commit(tokens, now)
-        grant: Grant = _new_grant(Grant, (self.cooldown.generation, stamp, reservation))
+        grant: Grant = _new_grant(Grant, (self.cooldown.generation, stamp, reservation, mark))
         return grant
 
     def try_admit_uncontended(self) -> Grant | None:
         """The fast path, decided without a clock: admit when only a free slot is needed.
 
-        ``None`` when the answer depends on time (an RPM or TPM limit, a
-        cooldown or its ramp) or on others (someone waits, the scope is
+        ``None`` when the answer depends on time (an RPM or TPM limit, pacing,
+        a cooldown or its ramp) or on others (someone waits, the scope is
         closed): then ask :meth:`try_admit_nowait` with ``now``.
         """
         if self.fast and self.in_flight < self.bound and not self.queue:
@@ -208,7 +168,7 @@ class QuotaCore:
             raise AdmissionClosedError("quota scope is closed")
         if tokens.__class__ is not int or tokens < 0:
             check_tokens(tokens)  # raises, unless tokens is a subclass of int
-        if not self.fast and self.requests is None and self.tokens is None:
+        if not self.fast and self.requests is None and self.tokens is None and not self.paced:
             self.fast = not self.cooldown.active(now)  # the ramp is over: the fast path reopens
         if self.queue or self.ready_at(tokens, now) > now:
             raise anyio.WouldBlock
@@ -259,21 +219,15 @@ class QuotaCore:
     def release_uncontended(self, grant: Grant) -> bool:
         """The fast path of :meth:`release`, decided without a clock; ``False``: call that instead.
 
-        Frees the slot when there is nothing to settle (no RPM or TPM limit)
-        and nobody to wake.
+        Frees the slot when there is nothing to settle (no RPM or TPM limit,
+        no pacing) and nobody to wake.
         """
-        if self.requests is None and self.tokens is None and not self.queue:
+        if self.requests is None and self.tokens is None and not self.queue and not self.paced:
             self.in_flight -= 1
             return True
         return False
 
-    def release(self, grant: Grant, actual_tokens: int | None, now: float) -> Sequence[Ticket]:
-        """The call is over: free the slot, settle tokens with real usage; return the tickets to wake.
-
-        ``actual_tokens`` is the call's real total; ``None`` (unknown) keeps
-        the reservation, since unknown usage is never taken for zero. The RPM
-        unit keeps counting for a window from ``now``, the call's end.
-        """
+    def _settle(self, grant: Grant, actual_tokens: int | None, now: float) -> Sequence[Ticket]:
         self.in_flight -= 1
         # Every grant of a scope with an RPM (TPM) limit holds a unit (a reservation).
         requests = self.requests
@@ -286,22 +240,68 @@ class QuotaCore:
                 reserve.reconcile(reservation, actual_tokens, now)
         return self.admit_waiters(now) if self.queue else _NOTHING_TO_WAKE
 
-    def release_rate_limited(
-        self, grant: Grant, retry_after: float | None, actual_tokens: int | None, now: float
+    def _start_pacing(self) -> None:
+        if not self.paced and self.pacing is not None and self.pacing.active:
+            self.paced = True
+            self.fast = False
+
+    def release(
+        self, grant: Grant, actual_tokens: int | None, now: float,
+        observation: RateLimitObservation | None = None,
     ) -> Sequence[Ticket]:
-        """The call was rate limited (a 429): start or join the cooldown, *then* release.
+        """The call is over: free the slot, settle tokens with real usage; return the tickets to wake.
+
+        ``actual_tokens`` is the call's real total; ``None`` (unknown) keeps
+        the reservation, since unknown usage is never taken for zero. The RPM
+        unit keeps counting for a window from ``now``, the call's end.
+        ``observation`` is what the answer said about the provider's limits.
+        """
+        pacing = self.pacing
+        if pacing is not None and (self.paced or observation is not None):
+            pacing.answered(grant.pace, actual_tokens, observation, self.in_flight - 1, now)
+            self._start_pacing()
+        return self._settle(grant, actual_tokens, now)
+
+    def release_rate_limited(
+        self, grant: Grant, retry_after: float | None, actual_tokens: int | None, now: float,
+        observation: RateLimitObservation | None = None,
+    ) -> tuple[float, Sequence[Ticket]]:
+        """The call was rate limited (a 429): learn from it or start the cooldown, *then* release.
 
         In that order, so the freed slot cannot go to a waiter ahead of the
         cooldown. The 429 did reach the provider: its RPM unit counts as after
-        :meth:`release`.
+        :meth:`release`. Returns the seconds *this call* should wait before
+        its retry beyond what admission imposes (non-zero only for a blip:
+        a 429 whose headers say capacity remains), and the tickets to wake.
+
+        With learning on, a scope-wide cooldown starts only for a wait the
+        provider asked for (``retry_after``, or the observation's); otherwise
+        the 429 moves the reported budget or the discovered rate. With it off,
+        every 429 starts or joins the cooldown.
         """
-        self.report_rate_limit(retry_after, now, admitted_generation=grant.generation)
-        return self.release(grant, actual_tokens, now)
+        if observation is not None and retry_after is None:
+            retry_after = observation.retry_after
+        pacing = self.pacing
+        if pacing is None:
+            self.report_rate_limit(retry_after, now, admitted_generation=grant.generation)
+            return 0.0, self._settle(grant, actual_tokens, now)
+        self.rate_limits_reported += 1
+        blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now)
+        self._start_pacing()
+        if blip:
+            wait = retry_after if retry_after is not None else self._blip_wait
+            return wait, self._settle(grant, actual_tokens, now)
+        if retry_after is not None:
+            self._cool_down(retry_after, now, grant.generation)
+        self.fast = False
+        return 0.0, self._settle(grant, actual_tokens, now)
 
     def release_unused(self, grant: Grant, now: float) -> Sequence[Ticket]:
         """The call never reached the provider: free the slot, refund the RPM unit and every token."""
         self.in_flight -= 1
-        _, stamp, reservation = grant
+        _, stamp, reservation, mark = grant
+        if mark is not None and self.pacing is not None:
+            self.pacing.refund(mark)
         if stamp is not None and self.requests is not None:
             self.requests.refund(stamp, now)
         if reservation is not None and self.tokens is not None:
@@ -310,16 +310,27 @@ class QuotaCore:
 
     # -- rate limits and lifecycle -------------------------------------------
 
+    def _cool_down(self, retry_after: float | None, now: float, generation: int | None) -> bool:
+        started = self.cooldown.report(retry_after, now, admitted_generation=generation)
+        if started:
+            self._bare = Grant(self.cooldown.generation, None, None, None)
+        self.fast = False
+        return started
+
     def report_rate_limit(
         self, retry_after: float | None, now: float, *, admitted_generation: int | None = None
     ) -> bool:
-        """Start or join the scope's cooldown; return whether a new one started."""
+        """Report a rate limit not tied to a release; return whether a new cooldown started.
+
+        With learning on and no ``retry_after``, it lowers the discovered rate instead.
+        """
         self.rate_limits_reported += 1
-        started = self.cooldown.report(retry_after, now, admitted_generation=admitted_generation)
-        if started:
-            self._bare = Grant(self.cooldown.generation, None, None)
-        self.fast = False
-        return started
+        pacing = self.pacing
+        if pacing is not None and retry_after is None:
+            pacing.rate_limited(None, None, None, self.in_flight, now)
+            self._start_pacing()
+            return False
+        return self._cool_down(retry_after, now, admitted_generation)
 
     def close(self) -> Sequence[Ticket]:
         """Refuse new requests; return every waiter, to be woken into AdmissionClosedError."""
@@ -328,7 +339,7 @@ class QuotaCore:
         return list(self.queue)
 
     def statistics(self, now: float) -> QuotaScopeStatistics:
-        requests, tokens = self.requests, self.tokens
+        requests, tokens, pacing = self.requests, self.tokens, self.pacing
         return QuotaScopeStatistics(
             in_flight=self.in_flight,
             waiting=len(self.queue),
@@ -343,4 +354,10 @@ class QuotaCore:
             admitted_total=self.admitted_total,
             rate_limits_reported=self.rate_limits_reported,
             closed=self.closed,
+            pacing="off" if pacing is None else pacing.mode(now),
+            paced_requests_per_minute=None if pacing is None else pacing.paced_requests_per_minute(now),
+            paced_tokens_per_minute=None if pacing is None else pacing.paced_tokens_per_minute(now),
+            reported_requests_remaining=None if pacing is None else pacing.requests.remaining,
+            reported_tokens_remaining=None if pacing is None else pacing.tokens.remaining,
+            rate_limit_blips=0 if pacing is None else pacing.blips,
         )

@@ -26,9 +26,13 @@ import anyio
 from .._values._config import RateLimitConfig
 from .._values._errors import ConfigurationError
 
-__all__ = ["WINDOW_SECONDS", "CooldownCore", "RequestRateCore", "TokenRateCore", "TokenReservation"]
+__all__ = [
+    "PACE_CREDIT", "WINDOW_SECONDS", "CooldownCore", "RequestRateCore", "TokenRateCore", "TokenReservation",
+]
 
 WINDOW_SECONDS: Final = 60.0
+PACE_CREDIT: Final = 3.0
+"""Seconds of pace an idle scope may bank (5 % of a window's worth), and the slack for late wake-ups."""
 NEVER: Final = math.inf
 """A ready time that only an event (a release), not the clock, can bring closer."""
 NOW: Final = -math.inf

@@ -8,7 +8,7 @@ from typing import final
 
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
-from ._core import QuotaScopeStatistics
+from ._records import QuotaScopeStatistics
 from ._scope import QuotaScope
 
 __all__ = ["QuotaRegistry", "QuotaRegistryStatistics"]

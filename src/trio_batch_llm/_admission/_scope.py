@@ -44,7 +44,9 @@ import anyio.lowlevel
 
 from .._values._config import ProcessorConfig, RateLimitConfig
 from .._values._errors import AdmissionClosedError
-from ._core import Grant, QuotaCore, QuotaScopeStatistics, Ticket
+from ._core import QuotaCore
+from ._headers import RateLimitObservation
+from ._records import Grant, QuotaScopeStatistics, Ticket
 
 __all__ = ["Admission", "QuotaScope"]
 
@@ -97,27 +99,47 @@ class Admission:
         """What the call holds, as the core recorded it; ``None`` once released."""
         return self._grant
 
-    def release(self, actual_tokens: int | None = None) -> None:
-        """Free the slot and settle the token reservation against ``actual_tokens``."""
+    def now(self) -> float:
+        """The scope's clock: the one an observation given to :meth:`release` must be read on."""
+        return self._scope._clock()
+
+    def release(
+        self, actual_tokens: int | None = None, observation: RateLimitObservation | None = None
+    ) -> None:
+        """Free the slot and settle the token reservation against ``actual_tokens``.
+
+        ``observation`` is what the answer said about the provider's limits
+        (:func:`parse_rate_limit_headers`); the scope paces by it.
+        """
         grant = self._grant
         if grant is not None:
             self._grant = None
             scope = self._scope
             core = scope._core
-            if not core.release_uncontended(grant):
-                woken = core.release(grant, actual_tokens, scope._clock())
+            if observation is not None or not core.release_uncontended(grant):
+                woken = core.release(grant, actual_tokens, scope._clock(), observation)
                 if woken:
                     _wake(woken)
 
     def release_rate_limited(
-        self, retry_after: float | None = None, actual_tokens: int | None = None
-    ) -> None:
-        """Report a rate-limit failure to the scope, then release."""
+        self, retry_after: float | None = None, actual_tokens: int | None = None,
+        observation: RateLimitObservation | None = None,
+    ) -> float:
+        """Report a rate-limit failure to the scope, then release; return this call's own wait.
+
+        The wait is 0 unless the 429 was a blip (its ``observation`` says
+        capacity remains): then the scope is not paused and this call alone
+        should wait that long before its retry. Already released: 0.
+        """
         grant = self._grant
-        if grant is not None:
-            self._grant = None
-            scope = self._scope
-            _wake(scope._core.release_rate_limited(grant, retry_after, actual_tokens, scope._clock()))
+        if grant is None:
+            return 0.0
+        self._grant = None
+        scope = self._scope
+        wait, woken = scope._core.release_rate_limited(grant, retry_after, actual_tokens, scope._clock(),
+                                                       observation)
+        _wake(woken)
+        return wait
 
     def release_unused(self) -> None:
         """Release a call that never reached the provider, refunding its whole quota."""
@@ -179,8 +201,12 @@ class QuotaScope:
 
     @property
     def needs_token_estimate(self) -> bool:
-        """Whether ``tokens`` matters: estimate prompts only for scopes with a token limit."""
-        return self._core.tokens is not None
+        """Whether ``tokens`` matters: estimate prompts for scopes with a token limit, configured or reported.
+
+        It can turn true during a run, when the provider first reports a token budget.
+        """
+        core = self._core
+        return core.tokens is not None or (core.pacing is not None and core.pacing.tokens.reported)
 
     @property
     def closed(self) -> bool:

@@ -18,6 +18,7 @@ __all__ = [
     "PROVIDERS",
     "add_model_arguments",
     "batch_size",
+    "limit_change",
     "model_spec",
     "non_empty",
     "non_negative_float",
@@ -52,6 +53,20 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return value
+
+
+def limit_change(text: str) -> tuple[float, int | None, int | None]:
+    """``AT:RPM:TPM`` (``RPM`` or ``TPM`` empty: no such limit), for ``serve-mock --limit-change``."""
+    expected = "AT:RPM:TPM (seconds >= 0, then whole numbers >= 1 or empty), e.g. 90:600:"
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    try:
+        at = non_negative_float(parts[0])
+        limits = [None if not part.strip() else positive_int(part) for part in parts[1:]]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    return at, limits[0], limits[1]
 
 
 def _float(text: str, expected: str) -> float:

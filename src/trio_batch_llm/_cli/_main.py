@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from ._args import (
     BACKENDS,
     add_model_arguments,
+    limit_change,
     non_negative_float,
     port,
     positive_float,
@@ -63,7 +64,8 @@ def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
             latency=latency, rate_limit_rate=args.rate_limit_rate, retry_after=args.retry_after,
             server_error_rate=args.server_error_rate, hang_rate=args.hang_rate, rpm_limit=args.rpm_limit,
             tpm_limit=args.tpm_limit, output_tokens=args.output_tokens, seed=args.seed, api_key=args.api_key,
-            model=args.model,
+            model=args.model, ratelimit_headers=args.ratelimit_headers,
+            limit_schedule=tuple(sorted(args.limit_change or ())),
         )
     except ConfigurationError as exc:
         print(f"trio-batch-llm serve-mock: error: {exc}", file=sys.stderr)
@@ -173,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "the exact wait (default: none)")
     serve.add_argument("--tpm-limit", type=positive_int, metavar="N",
                        help="tokens per minute the server enforces, the same way (default: none)")
+    serve.add_argument("--ratelimit-headers", action="store_true",
+                       help="send OpenAI-style x-ratelimit-* headers computed from the enforced limits")
+    serve.add_argument("--limit-change", type=limit_change, action="append", metavar="AT:RPM:TPM",
+                       help="from AT seconds after the first request, enforce these limits (empty: none); "
+                            "repeatable")
     serve.add_argument("--output-tokens", type=positive_int, metavar="N",
                        help="answer N seeded words (N completion tokens) instead of echoing the prompt")
     serve.add_argument("--seed", type=int, default=0, help="the seed of every random draw (default 0)")

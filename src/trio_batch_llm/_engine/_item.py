@@ -39,7 +39,7 @@ from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
 from ._classify import Classification
-from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier
+from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier, rate_limit_observation
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -153,6 +153,7 @@ class ItemRunner(Generic[TOutput]):
             strategy,
             self._host.quota_scope(strategy),
             estimate=config.estimate_tokens if config.max_tokens_per_minute is not None else None,
+            estimator=config.estimate_tokens,
             user_classifier=self._classifier,
         )
         self._bindings[id(strategy)] = binding
@@ -180,7 +181,7 @@ class ItemRunner(Generic[TOutput]):
                     binding = await self.bind(strategy)
                 self._last = binding
             run.binding = binding
-            tokens = binding.estimate(run.item.prompt) if binding.estimate is not None else 0
+            tokens = binding.tokens(run.item.prompt)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit: between calls, never the attempt's own deadline
@@ -255,8 +256,8 @@ class ItemRunner(Generic[TOutput]):
             failed_usage = getattr(exc, "token_usage", None)
             add_usage(run.usage, failed_usage)
             verdict = binding.classify(exc)
-            self.settle(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
-            return Failure(exc, verdict)  # noqa: ASYNC910 - execute() is the checkpoint (or raised before one)
+            wait = self.settle(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
+            return Failure(exc, verdict, wait)  # noqa: ASYNC910 - execute() is the checkpoint (or raised before one)
         run.calling = False
         if usage:
             add_usage(run.usage, usage)
@@ -272,20 +273,23 @@ class ItemRunner(Generic[TOutput]):
         meta: Any,
         exc: Exception | None,
         verdict: Classification | None,
-    ) -> None:
+    ) -> float:
         """Give an attempt's admission back: the one place, for every call that returned or raised.
 
-        ``meta`` is what the strategy returned with a success, ``exc`` a failure's
-        exception (the provider's answer, headers included). A call cut short (its
-        deadline, a stop, a cancellation) is released by :meth:`drive` instead, with
-        its usage unknown.
+        ``meta`` is what the strategy returned with a success, ``exc`` a failure's exception;
+        the rate-limit headers either carries (``metadata["rate_limit"]``) go to the scope as
+        an observation. Returns this item's own wait before a retry: non-zero only for a 429
+        whose headers say capacity remains. A call cut short (its deadline, a stop, a
+        cancellation) is released by :meth:`drive` instead, with its usage unknown.
         """
         run.held = None
+        observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
+                                             held.now)
         if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
             # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-            held.release_rate_limited(verdict.retry_after, usage_total(usage))
-        else:
-            held.release(usage_total(usage))
+            return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
+        held.release(usage_total(usage), observation)
+        return 0.0
 
     def parse(self, binding: Binding, raw: Any) -> Any:
         """Stage 3: the call's raw output -> the item's output.
@@ -309,7 +313,7 @@ class ItemRunner(Generic[TOutput]):
         if category is ErrorCategory.RATE_LIMIT:
             retries.rate_limited += 1
             retry = retries.rate_limited <= config.max_rate_limit_retries
-            # (No wait: the scope's cooldown holds this worker and every other one.)
+            wait = failure.wait  # 0 but for a blip: the scope's cooldown (if any) holds everyone
         else:
             retries.failures += 1
             retry = category.retryable and retries.failures < config.max_attempts

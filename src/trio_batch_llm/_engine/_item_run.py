@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
 
+from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
     from .._strategies._base import LLMCallStrategy
 
-__all__ = ["Binding", "Failure", "ItemRun", "Retries", "UserClassifier"]
+__all__ = ["Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "rate_limit_observation"]
 
 TOutput = TypeVar("TOutput")
 UserClassifier = Callable[[Exception], Any]
@@ -33,7 +34,7 @@ _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
 class Binding:
     """One strategy as the item path uses it, resolved once per owner (``ItemRunner.bind``)."""
 
-    __slots__ = ("estimate", "quota", "strategy", "strategy_classifier", "user_classifier")
+    __slots__ = ("estimate", "estimator", "quota", "strategy", "strategy_classifier", "user_classifier")
 
     def __init__(
         self,
@@ -42,14 +43,28 @@ class Binding:
         *,
         estimate: Callable[[str], int] | None,
         user_classifier: UserClassifier | None,
+        estimator: Callable[[str], int] | None = None,
     ) -> None:
         self.strategy = strategy
         """Prepared on the owner's host."""
         self.quota = quota
         self.estimate = estimate
         """The token estimator, when the config sets a TPM limit (``None``: reserve nothing)."""
+        self.estimator = estimator
+        """The config's token estimator, for a scope that learns a token budget (:meth:`tokens`)."""
         self.strategy_classifier = strategy.classify_error
         self.user_classifier = user_classifier
+
+    def tokens(self, prompt: str) -> int:
+        """The token estimate ``prompt`` is admitted with: 0 unless a TPM limit is set or reported.
+
+        A scope that learns limits asks for estimates once the provider reports a token budget.
+        """
+        if self.estimate is not None:
+            return self.estimate(prompt)
+        if self.estimator is not None and self.quota.needs_token_estimate:
+            return self.estimator(prompt)
+        return 0
 
     def classify(self, exc: Exception) -> Classification:
         by_user, by_strategy = self.user_classifier, self.strategy_classifier
@@ -58,13 +73,30 @@ class Binding:
 
 @final
 class Failure:
-    """A failed attempt: its exception and how it is treated."""
+    """A failed attempt: its exception, how it is treated, and this item's own wait before a retry."""
 
-    __slots__ = ("exc", "verdict")
+    __slots__ = ("exc", "verdict", "wait")
 
-    def __init__(self, exc: Exception, verdict: Classification) -> None:
+    def __init__(self, exc: Exception, verdict: Classification, wait: float = 0.0) -> None:
         self.exc = exc
         self.verdict = verdict
+        self.wait = wait
+        """Non-zero for a 429 that said capacity remains (a blip): only this item waits, not its scope."""
+
+
+def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitObservation | None:
+    """What an answer said about the provider's limits, read on the quota scope's clock ``now``.
+
+    ``source`` is a success's metadata or a failure's ``metadata`` attribute: a strategy puts
+    the answer's rate-limit headers under ``"rate_limit"`` there. Anything else gives ``None``,
+    without reading the clock (the uncontended release needs none).
+    """
+    if not isinstance(source, Mapping):
+        return None
+    headers = source.get(RATE_LIMIT_METADATA_KEY)
+    if not headers or not isinstance(headers, Mapping):
+        return None
+    return parse_rate_limit_headers(headers, now())
 
 
 @final

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
 from ._categories import ErrorCategory
+from ._checks import fraction, non_negative, positive, whole
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -39,42 +40,6 @@ DEFAULT_WORKERS: Final = 5
 
 _SHORT: Final = reprlib.Repr()
 _SHORT.maxlong = _SHORT.maxstring = _SHORT.maxother = 60
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
-
-
-def _positive(name: str, value: float | None, *, allow_none: bool = True) -> None:
-    if value is None:
-        if not allow_none:
-            raise ConfigurationError(name, value, "is required")
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(name, value, "must be a number")
-    if not _finite(value) or value <= 0:
-        raise ConfigurationError(name, value, "must be a finite number > 0")
-
-
-def _non_negative(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigurationError(name, value, "must be a number")
-    if not _finite(value) or value < 0:
-        raise ConfigurationError(name, value, "must be a finite number >= 0")
-
-
-def _whole(name: str, value: int | None, *, minimum: int, allow_none: bool = True) -> None:
-    if value is None:
-        if not allow_none:
-            raise ConfigurationError(name, value, "is required")
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(name, value, "must be a whole number")
-    if value < minimum:
-        raise ConfigurationError(name, value, f"must be >= {minimum}")
 
 
 class AbortMode(enum.Enum):
@@ -145,15 +110,15 @@ class RetryConfig:
     """Seed for the jitter, drawn per item (``Random(f"{seed}\\0{item_id}")``); ``None`` is unseeded."""
 
     def __post_init__(self) -> None:
-        _whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)
-        _non_negative("initial_wait", self.initial_wait)
-        _non_negative("max_wait", self.max_wait)
+        whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)
+        non_negative("initial_wait", self.initial_wait)
+        non_negative("max_wait", self.max_wait)
         if self.max_wait < self.initial_wait:
             raise ConfigurationError("max_wait", self.max_wait, "must be >= initial_wait")
-        _positive("exponential_base", self.exponential_base, allow_none=False)
+        positive("exponential_base", self.exponential_base, allow_none=False)
         if self.exponential_base < 1:
             raise ConfigurationError("exponential_base", self.exponential_base, "must be >= 1")
-        _whole("max_rate_limit_retries", self.max_rate_limit_retries, minimum=0, allow_none=False)
+        whole("max_rate_limit_retries", self.max_rate_limit_retries, minimum=0, allow_none=False)
 
     def backoff_ceiling(self, retry_number: int) -> float:
         """The largest wait before retry ``retry_number`` (0 for the first retry)."""
@@ -183,14 +148,26 @@ class RetryConfig:
 @final
 @dataclass(frozen=True, slots=True)
 class RateLimitConfig:
-    """The shared cooldown a rate-limit failure starts for its whole quota scope.
+    """How a quota scope answers rate limits: learning the provider's limits, and the shared cooldown.
 
-    A first 429 pauses the scope for ``cooldown_seconds`` (or the provider's
-    Retry-After when given); each further 429 within a cooldown's aftermath
-    multiplies it by ``backoff_multiplier`` up to ``max_cooldown_seconds``. After
-    a cooldown, admission reopens gradually: the scope's concurrency starts at
-    ``slow_start_initial_fraction`` of its bound and grows linearly back to the
-    bound over ``slow_start_seconds``.
+    With ``learn_limits`` (the default) a scope paces itself by the rate-limit
+    headers its provider sends (requests and tokens left, and when they
+    reset), and without them discovers the limit from 429s: the admitted rate
+    drops to ``discovery_decrease`` times itself on a 429 and climbs back
+    linearly over ``discovery_recovery_seconds``. A 429 whose headers say
+    capacity remains is a blip for that one call (retried after its
+    Retry-After, else ``blip_retry_seconds``). A cooldown pauses the whole
+    scope only when the provider asked for a wait (Retry-After). Configured
+    RPM/TPM stay upper bounds either way.
+
+    With ``learn_limits=False`` every 429 starts (or joins) the scope's
+    cooldown: ``cooldown_seconds`` (or the provider's Retry-After when given),
+    multiplied by ``backoff_multiplier`` for each further storm within a
+    cooldown's aftermath, up to ``max_cooldown_seconds``.
+
+    After any cooldown, admission reopens gradually: the scope's concurrency
+    starts at ``slow_start_initial_fraction`` of its bound and grows linearly
+    back to the bound over ``slow_start_seconds``.
     """
 
     cooldown_seconds: float = 5.0
@@ -198,22 +175,38 @@ class RateLimitConfig:
     max_cooldown_seconds: float = 120.0
     slow_start_seconds: float = 10.0
     slow_start_initial_fraction: float = 0.25
+    learn_limits: bool = True
+    """Pace by the provider's rate-limit headers and discover limits without them."""
+    pacing_margin: float = 0.005
+    """The share of each reported limit left unused before its reset (at least one call's worth)."""
+    discovery_decrease: float = 0.8
+    """On a 429 without headers, the discovered rate becomes this fraction of itself."""
+    discovery_recovery_seconds: float = 60.0
+    """Seconds the additive increase takes to climb back to the rate before a decrease."""
+    discovery_min_rpm: float = 1.0
+    """The discovered rate never falls below this many requests per minute."""
+    blip_retry_seconds: float = 1.0
+    """The wait of a call whose 429 said capacity remains, when it carried no Retry-After."""
 
     def __post_init__(self) -> None:
-        _non_negative("cooldown_seconds", self.cooldown_seconds)
-        _positive("backoff_multiplier", self.backoff_multiplier, allow_none=False)
+        non_negative("cooldown_seconds", self.cooldown_seconds)
+        positive("backoff_multiplier", self.backoff_multiplier, allow_none=False)
         if self.backoff_multiplier < 1:
             raise ConfigurationError("backoff_multiplier", self.backoff_multiplier, "must be >= 1")
-        _non_negative("max_cooldown_seconds", self.max_cooldown_seconds)
+        non_negative("max_cooldown_seconds", self.max_cooldown_seconds)
         if self.max_cooldown_seconds < self.cooldown_seconds:
             raise ConfigurationError(
                 "max_cooldown_seconds", self.max_cooldown_seconds, "must be >= cooldown_seconds"
             )
-        _non_negative("slow_start_seconds", self.slow_start_seconds)
-        if not 0 < self.slow_start_initial_fraction <= 1:
-            raise ConfigurationError(
-                "slow_start_initial_fraction", self.slow_start_initial_fraction, "must be in (0, 1]"
-            )
+        non_negative("slow_start_seconds", self.slow_start_seconds)
+        fraction("slow_start_initial_fraction", self.slow_start_initial_fraction, low_open=True, high=1.0)
+        if not isinstance(self.learn_limits, bool):
+            raise ConfigurationError("learn_limits", self.learn_limits, "must be True or False")
+        fraction("pacing_margin", self.pacing_margin, low_open=False, high=0.5)
+        fraction("discovery_decrease", self.discovery_decrease, low_open=True, high=1.0, high_open=True)
+        positive("discovery_recovery_seconds", self.discovery_recovery_seconds, allow_none=False)
+        positive("discovery_min_rpm", self.discovery_min_rpm, allow_none=False)
+        non_negative("blip_retry_seconds", self.blip_retry_seconds)
 
 
 class InvalidCost(ValueError):
@@ -241,8 +234,8 @@ class GuardrailConfig:
     cost_function: Callable[[TokenUsage], float] | None = None
 
     def __post_init__(self) -> None:
-        _positive("total_timeout_per_item", self.total_timeout_per_item)
-        _positive("batch_timeout", self.batch_timeout)
+        positive("total_timeout_per_item", self.total_timeout_per_item)
+        positive("batch_timeout", self.batch_timeout)
         categories: object = self.abort_on_error_categories
         if isinstance(categories, (str, ErrorCategory)) or not isinstance(categories, Iterable):
             raise ConfigurationError(
@@ -257,9 +250,9 @@ class GuardrailConfig:
         object.__setattr__(self, "abort_on_error_categories", normalized)
         if not isinstance(self.abort_mode, AbortMode):
             raise ConfigurationError("abort_mode", self.abort_mode, "must be an AbortMode")
-        _whole("max_total_tokens", self.max_total_tokens, minimum=1)
+        whole("max_total_tokens", self.max_total_tokens, minimum=1)
         if self.max_total_cost is not None:
-            _non_negative("max_total_cost", self.max_total_cost)
+            non_negative("max_total_cost", self.max_total_cost)
             if self.cost_function is None:
                 raise ConfigurationError("cost_function", None, "is required when max_total_cost is set")
         if self.cost_function is not None and not callable(self.cost_function):
@@ -317,8 +310,8 @@ class ProcessorConfig:
     progress_interval: float = 0.5
 
     def __post_init__(self) -> None:
-        _whole("concurrency", self.concurrency, minimum=1)
-        _whole("max_workers", self.max_workers, minimum=1)
+        whole("concurrency", self.concurrency, minimum=1)
+        whole("max_workers", self.max_workers, minimum=1)
         if (
             self.concurrency is not None
             and self.max_workers is not None
@@ -329,19 +322,19 @@ class ProcessorConfig:
                 self.max_workers,
                 f"conflicts with concurrency={self.concurrency}; set one of them",
             )
-        _positive("attempt_timeout", self.attempt_timeout)
+        positive("attempt_timeout", self.attempt_timeout)
         for name, kind in (("retry", RetryConfig), ("rate_limit", RateLimitConfig),
                            ("guardrails", GuardrailConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigurationError(name, getattr(self, name), f"must be a {kind.__name__}")
-        _positive("max_requests_per_minute", self.max_requests_per_minute)
-        _whole("max_tokens_per_minute", self.max_tokens_per_minute, minimum=1)
+        positive("max_requests_per_minute", self.max_requests_per_minute)
+        whole("max_tokens_per_minute", self.max_tokens_per_minute, minimum=1)
         if self.token_estimator is not None and not callable(self.token_estimator):
             raise ConfigurationError("token_estimator", self.token_estimator, "must be callable")
-        _whole("max_queue_size", self.max_queue_size, minimum=0, allow_none=False)
-        _whole("max_result_queue_size", self.max_result_queue_size, minimum=0, allow_none=False)
-        _whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
-        _positive("progress_interval", self.progress_interval, allow_none=False)
+        whole("max_queue_size", self.max_queue_size, minimum=0, allow_none=False)
+        whole("max_result_queue_size", self.max_result_queue_size, minimum=0, allow_none=False)
+        whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
+        positive("progress_interval", self.progress_interval, allow_none=False)
 
     @property
     def workers(self) -> int:

@@ -82,6 +82,9 @@ class ProviderError(BatchLLMError):
     ``retry_after`` (seconds) a minimum wait before the next attempt.
     ``token_usage`` reports what a failed but billed attempt consumed (for
     example a response that failed to parse); the engine counts it.
+    ``metadata`` is what the answer said besides, as a success's metadata
+    would: under ``"rate_limit"``, its rate-limit headers (name -> value),
+    which the engine's quota scope learns the provider's limits from.
     """
 
     def __init__(
@@ -92,12 +95,14 @@ class ProviderError(BatchLLMError):
         retry_after: float | None = None,
         status_code: int | None = None,
         token_usage: Mapping[str, int] | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.category = ErrorCategory(category)
         self.retry_after = retry_after
         self.status_code = status_code
         self.token_usage = dict(token_usage) if token_usage else None
+        self.metadata: dict[str, Any] = dict(metadata) if metadata else {}
 
 
 class LLMCallError(BatchLLMError, RuntimeError):

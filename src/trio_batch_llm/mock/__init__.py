@@ -24,8 +24,10 @@ as it would to a provider:
   a real socket needs a real clock.
 - :class:`MockServerConfig` turns the knobs: latency, answer sizes, injected
   429s with ``Retry-After``, 5xx answers, hangs, connection resets, truncated
-  bodies, RPM/TPM limits the server enforces, a required API key, and the
-  Batch API's create faults and batch outcomes. Faults are drawn from ``seed``
+  bodies, RPM/TPM limits the server enforces (with OpenAI's ``x-ratelimit-*``
+  headers to tell them, ``ratelimit_headers``, and changes at given times,
+  ``limit_schedule``), a required API key, and the Batch API's create faults
+  and batch outcomes. Faults are drawn from ``seed``
   and the prompt, so a run gets the same answers and faults on every machine
   and on both backends.
 - :class:`MockServerStats` is a snapshot of its counters and

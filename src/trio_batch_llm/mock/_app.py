@@ -37,16 +37,10 @@ from .._strategies.openai._wire import Api, error_payload, prompt_text_of_reques
 from ._asgi import Exchange, Receive, Scope, Send, lifespan, read_body, send_json, send_raw
 from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
+from ._limits import ServerLimits
 from ._plan import CREATED, Plan, error_text, plan_request, reply, success_body
 from ._respond import Responder
-from ._state import (
-    Counters,
-    MockServerConfig,
-    MockServerStats,
-    RecordedRequest,
-    SlidingWindow,
-    mock_token_count,
-)
+from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
 
 __all__ = ["MockOpenAIApp"]
 
@@ -71,10 +65,7 @@ class MockOpenAIApp:
         self._clock = clock if clock is not None else anyio.current_time  # injectable for exact tests
         self._records: list[RecordedRequest] = []
         self._counts = Counters()
-        window = self.config.limit_window
-        self._arrivals = SlidingWindow(window)
-        self._served = SlidingWindow(window)
-        self._served_tokens = SlidingWindow(window)
+        self._limits = ServerLimits(self.config)
         self._changed: anyio.Event | None = None
         self._respond = Responder(self._counts, self._clock, self._notify)
         self._store = BatchStore(self.config, self._execute_line)
@@ -112,7 +103,8 @@ class MockOpenAIApp:
             rate_limited_enforced=c.rate_limited_enforced, server_errors=c.server_errors,
             client_errors=c.client_errors, malformed=c.malformed, resets=c.resets, hangs=c.hangs,
             disconnects=c.disconnects, in_flight=c.in_flight, max_in_flight=c.max_in_flight,
-            max_arrivals_per_window=self._arrivals.max_total, max_served_per_window=self._served.max_total,
+            max_arrivals_per_window=self._limits.arrivals.max_total,
+            max_served_per_window=self._limits.served.max_total,
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
             batch_api_requests=c.batch_api_requests, **dataclasses.asdict(self._store.counts),
         )
@@ -204,7 +196,7 @@ class MockOpenAIApp:
         prompt = prompt_text_of_request(api, payload)
         exchange = self._arrive(scope, payload, prompt, now)
         self._counts.requests += 1
-        self._arrivals.add(now)
+        self._limits.arrive(now)
         self._notify()
         refusal = self._refusal(exchange)
         if refusal is not None:
@@ -325,25 +317,23 @@ class MockOpenAIApp:
         await respond.guarded(exchange, receive, send, act)
 
     async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
-        """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over."""
-        config, now = self.config, self._clock()
-        if config.tpm_limit is not None and tokens > config.tpm_limit:
+        """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.
+
+        From here on every answer to this request carries the rate-limit headers (when configured).
+        """
+        limits, now = self._limits, self._clock()
+        decision = limits.admit(now, tokens)
+        exchange.headers = limits.headers(now)
+        if decision.too_large:
             await self._respond.send_error(exchange, send, 400,
                                            f"request needs {tokens} tokens, over the TPM limit",
                                            "invalid_request_error", "request_too_large")
             return False
-        wait = 0.0
-        if config.rpm_limit is not None:
-            wait = self._served.wait_for_room(now, 1, config.rpm_limit)
-        if config.tpm_limit is not None:
-            wait = max(wait, self._served_tokens.wait_for_room(now, tokens, config.tpm_limit))
-        if wait > 0:
+        if not decision.served:
             exchange.record.outcome = "rate_limited_enforced"
             self._counts.rate_limited_enforced += 1
             await self._respond.send_error(exchange, send, 429, "Rate limit reached (mock server limit)",
-                                           "requests", "rate_limit_exceeded", retry_after=wait)
+                                           "requests", "rate_limit_exceeded", retry_after=decision.wait)
             return False
-        self._served.add(now)
-        self._served_tokens.add(now, tokens)
         await anyio.lowlevel.checkpoint()
         return True

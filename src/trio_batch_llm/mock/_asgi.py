@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias, final
 
 import anyio
@@ -44,6 +44,8 @@ class Exchange:
     authorization: str | None = None
     started: bool = False
     disconnected: bool = False
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """Headers every answer to this request carries (the rate-limit headers)."""
 
 
 async def read_body(receive: Receive) -> bytes:
@@ -85,8 +87,9 @@ async def send_json(send: Send, status: int, payload: Any, *,
 
 async def send_raw(send: Send, status: int, body: bytes, *, headers: list[tuple[bytes, bytes]] | None = None,
                    exchange: Exchange | None = None, content_type: bytes = b"application/json") -> None:
+    head = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     if exchange is not None:
         exchange.started = True
-    head = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        head += exchange.headers
     await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
     await send({"type": "http.response.body", "body": body})

@@ -37,6 +37,12 @@ class MockServerConfig:
       ``limit_window`` (60 s): a request that would exceed one gets 429 with the
       exact wait until the window has room. Rejected requests use no quota. A
       request needing more tokens than ``tpm_limit`` gets 400 ``request_too_large``.
+    - ``ratelimit_headers``: every completion answer carries OpenAI's
+      ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens`` headers for
+      the limits that are set, computed from those same windows (see :mod:`._limits`).
+    - ``limit_schedule``: ``((at, rpm_limit, tpm_limit), ...)``: from ``at`` seconds after
+      the first completion request on, these limits are in force (``None``: no such
+      limit); times strictly increasing. Use it to change the limits mid-run.
     - ``server_error_rate`` / ``server_error_status``: injected 5xx.
     - ``hang_rate``: never answers (until the client disconnects or the server stops).
     - ``reset_rate``: closes the connection without a response.
@@ -71,6 +77,8 @@ class MockServerConfig:
     rpm_limit: int | None = None
     tpm_limit: int | None = None
     limit_window: float = 60.0
+    ratelimit_headers: bool = False
+    limit_schedule: tuple[tuple[float, int | None, int | None], ...] = ()
     server_error_rate: float = 0.0
     server_error_status: int = 500
     hang_rate: float = 0.0
@@ -103,6 +111,9 @@ class MockServerConfig:
         for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit)):
             if limit is not None and (not isinstance(limit, int) or limit < 1):
                 raise ConfigurationError(name, limit, "must be a positive integer or None")
+        self._check_schedule()
+        if not isinstance(self.ratelimit_headers, bool):
+            raise ConfigurationError("ratelimit_headers", self.ratelimit_headers, "must be True or False")
         if not self.limit_window > 0:
             raise ConfigurationError("limit_window", self.limit_window, "must be positive")
         if self.retry_after is not None and self.retry_after < 0:
@@ -110,6 +121,25 @@ class MockServerConfig:
         if not 500 <= self.server_error_status <= 599:
             raise ConfigurationError("server_error_status", self.server_error_status, "must be a 5xx status")
         self._check_batch_knobs()
+
+    def _check_schedule(self) -> None:
+        schedule = self.limit_schedule
+        if not isinstance(schedule, tuple):
+            raise ConfigurationError("limit_schedule", schedule, "must be a tuple of (at, rpm, tpm) tuples")
+        previous = -math.inf
+        for entry in schedule:
+            if not (isinstance(entry, tuple) and len(entry) == 3):
+                raise ConfigurationError("limit_schedule", entry, "each change must be (at, rpm, tpm)")
+            at, rpm, tpm = entry
+            if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at) or at < 0:
+                raise ConfigurationError("limit_schedule", entry, "each time must be a finite number >= 0")
+            if at <= previous:
+                raise ConfigurationError("limit_schedule", entry, "times must be strictly increasing")
+            previous = at
+            for limit in (rpm, tpm):
+                if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                          or limit < 1):
+                    raise ConfigurationError("limit_schedule", entry, "limits must be whole numbers >= 1")
 
     def _check_batch_knobs(self) -> None:
         if not (isinstance(self.batch_latency, int | float) and math.isfinite(self.batch_latency)
@@ -261,9 +291,6 @@ class SlidingWindow:
         self._held = 0  # the weight in _events, kept as it changes: add() stays O(1) amortized
         self.max_total = 0
 
-    def _live(self, now: float) -> list[tuple[float, int]]:
-        return [event for event in self._events if event[0] + self.length > now]
-
     def add(self, now: float, weight: int = 1) -> None:
         events = self._events
         while events and events[0][0] + self.length <= now:
@@ -272,14 +299,29 @@ class SlidingWindow:
         self._held += weight
         self.max_total = max(self.max_total, self._held)
 
+    def _dead_weight(self, now: float) -> int:
+        # Events are in time order, so the ones that left the window are a prefix.
+        dead = 0
+        for when, weight in self._events:
+            if when + self.length > now:
+                break
+            dead += weight
+        return dead
+
+    def held_at(self, now: float) -> tuple[int, float | None]:
+        """``(weight in the window at now, time of its newest event)``; ``(0, None)`` when empty."""
+        held = self._held - self._dead_weight(now)
+        return held, (self._events[-1][0] if held else None)
+
     def wait_for_room(self, now: float, weight: int, limit: int) -> float:
         """Seconds until ``weight`` more fits under ``limit`` (0 if it fits now)."""
-        live = self._live(now)
-        excess = sum(w for _, w in live) + weight - limit
+        excess = self._held - self._dead_weight(now) + weight - limit
         if excess <= 0:
             return 0.0
         freed = 0
-        for when, event_weight in live:
+        for when, event_weight in self._events:
+            if when + self.length <= now:
+                continue
             freed += event_weight
             if freed >= excess:
                 return when + self.length - now

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, final
 
 import anyio.lowlevel
 
+from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._results import RetryState, TokenUsage
@@ -295,4 +296,7 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         text, usage, metadata = parse_response_body(self.api, decode_json(reply.content))
         metadata["api"] = self.api
         metadata["status_code"] = reply.status_code
+        reported = rate_limit_headers(reply.headers)
+        if reported:  # what the quota scope paces by (RateLimitConfig.learn_limits)
+            metadata[RATE_LIMIT_METADATA_KEY] = reported
         return text, usage, metadata

@@ -21,6 +21,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, final
 
+from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError
 from ..._values._results import RetryState, TokenUsage
@@ -158,14 +159,19 @@ class OpenAIStrategy(_EndpointStrategy):
             options["extra_headers"] = self.headers
         if timeout is not None:
             options["timeout"] = timeout
-        create = client.chat.completions.create if self.api == "chat" else client.responses.create
+        # The raw response, for its rate-limit headers (what the quota scope paces by).
+        resource = client.chat.completions if self.api == "chat" else client.responses
         try:
-            response = await create(**self.request_body(prompt), **options)
+            raw = await resource.with_raw_response.create(**self.request_body(prompt), **options)
         except Exception as exc:  # re-raised as itself (CONTRACT C7.2), only scrubbed of the key
             _scrub_key(exc, self._secret)
+            _report_rate_limits(exc)
             raise
-        text, usage, metadata = parse_response_body(self.api, response.to_dict(mode="json"))
+        text, usage, metadata = parse_response_body(self.api, raw.parse().to_dict(mode="json"))
         metadata["api"] = self.api
+        reported = rate_limit_headers(raw.headers)
+        if reported:
+            metadata[RATE_LIMIT_METADATA_KEY] = reported
         return text, usage, metadata
 
     def classify_error(self, exception: Exception) -> tuple[ErrorCategory, float | None] | None:
@@ -174,6 +180,20 @@ class OpenAIStrategy(_EndpointStrategy):
             category = status_category(exception.status_code, exception.body)
             return category, parse_retry_after(exception.response.headers)
         return None
+
+
+def _report_rate_limits(exc: BaseException) -> None:
+    """Give an SDK status error the ``metadata["rate_limit"]`` a :class:`ProviderError` carries.
+
+    The SDK's exception is raised as itself, so the rate-limit headers of its response are
+    attached to it, as the one attribute the engine reads them from; nothing else changes.
+    """
+    response = getattr(exc, "response", None)
+    if response is None or hasattr(exc, "metadata"):
+        return
+    reported = rate_limit_headers(getattr(response, "headers", None))
+    if reported:
+        exc.metadata = {RATE_LIMIT_METADATA_KEY: reported}  # type: ignore[attr-defined]
 
 
 def _scrub_key(exc: BaseException, secret: Secret | None) -> None:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
 from ._keys import Secret
@@ -82,6 +83,8 @@ def error_from_status(
 ) -> ProviderError:
     """Map an HTTP error response to a :class:`ProviderError` with category and Retry-After.
 
+    Its rate-limit headers, if any, go in ``metadata["rate_limit"]`` (for the quota scope).
+
     ``body`` is the decoded JSON (``{"error": {...}}`` or the inner object, as the
     openai SDK keeps it), or text. The key in ``secret`` is scrubbed from the message.
     """
@@ -92,8 +95,10 @@ def error_from_status(
     message = f"HTTP {status}{label}{detail}"
     if secret is not None:
         message = secret.redact(message)
+    reported = rate_limit_headers(headers)
     return ProviderError(
-        message, category=category, retry_after=parse_retry_after(headers), status_code=status
+        message, category=category, retry_after=parse_retry_after(headers), status_code=status,
+        metadata={RATE_LIMIT_METADATA_KEY: reported} if reported else None,
     )
 
 

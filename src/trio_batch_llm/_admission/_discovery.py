@@ -1,0 +1,175 @@
+"""Discovering a provider's request limit from its 429s alone (pure, like :mod:`._limits`).
+
+Used by :class:`~._pacing.PacingCore` when the provider reports no budget.
+The first 429 only starts measuring (admissions and answers are counted from
+then on, per second), and lets one call at a time go until one gets through.
+After it, a 429 from a call admitted since the last decrease is a new signal,
+and one per *generation* counts (a 429 from a call admitted before the last
+decrease belongs to a storm already answered):
+
+- **multiplicative decrease**: the rate becomes ``discovery_decrease`` times
+  the rate in force (the first time: the rate measured since the first 429,
+  over at most a window), never below ``discovery_decrease`` times the rate the
+  provider served over the last window (so isolated 429s cannot drive it
+  down faster than service falls), nor below ``discovery_min_rpm``;
+- **additive increase**: each answer that is not a 429 adds
+  ``(1 - discovery_decrease) * rate_before_the_decrease / discovery_recovery_seconds``
+  per second elapsed since the previous answer, but only if the rate held a
+  call back meanwhile; a configured RPM caps it;
+- **storm**: a new 429 with no other answer, to a call admitted since the
+  last decrease (or the first 429), means the provider refuses everything (its window is full): the
+  rate is left alone and calls go one at a time until an answer gets
+  through: right after the scope's cooldown if the provider said when to
+  come back, else each probe a doubling gap after the last (1 s, 2 s, ...
+  at most a window).
+
+Admissions are spread at the rate with :data:`~._limits.PACE_CREDIT` seconds of credit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Final, final
+
+from .._values._config import RateLimitConfig
+from ._limits import NOW, PACE_CREDIT, WINDOW_SECONDS
+
+__all__ = ["Discovery"]
+
+_MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
+
+
+@final
+class Discovery:
+    """A request rate learnt from 429s alone: additive increase, multiplicative decrease (see above)."""
+
+    __slots__ = (
+        "_activated_at", "_admitted", "_answered", "_config", "_grown_at", "_limited_at", "_probed_at",
+        "_served", "_slope", "_storm", "_storm_gap", "_tat", "cap", "generation", "rate",
+    )
+
+    def __init__(self, config: RateLimitConfig, requests_per_minute: float | None) -> None:
+        self._config = config
+        self.cap = math.inf if requests_per_minute is None else requests_per_minute / WINDOW_SECONDS
+        self.rate: float | None = None  # requests per second; None: no limit discovered
+        self.generation = 0
+        self._activated_at: float | None = None  # the first 429: measuring begins
+        self._answered = False  # an answer other than a 429 since the last decrease
+        self._storm = False  # nothing gets through: one probe at a time, ...
+        self._storm_gap = 0.0  # ... this far apart
+        self._probed_at = NOW
+        self._slope = 0.0
+        self._grown_at = NOW
+        self._limited_at = NOW
+        self._tat = NOW
+        self._admitted = _Tally()
+        self._served = _Tally()
+
+    def ready_at(self, in_flight: int, now: float) -> float:
+        ready = NOW
+        if self.rate is not None:
+            ready = self._tat - PACE_CREDIT
+            if ready > now:
+                self._limited_at = now
+        if self._storm:
+            probe = math.inf if in_flight else self._probed_at + self._storm_gap
+            if probe > ready:
+                ready = probe
+        return ready
+
+    def commit(self, now: float) -> None:
+        if self._activated_at is None:
+            return
+        self._admitted.add(now)
+        self._probed_at = now
+        rate = self.rate
+        if rate is not None:
+            self._tat = max(self._tat, now) + 1.0 / rate
+
+    def answered(self, generation: int, now: float) -> None:
+        """An answer that was not a 429: count it served, and grow the rate if it held anyone back.
+
+        Only a call admitted since the last decrease (``generation``) shows that
+        calls get through *now*, ending a storm.
+        """
+        if self._activated_at is None:
+            return
+        self._served.add(now)
+        if generation >= self.generation:
+            self._answered = True
+            self._storm, self._storm_gap = False, 0.0
+        rate = self.rate
+        if rate is None:
+            return
+        if self._limited_at >= self._grown_at:
+            self.rate = min(self.cap, rate + self._slope * (now - self._grown_at))
+        self._grown_at = now
+
+    def rate_limited(self, generation: int, asked_to_wait: bool, now: float) -> None:
+        """A 429 that reported no budget (``generation``: its call's, at admission).
+
+        The first one only starts measuring. After it, a 429 from a call
+        admitted since the last decrease lowers the rate, unless nothing got
+        through since that decrease: then the provider refuses everything, and
+        either it said when to come back (``asked_to_wait``: the scope's
+        cooldown waits for that) or one probe at a time goes, at a doubling
+        gap (at most a window), until an answer gets through.
+        """
+        if self._activated_at is None:
+            # The first: measuring begins, and one call at a time goes until one gets through.
+            self._activated_at = now
+            self.generation += 1
+            self._storm = True
+            return
+        if generation < self.generation:
+            return  # admitted before the last decrease: that storm is already answered
+        self.generation += 1
+        if not self._answered:
+            self._storm = True
+            if not asked_to_wait:
+                self._storm_gap = min(WINDOW_SECONDS, max(1.0, 2.0 * self._storm_gap))
+            return
+        self._answered = False
+        config = self._config
+        decrease = config.discovery_decrease
+        span = max(_MIN_MEASURE_SPAN, min(WINDOW_SECONDS, now - self._activated_at))
+        measured = self._admitted.count(now) / span
+        current = min(self.cap, measured if self.rate is None else min(self.rate, measured))
+        served = self._served.count(now) / WINDOW_SECONDS
+        floor = config.discovery_min_rpm / WINDOW_SECONDS
+        self.rate = max(floor, decrease * current, min(current, decrease * served))
+        self._slope = (1.0 - decrease) * current / config.discovery_recovery_seconds
+        self._grown_at = now
+
+
+@final
+class _Tally:
+    """Events in the last window, counted per whole second (memory bounded by the window, not the rate)."""
+
+    __slots__ = ("_buckets", "_total")
+
+    def __init__(self) -> None:
+        self._buckets: deque[list[float]] = deque()  # [second, count]
+        self._total = 0
+
+    def _prune(self, now: float) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] + WINDOW_SECONDS <= now:
+            self._total -= int(buckets.popleft()[1])
+
+    def add(self, now: float) -> None:
+        second = math.floor(now)
+        buckets = self._buckets
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += 1
+        else:
+            self._prune(now)
+            buckets.append([second, 1])
+        self._total += 1
+
+    def count(self, now: float) -> int:
+        self._prune(now)
+        return self._total
+
+

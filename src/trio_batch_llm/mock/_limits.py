@@ -1,0 +1,116 @@
+"""The mock server's own RPM/TPM limits: sliding windows, a schedule of changes, and the headers that tell.
+
+A request is *served* when it fits both windows at its arrival; a refused one
+uses no quota. With ``ratelimit_headers``, every completion answer carries
+OpenAI's six headers for the limits in force (only for the limits that are
+set), computed from the same windows the server enforces:
+
+- ``x-ratelimit-limit-requests`` / ``-tokens``: the limit in force;
+- ``x-ratelimit-remaining-requests`` / ``-tokens``: what the window has left
+  after this request (counted if it was served);
+- ``x-ratelimit-reset-requests`` / ``-tokens``: the time until the window is
+  empty if nothing more arrives, in Go's duration notation (``59.95s``,
+  ``1m0s``, ``20ms``): "resets to its initial state", as OpenAI defines it.
+
+A refused request's ``Retry-After`` (and ``retry-after-ms``) is the exact wait
+until the window has room for it. Times are the app's clock; the schedule's
+times count from the first completion request the app received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import final
+
+from ._state import MockServerConfig, SlidingWindow
+
+__all__ = ["Decision", "ServerLimits", "go_duration"]
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` in Go's notation, as OpenAI writes resets: ``20ms``, ``1.5s``, ``6m0s``, ``1h0m0s``."""
+    seconds = max(0.0, seconds)
+    if seconds < 1.0:
+        millis = round(seconds * 1000)
+        return "0s" if millis == 0 else f"{millis}ms"
+    whole_minutes, rest = divmod(seconds, 60.0)
+    hours, minutes = divmod(int(whole_minutes), 60)
+    text = f"{round(rest, 3):g}s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    if minutes:
+        return f"{minutes}m{text}"
+    return text
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The limiter's verdict on one request: served, refused (with the wait), or too large to ever fit."""
+
+    served: bool
+    wait: float = 0.0
+    too_large: bool = False
+
+
+@final
+class ServerLimits:
+    """The windows, the limits in force (after the schedule) and their headers."""
+
+    def __init__(self, config: MockServerConfig) -> None:
+        self._config = config
+        self.arrivals = SlidingWindow(config.limit_window)
+        self.served = SlidingWindow(config.limit_window)
+        self.served_tokens = SlidingWindow(config.limit_window)
+        self._start: float | None = None
+
+    def limits_at(self, now: float) -> tuple[int | None, int | None]:
+        """``(rpm_limit, tpm_limit)`` in force at ``now`` (``None``: no such limit)."""
+        config = self._config
+        rpm, tpm = config.rpm_limit, config.tpm_limit
+        start = self._start
+        if start is not None:
+            for at, new_rpm, new_tpm in config.limit_schedule:
+                if now - start >= at:
+                    rpm, tpm = new_rpm, new_tpm
+        return rpm, tpm
+
+    def arrive(self, now: float) -> None:
+        if self._start is None:
+            self._start = now
+        self.arrivals.add(now)
+
+    def admit(self, now: float, tokens: int) -> Decision:
+        """Serve ``tokens`` at ``now`` if both windows have room (and count it), else say how long to wait."""
+        rpm, tpm = self.limits_at(now)
+        if tpm is not None and tokens > tpm:
+            return Decision(False, too_large=True)
+        wait = 0.0
+        if rpm is not None:
+            wait = self.served.wait_for_room(now, 1, rpm)
+        if tpm is not None:
+            wait = max(wait, self.served_tokens.wait_for_room(now, tokens, tpm))
+        if wait > 0:
+            return Decision(False, wait)
+        self.served.add(now)
+        self.served_tokens.add(now, tokens)
+        return Decision(True)
+
+    def headers(self, now: float) -> list[tuple[bytes, bytes]]:
+        """OpenAI-style rate-limit headers for the limits in force (none without ``ratelimit_headers``)."""
+        if not self._config.ratelimit_headers:
+            return []
+        rpm, tpm = self.limits_at(now)
+        out: list[tuple[bytes, bytes]] = []
+        for kind, limit, window in (("requests", rpm, self.served), ("tokens", tpm, self.served_tokens)):
+            if limit is None:
+                continue
+            held, newest = window.held_at(now)
+            empty_in = 0.0 if newest is None else newest + window.length - now
+            out += [
+                (f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
+                (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, limit - held)).encode()),
+                (f"x-ratelimit-reset-{kind}".encode(), go_duration(empty_in).encode()),
+            ]
+        return out
+
