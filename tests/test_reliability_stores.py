@@ -621,3 +621,25 @@ def test_rel7_nan_in_cli_input_is_refused_naming_line_and_field(
     assert code == 2, output
     assert 'line 2, field "context"' in output and literal in output
     assert not out.exists()
+
+
+async def test_a_checkpoint_of_a_newer_format_version_is_refused_by_both_stores(tmp_path: Path) -> None:
+    # One rule for both formats (``_artifacts._protocol.check_format_version``).
+    jsonl, db = tmp_path / "c.jsonl", tmp_path / "c.sqlite"
+    for store in (JsonlArtifactStore(jsonl, identity=IDENTITY), SqliteArtifactStore(db, identity=IDENTITY)):
+        async with store:
+            await store.append(success("a"), fingerprint="f")
+    jsonl.write_text(jsonl.read_text().replace('"version":1,', '"version":99,', 1))
+    conn = sqlite3.connect(db)
+    try:
+        (value,) = conn.execute("SELECT value FROM meta WHERE key = 'header'").fetchone()
+        newer = value.replace('"version": 1', '"version": 99').replace('"version":1', '"version":99')
+        assert newer != value
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'header'", (newer,))
+        conn.commit()
+    finally:
+        conn.close()
+    for store in (JsonlArtifactStore(jsonl, identity=IDENTITY), SqliteArtifactStore(db, identity=IDENTITY)):
+        with pytest.raises(ArtifactStoreError, match="format version 99 is newer than this library reads"):
+            async with store:
+                pass

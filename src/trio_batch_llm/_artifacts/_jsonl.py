@@ -45,7 +45,7 @@ from ._jsonl_layout import (
     preview,
     torn_item_id,
 )
-from ._protocol import FORMAT_NAME, FORMAT_VERSION, StoredRecord, encode_result
+from ._protocol import FORMAT_NAME, FORMAT_VERSION, StoredRecord, check_format_version, encode_result
 from ._store_base import ThreadedStore, logger
 
 __all__ = ["JsonlArtifactStore"]
@@ -270,12 +270,7 @@ class JsonlArtifactStore(ThreadedStore[bytes]):
                 f"{self._path}: line 1 is a corrupt trio-batch-llm header ({preview(line)}); "
                 "the file was left untouched"
             )
-        version = header.get("version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ArtifactStoreError(
-                f"{self._path}: format version {version!r} is newer than this library reads "
-                f"({FORMAT_VERSION}); upgrade trio-batch-llm"
-            )
+        check_format_version(self._path, header)
         return header
 
     def _parse_record(self, line: bytes, number: int) -> StoredRecord:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, final, runtime_checkable
 
+from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
 from ._fingerprint import encode_record, jsonable_or_repr
 
@@ -30,6 +31,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ArtifactStore",
+    "check_format_version",
     "StoreState",
     "StoreStatistics",
     "StoredRecord",
@@ -39,6 +41,16 @@ __all__ = [
 FORMAT_NAME: Final = "trio-batch-llm-artifacts"
 FORMAT_VERSION: Final = 1
 """Bumped on an incompatible change of the stored record layout."""
+
+
+def check_format_version(path: object, header: dict[str, Any]) -> None:
+    """Refuse a header written by a newer format than this library reads (JSONL and SQLite alike)."""
+    version = header.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ArtifactStoreError(
+            f"{path}: format version {version!r} is newer than this library reads "
+            f"({FORMAT_VERSION}); upgrade trio-batch-llm"
+        )
 
 StoreState = Literal["unopened", "opening", "open", "closing", "closed"]
 

@@ -49,7 +49,7 @@ from .._values._config import ArtifactIdentity
 from .._values._errors import ArtifactStoreError, ConfigurationError
 from .._version import __version__
 from ._fingerprint import encode_record, identity_fingerprint
-from ._protocol import FORMAT_NAME, FORMAT_VERSION
+from ._protocol import FORMAT_NAME, FORMAT_VERSION, check_format_version
 
 __all__ = [
     "APPLICATION_ID",
@@ -305,12 +305,7 @@ class SqliteFile:
         header = json.loads(row[0]) if row else None
         if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
             raise ArtifactStoreError(f"{self._path}: the meta table holds no trio-batch-llm header")
-        version = header.get("version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ArtifactStoreError(
-                f"{self._path}: format version {version!r} is newer than this library reads "
-                f"({FORMAT_VERSION}); upgrade trio-batch-llm"
-            )
+        check_format_version(self._path, header)
         return header
 
     def close(self, conn: sqlite3.Connection, *, fold_wal: bool) -> None:
