@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 import anyio
 import anyio.lowlevel
 
+from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
@@ -348,6 +349,7 @@ class ItemRunner(Generic[TOutput]):
         state.last_error = exc
         state.last_category = category
         await run.item.strategy.on_error(exc, run.attempts, state)
+        log_retry(run.item.item_id, run.attempts, category, decision, exc)
         if decision > 0:
             await anyio.sleep(decision)
         return None
