@@ -20,6 +20,7 @@ from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig, ResumePolicy
 from .._values._errors import ConfigurationError
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
+from ._call_limits import call_limits
 from ._channel import ResultChannelStatistics
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool
@@ -227,13 +228,27 @@ async def call_result(
     config: ProcessorConfig | None = None,
     error_classifier: Callable[[Exception], Any] | None = None,
 ) -> WorkItemResult[TOutput]:
-    """One request through the full retry/admission path; never raises for provider failures."""
+    """One request through the full retry/admission path; never raises for provider failures.
+
+    Overlapping calls on one strategy in one event loop share its limits: a
+    ``gather()`` of ten calls with ``ProcessorConfig(concurrency=4)`` keeps at
+    most four requests in flight, and a 429 pauses all of them. Without
+    ``config`` they share the default limits. Calls with different limits do
+    not share; for one set of limits across many strategies or for a bound
+    on waiting callers, use :class:`LLMCallPool`.
+    """
     _check_strategy(strategy)
     if not isinstance(prompt, str):
         raise TypeError(f"prompt={prompt!r}: must be a str")
     cfg = config if config is not None else ProcessorConfig(max_workers=1)
     result: WorkItemResult[TOutput] | None = None
     pool = LLMCallPool(strategy, config=cfg, error_classifier=error_classifier)
+    # Overlapping calls on one strategy share its limits (and its failure log) in this event loop;
+    # without a config, the default limits, not this one call's single worker.
+    shared = call_limits().shared(strategy, config if config is not None else ProcessorConfig())
+    if shared is not None:
+        pool.host.adopt_quota_scope(strategy, shared.scope)
+        pool._failures = shared.failures  # same package: the pool's own log is per pool
     with _keep_if_only_strategy_cleanup_failed(pool, lambda: result is not None):
         async with pool:
             result = await pool.submit_result(prompt)
@@ -248,7 +263,10 @@ async def call(
     config: ProcessorConfig | None = None,
     error_classifier: Callable[[Exception], Any] | None = None,
 ) -> TOutput:
-    """One request; returns its output or raises :class:`LLMCallError`."""
+    """One request; returns its output or raises :class:`LLMCallError`.
+
+    Overlapping calls on one strategy share its limits (see :func:`call_result`).
+    """
     from .._values._errors import LLMCallError
 
     result = await call_result(strategy, prompt, config=config, error_classifier=error_classifier)
