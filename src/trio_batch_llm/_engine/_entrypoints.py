@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
 
 import anyio
 
@@ -26,6 +26,9 @@ from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate
 from ._pool import LLMCallPool
 from ._processor import ParallelBatchProcessor
 
+if TYPE_CHECKING:
+    from .._core._host import ExecutorHost
+
 __all__ = ["ResultStream", "call", "call_result", "process_prompts", "process_stream"]
 
 TOutput = TypeVar("TOutput")
@@ -33,6 +36,28 @@ Prompts = Iterable[Any] | AsyncIterable[Any]
 ProgressArg = bool | Callable[[int, int | None, str], Any] | Progress | None
 
 logger = logging.getLogger("trio_batch_llm")
+
+
+class ProcessorOptions(TypedDict, total=False):
+    """The :class:`ParallelBatchProcessor` options ``process_prompts`` and ``process_stream`` pass on.
+
+    Each means what it means there; leave one out for the processor's default.
+    """
+
+    post_processor: Callable[[WorkItemResult[Any]], Any] | None
+    """Runs on each fresh successful result; may return a new one (see the observability guide)."""
+    error_classifier: Callable[[Exception], Any] | None
+    """Classifies a failed attempt's exception before the strategy's own classifier."""
+    middlewares: Sequence[Any] | None
+    """:class:`Middleware` objects, applied in order before each item and reversed after it."""
+    observers: Sequence[Any] | None
+    """:class:`Observer` objects (or plain callables) that receive every lifecycle event."""
+    host: ExecutorHost | None
+    """A host to share quota scopes and prepared strategies with (the default: one of its own)."""
+    post_processor_timeout: float | None
+    """Seconds a post-processor may take (30 by default; ``None``: unbounded)."""
+    call_start_deadline: float | None
+    """No call starts at or after this time of ``anyio.current_time()``."""
 
 
 def _resolve_config(config: ProcessorConfig | None, concurrency: int | None) -> ProcessorConfig:
@@ -74,7 +99,7 @@ async def process_prompts(
     preserve_order: bool = False,
     artifact_store: Any = None,
     resume: ResumePolicy = ResumePolicy.NONE,
-    **processor_kwargs: Any,
+    **processor_kwargs: Unpack[ProcessorOptions],
 ) -> BatchResult[TOutput]:
     """Run every prompt and return one result per item.
 
@@ -163,7 +188,7 @@ async def process_stream(
     progress: ProgressArg = False,
     artifact_store: Any = None,
     resume: ResumePolicy = ResumePolicy.NONE,
-    **processor_kwargs: Any,
+    **processor_kwargs: Unpack[ProcessorOptions],
 ) -> AsyncIterator[ResultStream[TOutput]]:
     """``async with process_stream(...) as results: async for r in results: ...``
 
