@@ -35,7 +35,7 @@ TOutput = TypeVar("TOutput")
 Prompts = Iterable[Any] | AsyncIterable[Any]
 ProgressArg = bool | Callable[[int, int | None, str], Any] | Progress | None
 
-logger = logging.getLogger("trio_batch_llm")
+logger = logging.getLogger("trio_batch_llm.engine")
 
 
 class ProcessorOptions(TypedDict, total=False):

@@ -119,7 +119,7 @@ class PaceWatch:
             level = logging.INFO if lowered else logging.DEBUG
             if admission_logger.isEnabledFor(level):
                 admission_logger.log(
-                    level, "quota scope %s: pacing %s to %s requests (was %s), learnt from 429s",
+                    level, "quota scope %s: request pace %s to %s (was %s), learnt from 429s",
                     name, "lowered" if lowered else "raised", _per_minute(new), _per_minute(old),
                     extra={"scope": name, "old_rpm": old, "new_rpm": new, "source": "discovery"},
                 )
