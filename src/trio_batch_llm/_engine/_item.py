@@ -330,7 +330,7 @@ class ItemRunner(Generic[TOutput]):
             return run.deadline_exceeded(reason, now)
         if now + wait >= self.start_by:
             return self._refused(run, now)
-        return wait
+        return float(wait)  # a whole-number wait (initial_wait=0, retry_after=1) is still a wait
 
     async def back_off(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | None:
         """After a failed attempt: its hooks, :meth:`decide`, ``on_error()``, the wait; ``None`` to go on."""
