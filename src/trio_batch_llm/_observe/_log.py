@@ -27,9 +27,12 @@ and engine layers can both use it.
 from __future__ import annotations
 
 import logging
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from .._values._categories import ErrorCategory
+
+if TYPE_CHECKING:
+    from .._admission._core import QuotaCore
 
 __all__ = [
     "ADMISSION_LOGGER",
@@ -100,14 +103,16 @@ class PaceWatch:
         self.token_limit = token_limit
 
     @classmethod
-    def of(cls, core: Any) -> PaceWatch:
+    def of(cls, core: QuotaCore) -> PaceWatch:
         pacing = core.pacing
         if pacing is None:
             return cls(core.cooldown.generation, None, None, None)
         cooldowns = core.cooldown.generation
         return cls(cooldowns, pacing.discovery.rate, pacing.requests.limit, pacing.tokens.limit)
 
-    def log_changes(self, scope: str | None, core: Any, now: float, retry_after: float | None = None) -> None:
+    def log_changes(
+        self, scope: str | None, core: QuotaCore, now: float, retry_after: float | None = None
+    ) -> None:
         name = scope or "-"
         after = PaceWatch.of(core)
         if after.cooldowns != self.cooldowns:
