@@ -42,6 +42,7 @@ from typing import final
 import anyio
 import anyio.lowlevel
 
+from .._observe._log import PaceWatch
 from .._values._config import ProcessorConfig, RateLimitConfig
 from .._values._errors import AdmissionClosedError
 from ._core import QuotaCore
@@ -117,7 +118,10 @@ class Admission:
             scope = self._scope
             core = scope._core
             if observation is not None or not core.release_uncontended(grant):
-                woken = core.release(grant, actual_tokens, scope._clock(), observation)
+                before = PaceWatch.of(core) if observation is not None else None
+                woken = core.release(grant, actual_tokens, now := scope._clock(), observation)
+                if before is not None:
+                    before.log_changes(scope.name, core, now)
                 if woken:
                     _wake(woken)
 
@@ -136,8 +140,10 @@ class Admission:
             return 0.0
         self._grant = None
         scope = self._scope
-        wait, woken = scope._core.release_rate_limited(grant, retry_after, actual_tokens, scope._clock(),
-                                                       observation)
+        before = PaceWatch.of(scope._core)
+        now = scope._clock()
+        wait, woken = scope._core.release_rate_limited(grant, retry_after, actual_tokens, now, observation)
+        before.log_changes(scope.name, scope._core, now, retry_after)
         _wake(woken)
         return wait
 
@@ -289,7 +295,10 @@ class QuotaScope:
 
     def report_rate_limit(self, retry_after: float | None = None) -> bool:
         """Report a rate limit not tied to an admission; return whether a new cooldown started."""
-        return self._core.report_rate_limit(retry_after, self._clock())
+        before = PaceWatch.of(self._core)
+        started = self._core.report_rate_limit(retry_after, now := self._clock())
+        before.log_changes(self.name, self._core, now, retry_after)
+        return started
 
     def close(self) -> None:
         """Refuse new admissions; every waiter raises :class:`AdmissionClosedError`.

@@ -272,6 +272,13 @@ class ExecutorHost:
         self._scope_cache[id(strategy)] = (strategy, scope)
         return scope
 
+    def adopt_quota_scope(self, strategy: LLMCallStrategy[Any], scope: QuotaScope) -> None:
+        """Admit ``strategy``'s calls through ``scope``, which someone else owns (this host never closes it).
+
+        For ``call()``: concurrent calls on one strategy share one scope per event loop.
+        """
+        self._scope_cache[id(strategy)] = (strategy, scope)
+
     async def _close_quotas(self) -> None:
         self._quotas.close()
         await anyio.lowlevel.checkpoint()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
 
 import anyio
 
@@ -20,10 +20,14 @@ from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig, ResumePolicy
 from .._values._errors import ConfigurationError
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
+from ._call_limits import call_limits
 from ._channel import ResultChannelStatistics
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool
 from ._processor import ParallelBatchProcessor
+
+if TYPE_CHECKING:
+    from .._core._host import ExecutorHost
 
 __all__ = ["ResultStream", "call", "call_result", "process_prompts", "process_stream"]
 
@@ -31,7 +35,29 @@ TOutput = TypeVar("TOutput")
 Prompts = Iterable[Any] | AsyncIterable[Any]
 ProgressArg = bool | Callable[[int, int | None, str], Any] | Progress | None
 
-logger = logging.getLogger("trio_batch_llm")
+logger = logging.getLogger("trio_batch_llm.engine")
+
+
+class ProcessorOptions(TypedDict, total=False):
+    """The :class:`ParallelBatchProcessor` options ``process_prompts`` and ``process_stream`` pass on.
+
+    Each means what it means there; leave one out for the processor's default.
+    """
+
+    post_processor: Callable[[WorkItemResult[Any]], Any] | None
+    """Runs on each fresh successful result; may return a new one (see the observability guide)."""
+    error_classifier: Callable[[Exception], Any] | None
+    """Classifies a failed attempt's exception before the strategy's own classifier."""
+    middlewares: Sequence[Any] | None
+    """:class:`Middleware` objects, applied in order before each item and reversed after it."""
+    observers: Sequence[Any] | None
+    """:class:`Observer` objects (or plain callables) that receive every lifecycle event."""
+    host: ExecutorHost | None
+    """A host to share quota scopes and prepared strategies with (the default: one of its own)."""
+    post_processor_timeout: float | None
+    """Seconds a post-processor may take (30 by default; ``None``: unbounded)."""
+    call_start_deadline: float | None
+    """No call starts at or after this time of ``anyio.current_time()``."""
 
 
 def _resolve_config(config: ProcessorConfig | None, concurrency: int | None) -> ProcessorConfig:
@@ -73,7 +99,7 @@ async def process_prompts(
     preserve_order: bool = False,
     artifact_store: Any = None,
     resume: ResumePolicy = ResumePolicy.NONE,
-    **processor_kwargs: Any,
+    **processor_kwargs: Unpack[ProcessorOptions],
 ) -> BatchResult[TOutput]:
     """Run every prompt and return one result per item.
 
@@ -162,7 +188,7 @@ async def process_stream(
     progress: ProgressArg = False,
     artifact_store: Any = None,
     resume: ResumePolicy = ResumePolicy.NONE,
-    **processor_kwargs: Any,
+    **processor_kwargs: Unpack[ProcessorOptions],
 ) -> AsyncIterator[ResultStream[TOutput]]:
     """``async with process_stream(...) as results: async for r in results: ...``
 
@@ -227,13 +253,27 @@ async def call_result(
     config: ProcessorConfig | None = None,
     error_classifier: Callable[[Exception], Any] | None = None,
 ) -> WorkItemResult[TOutput]:
-    """One request through the full retry/admission path; never raises for provider failures."""
+    """One request through the full retry/admission path; never raises for provider failures.
+
+    Overlapping calls on one strategy in one event loop share its limits: a
+    ``gather()`` of ten calls with ``ProcessorConfig(concurrency=4)`` keeps at
+    most four requests in flight, and a 429 pauses all of them. Without
+    ``config`` they share the default limits. Calls with different limits do
+    not share; for one set of limits across many strategies or for a bound
+    on waiting callers, use :class:`LLMCallPool`.
+    """
     _check_strategy(strategy)
     if not isinstance(prompt, str):
         raise TypeError(f"prompt={prompt!r}: must be a str")
     cfg = config if config is not None else ProcessorConfig(max_workers=1)
     result: WorkItemResult[TOutput] | None = None
     pool = LLMCallPool(strategy, config=cfg, error_classifier=error_classifier)
+    # Overlapping calls on one strategy share its limits (and its failure log) in this event loop;
+    # without a config, the default limits, not this one call's single worker.
+    shared = call_limits().shared(strategy, config if config is not None else ProcessorConfig())
+    if shared is not None:
+        pool.host.adopt_quota_scope(strategy, shared.scope)
+        pool._failures = shared.failures  # same package: the pool's own log is per pool
     with _keep_if_only_strategy_cleanup_failed(pool, lambda: result is not None):
         async with pool:
             result = await pool.submit_result(prompt)
@@ -248,7 +288,10 @@ async def call(
     config: ProcessorConfig | None = None,
     error_classifier: Callable[[Exception], Any] | None = None,
 ) -> TOutput:
-    """One request; returns its output or raises :class:`LLMCallError`."""
+    """One request; returns its output or raises :class:`LLMCallError`.
+
+    Overlapping calls on one strategy share its limits (see :func:`call_result`).
+    """
     from .._values._errors import LLMCallError
 
     result = await call_result(strategy, prompt, config=config, error_classifier=error_classifier)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 import anyio
 import anyio.lowlevel
 
+from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
@@ -329,7 +330,7 @@ class ItemRunner(Generic[TOutput]):
             return run.deadline_exceeded(reason, now)
         if now + wait >= self.start_by:
             return self._refused(run, now)
-        return wait
+        return float(wait)  # a whole-number wait (initial_wait=0, retry_after=1) is still a wait
 
     async def back_off(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | None:
         """After a failed attempt: its hooks, :meth:`decide`, ``on_error()``, the wait; ``None`` to go on."""
@@ -348,6 +349,7 @@ class ItemRunner(Generic[TOutput]):
         state.last_error = exc
         state.last_category = category
         await run.item.strategy.on_error(exc, run.attempts, state)
+        log_retry(run.item.item_id, run.attempts, category, decision, exc)
         if decision > 0:
             await anyio.sleep(decision)
         return None

@@ -16,6 +16,7 @@ import anyio.lowlevel
 from .._admission import QuotaScopeStatistics
 from .._core._host import ExecutorHost
 from .._core._owner import HostedOwner
+from .._observe._log import FailureLog
 from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
@@ -72,6 +73,8 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         self._idle: anyio.Event | None = None
         self._accepting = False
         self._sequence = 0
+        self._failures = FailureLog("pool")
+        """Final failures by category: one WARNING each per pool (the logging policy)."""
         self._ledger.add_step("runtime", "drain in-flight requests", self._drain)
 
     async def __aenter__(self) -> LLMCallPool[TOutput]:
@@ -149,7 +152,10 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
         try:
-            return await self._drive(item, limit)
+            result = await self._drive(item, limit)
+            if not result.success:
+                self._failures.note(result.item_id, result.error_category, result.attempts, result.exception)
+            return result
         finally:
             self._pending -= 1
             if self._pending == 0 and self._idle is not None:

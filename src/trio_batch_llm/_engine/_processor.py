@@ -25,6 +25,7 @@ from .._core._host import ExecutorHost, RuntimeTasks
 from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
 from .._core._owner import HostedOwner
 from .._observe._hooks import Hooks
+from .._observe._log import log_stop
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
 from .._values._config import ProcessorConfig, ResumePolicy
@@ -280,6 +281,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     def _apply(self, stop: Stop | None) -> None:
         if stop is None:
             return
+        log_stop(stop.kind, stop.reason)
         if stop.cancel_active:
             self._crew.cut_calls(stop.reason)
         # Queued items drain as "not executed"; new input is refused. The stream's input is

@@ -23,6 +23,7 @@ import anyio.lowlevel
 from .._artifacts import fingerprint, unstorable_failure
 from .._observe._events import BatchFinished, BatchStarted
 from .._observe._hooks import Hooks
+from .._observe._log import FailureLog
 from .._observe._progress import CallbackProgress, ProgressTracker
 from .._observe._snapshot import Progress
 from .._values._errors import ArtifactEncodeError
@@ -87,6 +88,8 @@ class Publisher(Generic[TOutput]):
         self._counters = counters
         self._policy = policy
         self._on_stop = on_stop
+        self.failures = FailureLog()
+        """The batch's final failures by category: one WARNING each (the logging policy)."""
         self.results: list[WorkItemResult[TOutput]] = []
         """Batch mode: every result, in completion order."""
         self._early: list[WorkItemResult[TOutput]] = []  # terminal events held until BatchStarted
@@ -166,6 +169,8 @@ class Publisher(Generic[TOutput]):
             counters.succeeded += 1
         else:
             counters.failed += 1
+            if not result.replayed:
+                self.failures.note(result.item_id, result.error_category, result.attempts, result.exception)
             stop = self._policy.judge(result)
             if stop is not None:
                 self._on_stop(stop)
@@ -255,6 +260,7 @@ class Publisher(Generic[TOutput]):
             self._finished = True
             if self._started_at is not None:
                 self.wall_time = anyio.current_time() - self._started_at
+            self.failures.summary()
             if self._observing:
                 self._hooks.emit(BatchFinished(termination, self._counters.snapshot()))
         await self.close_progress()

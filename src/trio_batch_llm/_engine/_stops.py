@@ -30,7 +30,7 @@ from .._values._stats import RunCounters
 
 __all__ = ["Stop", "StopPolicy"]
 
-logger = logging.getLogger("trio_batch_llm")
+logger = logging.getLogger("trio_batch_llm.engine")
 
 
 @final

@@ -1,0 +1,190 @@
+"""The library's log messages about a run: one function per message family, one policy.
+
+Loggers are named by module family under ``trio_batch_llm``: ``.engine`` (an
+item's retries and failures, a batch's stop), ``.admission`` (a quota scope's
+cooldowns and pacing changes), next to the existing ``.cleanup``,
+``.artifacts``, ``.observers`` and ``.progress``. The policy (the table is in
+``docs/guides/observability.md``):
+
+- a failed attempt that will be retried: DEBUG, per attempt;
+- a cooldown starting, a pacing change: INFO, per scope and change (rare by
+  construction: one per rate-limit storm, one per limit the provider reports);
+- a batch's stop (deadline, abort, budget, interruption): INFO, once;
+- an item's final failure: WARNING for the first of its category in a batch,
+  DEBUG for the rest (:class:`FailureLog`), so a batch of 10,000 items failing
+  the same way logs one warning, not 10,000.
+
+Records carry the item id, the attempt, the category and the wait; never a
+prompt, an output or an exception's message (they may hold user data or a key
+a provider echoed back): the exception's type name only. The message is in
+the item's result (``error``), which strategies scrub of their keys.
+Every field is also on the record (``extra``), for structured handlers.
+
+This module imports nothing but :mod:`logging` and values, so the admission
+and engine layers can both use it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Final, final
+
+from .._values._categories import ErrorCategory
+
+if TYPE_CHECKING:
+    from .._admission._core import QuotaCore
+
+__all__ = [
+    "ADMISSION_LOGGER",
+    "ENGINE_LOGGER",
+    "FailureLog",
+    "PaceWatch",
+    "log_cooldown",
+    "log_retry",
+    "log_stop",
+]
+
+ENGINE_LOGGER: Final = "trio_batch_llm.engine"
+ADMISSION_LOGGER: Final = "trio_batch_llm.admission"
+
+engine_logger = logging.getLogger(ENGINE_LOGGER)
+admission_logger = logging.getLogger(ADMISSION_LOGGER)
+
+
+def _error_type(exc: BaseException | None) -> str:
+    return "-" if exc is None else type(exc).__name__
+
+
+def log_retry(item_id: str, attempt: int, category: ErrorCategory, wait: float, exc: BaseException) -> None:
+    """DEBUG: attempt ``attempt`` of ``item_id`` failed with ``category``; the next starts after ``wait``."""
+    if engine_logger.isEnabledFor(logging.DEBUG):
+        engine_logger.debug(
+            "item %r: attempt %d failed (%s, %s); retrying after %.3g s",
+            item_id, attempt, category.value, _error_type(exc), wait,
+            extra={"item_id": item_id, "attempt": attempt, "category": category.value, "wait": wait,
+                   "error_type": _error_type(exc)},
+        )
+
+
+def log_stop(kind: str, reason: str) -> None:
+    """INFO: the batch stops (``batch_deadline``, ``aborted``, ``budget_exhausted``, ``interrupted``)."""
+    engine_logger.info("batch stopping (%s): %s", kind, reason, extra={"stop": kind, "reason": reason})
+
+
+def log_cooldown(scope: str, seconds: float, retry_after: float | None) -> None:
+    """INFO: a rate limit started a cooldown of ``scope``: no call starts there for ``seconds``."""
+    admission_logger.info(
+        "quota scope %s: rate limited; no call starts there for %.3g s (cooldown)", scope, seconds,
+        extra={"scope": scope, "wait": seconds, "retry_after": retry_after, "category": "rate_limit"},
+    )
+
+
+def _per_minute(rate: float | None) -> str:
+    return "none" if rate is None else f"{rate:.4g}/min"
+
+
+@final
+class PaceWatch:
+    """What a quota scope's learning admission knows before a release, to log what the release changed.
+
+    ``before = PaceWatch.of(core)``, release, ``before.log_changes(name, core, now)``:
+    a new cooldown (INFO), a discovered request rate that moved (INFO down, DEBUG
+    up: it grows a little with every answer), a limit the provider reported for
+    the first time or changed (INFO). Reads the core's public attributes only.
+    """
+
+    __slots__ = ("cooldowns", "rate", "request_limit", "token_limit")
+
+    def __init__(self, cooldowns: int, rate: float | None, request_limit: int | None,
+                 token_limit: int | None) -> None:
+        self.cooldowns = cooldowns
+        self.rate = rate
+        self.request_limit = request_limit
+        self.token_limit = token_limit
+
+    @classmethod
+    def of(cls, core: QuotaCore) -> PaceWatch:
+        pacing = core.pacing
+        if pacing is None:
+            return cls(core.cooldown.generation, None, None, None)
+        cooldowns = core.cooldown.generation
+        return cls(cooldowns, pacing.discovery.rate, pacing.requests.limit, pacing.tokens.limit)
+
+    def log_changes(
+        self, scope: str | None, core: QuotaCore, now: float, retry_after: float | None = None
+    ) -> None:
+        name = scope or "-"
+        after = PaceWatch.of(core)
+        if after.cooldowns != self.cooldowns:
+            log_cooldown(name, core.cooldown.remaining(now), retry_after)
+        if after.rate != self.rate:
+            old = None if self.rate is None else self.rate * 60
+            new = None if after.rate is None else after.rate * 60
+            lowered = new is not None and (old is None or new < old)
+            level = logging.INFO if lowered else logging.DEBUG
+            if admission_logger.isEnabledFor(level):
+                admission_logger.log(
+                    level, "quota scope %s: request pace %s to %s (was %s), learnt from 429s",
+                    name, "lowered" if lowered else "raised", _per_minute(new), _per_minute(old),
+                    extra={"scope": name, "old_rpm": old, "new_rpm": new, "source": "discovery"},
+                )
+        for what, old_limit, new_limit in (("requests", self.request_limit, after.request_limit),
+                                           ("tokens", self.token_limit, after.token_limit)):
+            if new_limit != old_limit:
+                admission_logger.info(
+                    "quota scope %s: the provider reports a limit of %s %s per window (was %s); pacing by it",
+                    name, new_limit, what, "unknown" if old_limit is None else old_limit,
+                    extra={"scope": name, "limit": what, "old": old_limit, "new": new_limit,
+                           "source": "headers"},
+                )
+
+
+@final
+class FailureLog:
+    """One batch's (one pool's) log of final failures: a WARNING for the first of each category.
+
+    The rest of that category go to DEBUG, and :meth:`summary` (INFO, at the
+    end) counts them all, so nothing is hidden and nothing floods. Results the
+    engine decided for items it never ran or cut short (``not_executed``,
+    ``aborted``, ``budget``) are the stop's doing, logged once by :func:`log_stop`;
+    replayed failures are history.
+    """
+
+    __slots__ = ("_counts", "_owner")
+
+    def __init__(self, owner: str = "batch") -> None:
+        self._owner = owner
+        self._counts: dict[str, int] = {}
+
+    def note(self, item_id: str, category: ErrorCategory | None, attempts: int,
+             exc: BaseException | None) -> None:
+        if category is None or category in _STOP_VERDICTS:
+            return
+        key = category.value
+        seen = self._counts.get(key, 0)
+        self._counts[key] = seen + 1
+        extra = {"item_id": item_id, "attempt": attempts, "category": key, "error_type": _error_type(exc)}
+        if seen == 0:
+            engine_logger.warning(
+                "item %r failed after %d attempt(s): %s (%s); further %s failures in this %s are"
+                " logged at DEBUG", item_id, attempts, key, _error_type(exc), key, self._owner,
+                extra=extra,
+            )
+        elif engine_logger.isEnabledFor(logging.DEBUG):
+            engine_logger.debug("item %r failed after %d attempt(s): %s (%s)", item_id, attempts, key,
+                                _error_type(exc), extra=extra)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Final failures by category so far."""
+        return dict(self._counts)
+
+    def summary(self) -> None:
+        """INFO, when there were failures: their counts by category."""
+        if self._counts:
+            text = ", ".join(f"{key}={count}" for key, count in sorted(self._counts.items()))
+            engine_logger.info("%s finished with failures: %s", self._owner, text,
+                               extra={"failures": dict(self._counts)})
+
+
+_STOP_VERDICTS: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
