@@ -4,7 +4,8 @@ Lifecycle and modes only. The parts: the input (:mod:`._intake`), the workers
 (:mod:`._workers`) running the item path (:mod:`._item`), the stop rules (:mod:`._stops`),
 publishing (:mod:`._publish`), the result stream and its terminal (:mod:`._channel`).
 
-- batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult`;
+- batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult`
+  (inside ``async with``, or without one: then the call opens and closes it, :mod:`._unowned`);
 - streaming mode: ``start()``, ``add_work()`` as items come (or ``feed(source)``),
   ``finish()``, and read ``results()`` (completion order) until the terminal (CONTRACT C6).
 """
@@ -39,6 +40,7 @@ from ._item import ItemRunner, start_deadline
 from ._item_run import UserClassifier
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
+from ._unowned import STREAMING_NEEDS_A_BLOCK, PendingInput, run_in_own_block
 from ._workers import Crew
 
 __all__ = ["ParallelBatchProcessor"]
@@ -104,6 +106,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None
         self._mode = _Mode.NEW
         self._opened = False
+        self._pending = PendingInput[TOutput](cfg.max_queue_size)
         self._feeding = False
         self._runtime: RuntimeTasks | None = None
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
@@ -128,6 +131,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         try:
             if self._publisher.store is not None:
                 self._intake.plan = await prepare_resume(self._publisher.store, self._resume)
+            for item in self._pending.drain():
+                await self.add_work(item)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -148,6 +153,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def add_work(self, item: LLMWorkItem[TOutput]) -> None:
         """Queue ``item``. In streaming mode this waits while the input queue is full."""
+        if not self._opened:
+            return await self._pending.add(item)
         self._check_open()
         if self._policy.kind is not None:
             await anyio.lowlevel.checkpoint()
@@ -162,7 +169,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     def _check_open(self) -> None:
         if not self._opened:
-            raise RuntimeError("use `async with ParallelBatchProcessor(...) as proc:` first")
+            raise RuntimeError(STREAMING_NEEDS_A_BLOCK)
         if self._ledger.state != "open":
             raise AdmissionClosedError(f"the processor is {self._ledger.state}")
 
@@ -175,6 +182,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def process_all(self) -> BatchResult[TOutput]:
         """Run every queued item; returns one result per item (controlled stops included)."""
+        if not self._opened:
+            return await run_in_own_block(self, self.process_all)
         self._check_open()
         if self._mode is not _Mode.NEW:
             raise RuntimeError(f"process_all() in {self._mode.value} mode: a processor runs once")
@@ -189,16 +198,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             self._crash_reported = True
             raise self._crash
         if self._crew.interrupted:
-            raise BatchInterruptedError(
-                f"the batch was interrupted with {self.counters.accepted - self.counters.finished} "
-                "item(s) unfinished (its workers were cancelled, e.g. by a concurrent close)"
-            )
-        return BatchResult.from_results(
-            self._publisher.results,
-            termination=self.termination,
-            wall_time=self._publisher.wall_time,
-            input_order=self._intake.order,
-        )
+            unfinished = self.counters.accepted - self.counters.finished
+            raise BatchInterruptedError(f"the batch was interrupted with {unfinished} item(s) unfinished "
+                                        "(its workers were cancelled, e.g. by a concurrent close)")
+        return BatchResult.from_results(self._publisher.results, termination=self.termination,
+                                        wall_time=self._publisher.wall_time, input_order=self._intake.order)
 
     @property
     def termination(self) -> BatchTermination:
@@ -316,8 +320,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def _close_runtime(self) -> None:
         runtime = self._runtime
-        if runtime is None:
-            await anyio.lowlevel.checkpoint()
+        if runtime is None:  # never opened: its input streams are all there is to close
+            await self._intake.discard()
             return
         if self._channel is not None and self._mode is _Mode.STREAMING:
             self._channel.decide_failure(BatchInterruptedError("the stream was closed before finish()"))
@@ -340,10 +344,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     def statistics(self) -> ProcessorStatistics:
         return ProcessorStatistics(
-            mode=self._mode.value,
-            state=self._ledger.state,
-            workers=self._crew.live,
-            queued=self._intake.queued,
-            counters=self.counters.snapshot(),
-            termination=self._policy.kind,
+            mode=self._mode.value, state=self._ledger.state, workers=self._crew.live,
+            queued=self._intake.queued, counters=self.counters.snapshot(), termination=self._policy.kind,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import statistics as _stats
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
@@ -103,14 +103,19 @@ class ItemTiming:
 
 
 @final
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class WorkItemResult(Generic[TOutput]):
-    """The one typed outcome of one item. ``exception`` is never serialized."""
+    """The one typed outcome of one item. ``exception`` is never serialized.
+
+    ``item_id, success, output, error`` may be given positionally (async-batch-llm's
+    order); the rest by keyword.
+    """
 
     item_id: str
     success: bool
     output: TOutput | None = None
     error: str | None = None
+    _: KW_ONLY
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     error_category: ErrorCategory | None = None
     attempts: int = 0
@@ -191,15 +196,30 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 @final
 @dataclass(slots=True)
 class BatchResult(Generic[TOutput]):
-    """Every item's result plus how the batch ended."""
+    """Every item's result plus how the batch ended.
+
+    ``BatchResult(results=[...])`` derives the counts from ``results`` (as async-batch-llm
+    does); counts given explicitly must agree with them.
+    """
 
     results: list[WorkItemResult[TOutput]]
-    total_items: int
-    succeeded: int
-    failed: int
+    total_items: int = -1
+    succeeded: int = -1
+    failed: int = -1
     termination: BatchTermination = field(default_factory=BatchTermination)
     wall_time: float = 0.0
     input_order: list[str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        succeeded = sum(1 for r in self.results if r.success)
+        derived = {"total_items": len(self.results), "succeeded": succeeded,
+                   "failed": len(self.results) - succeeded}
+        for name, value in derived.items():
+            given = getattr(self, name)
+            if given == -1:
+                setattr(self, name, value)
+            elif given != value:
+                raise ValueError(f"{name}={given!r}: the results say {value}")
 
     @classmethod
     def from_results(
