@@ -45,7 +45,7 @@ class HostedOwner:
         await self.aclose()
 
     async def shutdown(self) -> None:
-        """async-batch-llm's name for :meth:`aclose` (there, too, the ordered close; not :meth:`force_close`)."""
+        """async-batch-llm's name for :meth:`aclose` (there too the ordered close, not a force close)."""
         await self.aclose()
 
     def force_close(self) -> None:

@@ -21,6 +21,7 @@ from .._values._config import ProcessorConfig, ResumePolicy
 from .._values._errors import ConfigurationError
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from ._channel import ResultChannelStatistics
+from ._classifier_objects import ClassifierArg
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool
 from ._processor import ParallelBatchProcessor
@@ -225,7 +226,7 @@ async def call_result(
     prompt: str,
     *,
     config: ProcessorConfig | None = None,
-    error_classifier: Callable[[Exception], Any] | None = None,
+    error_classifier: ClassifierArg | None = None,
 ) -> WorkItemResult[TOutput]:
     """One request through the full retry/admission path; never raises for provider failures."""
     _check_strategy(strategy)
@@ -246,7 +247,7 @@ async def call(
     prompt: str,
     *,
     config: ProcessorConfig | None = None,
-    error_classifier: Callable[[Exception], Any] | None = None,
+    error_classifier: ClassifierArg | None = None,
 ) -> TOutput:
     """One request; returns its output or raises :class:`LLMCallError`."""
     from .._values._errors import LLMCallError

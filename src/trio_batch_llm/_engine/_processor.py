@@ -28,16 +28,16 @@ from .._core._owner import HostedOwner
 from .._observe._hooks import Hooks
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
-from .._values._config import ProcessorConfig, ResumePolicy
+from .._values._config import FROM_CONFIG, FromConfig, ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, BatchInterruptedError
 from .._values._requests import LLMWorkItem
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
+from ._classifier_objects import ClassifierArg
 from ._inputs import feed_items
 from ._intake import Intake
 from ._item import ItemRunner, start_deadline
-from ._item_run import UserClassifier
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
 from ._unowned import STREAMING_NEEDS_A_BLOCK, PendingInput, run_in_own_block
@@ -69,14 +69,14 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         config: ProcessorConfig | None = None,
         *,
         post_processor: Callable[[WorkItemResult[TOutput]], Any] | None = None,
-        error_classifier: UserClassifier | None = None,
+        error_classifier: ClassifierArg | None = None,
         middlewares: Sequence[Any] | None = None,
         observers: Sequence[Any] | None = None,
         progress_callback: Callable[[int, int | None, str], Any] | Progress | None = None,
         artifact_store: Any = None,
         resume: ResumePolicy = ResumePolicy.NONE,
         host: ExecutorHost | None = None,
-        post_processor_timeout: float | None = 30.0,
+        post_processor_timeout: float | FromConfig | None = FROM_CONFIG,
         call_start_deadline: float | None = None,
         record_input_order: bool = True,
     ) -> None:
@@ -87,7 +87,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         start_by = start_deadline(call_start_deadline)
         self._hooks = hooks = Hooks.build(
             observers=observers, middlewares=middlewares, post_processor=post_processor,
-            post_processor_timeout=post_processor_timeout,
+            post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout),
         )
         self.counters = RunCounters()
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)

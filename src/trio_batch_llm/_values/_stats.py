@@ -86,5 +86,6 @@ class ProcessorStatistics:
     termination: str | None
 
     def __await__(self) -> Generator[Any, None, ProcessorStatistics]:
+        # A generator that returns at once: awaiting the record neither suspends nor checkpoints.
         return self
-        yield  # a generator that never suspends: awaiting is a no-op, not a checkpoint
+        yield  # type: ignore[unreachable]
