@@ -3,6 +3,13 @@
 from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
+from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
+from ._compat._classifiers import ErrorClassifier as ErrorClassifier
+from ._compat._classifiers import ErrorInfo as ErrorInfo
+from ._compat._classifiers import OpenAIErrorClassifier as OpenAIErrorClassifier
+from ._compat._middleware import BaseMiddleware as BaseMiddleware
+from ._compat._observer import BaseObserver as BaseObserver
+from ._compat._timing import TimeoutCategory as TimeoutCategory
 from ._core._cleanup import CLEANUP_FAILED as CLEANUP_FAILED
 from ._core._cleanup import CLEANUP_TIMED_OUT as CLEANUP_TIMED_OUT
 from ._core._cleanup import with_cleanup as with_cleanup
@@ -78,6 +85,7 @@ from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
 from ._values._requests import LLMWorkItem as LLMWorkItem
+from ._values._results import AttemptTiming as AttemptTiming
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination
 from ._values._results import ItemTiming as ItemTiming
@@ -98,6 +106,9 @@ __all__ = [
     "ArtifactStoreError",
     "AsyncBatchLLMError",
     "AttemptFailed",
+    "AttemptTiming",
+    "BaseMiddleware",
+    "BaseObserver",
     "BatchFinished",
     "BatchInterruptedError",
     "BatchLLMError",
@@ -113,7 +124,10 @@ __all__ = [
     "ConfigurationError",
     "CounterSnapshot",
     "DEFAULT_LATENCY_BUCKETS",
+    "DefaultErrorClassifier",
     "ErrorCategory",
+    "ErrorClassifier",
+    "ErrorInfo",
     "ExecutorHost",
     "FakeStrategy",
     "GuardrailConfig",
@@ -134,6 +148,7 @@ __all__ = [
     "Middleware",
     "Observer",
     "OpenAICompatibleStrategy",
+    "OpenAIErrorClassifier",
     "OpenAIStrategy",
     "OpenTelemetryObserver",
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
@@ -162,6 +177,7 @@ __all__ = [
     "SqliteArtifactStore",
     "SqliteRunRepository",
     "StreamFinalizationError",
+    "TimeoutCategory",
     "TokenUsage",
     "WORKER_CANCELLATION_TIMEOUT",
     "WorkItemResult",

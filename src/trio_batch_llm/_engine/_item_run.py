@@ -206,6 +206,8 @@ class ItemRun(Generic[TOutput]):
         """Book the time since the last switch to the current phase, then enter ``phase``."""
         timing = self.timing
         setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
+        if self.phase == "execution":
+            timing.close_attempt(self.attempts)
         self.mark = now
         self.phase = phase
 

@@ -92,12 +92,12 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self.counters = RunCounters()
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)
         self._resume = resume
+        runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
+                                     start_by=start_by)  # before the input streams: it checks the classifier
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply
         )
-        runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
-                                     start_by=start_by)
         self._crew: Crew[TOutput] = Crew(
             runner=runner, publisher=self._publisher, policy=policy, hooks=hooks,
             on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,

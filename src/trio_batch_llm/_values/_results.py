@@ -13,6 +13,7 @@ from ._categories import ErrorCategory
 from ._urls import redact_urls
 
 __all__ = [
+    "AttemptTiming",
     "BatchResult",
     "BatchTermination",
     "ItemTiming",
@@ -75,6 +76,23 @@ class RetryState:
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class AttemptTiming:
+    """One call of an item, in seconds: the waits before it and the call itself.
+
+    ``backoff``, ``admission_wait`` and ``cooldown`` are the time since the previous
+    call ended (or the item started); ``execution`` is the call (and its parsing).
+    The records of an item add up to its :class:`ItemTiming` up to its last call.
+    """
+
+    attempt: int
+    execution: float = 0.0
+    admission_wait: float = 0.0
+    cooldown: float = 0.0
+    backoff: float = 0.0
+
+
+@final
 @dataclass(slots=True)
 class ItemTiming:
     """Where an item's time went, in seconds.
@@ -91,6 +109,19 @@ class ItemTiming:
     backoff: float = 0.0
     cooldown: float = 0.0
     total: float = 0.0
+    attempts: list[AttemptTiming] = field(default_factory=list, repr=False, compare=False)
+    """One record per call (not stored in checkpoints: a replayed result has none)."""
+
+    def close_attempt(self, attempt: int) -> None:
+        """The call ``attempt`` ended: book the time since the previous one ended as its record."""
+        booked = self.attempts
+        self.attempts.append(AttemptTiming(
+            attempt,
+            execution=self.execution - sum(a.execution for a in booked),
+            admission_wait=self.admission_wait - sum(a.admission_wait for a in booked),
+            cooldown=self.cooldown - sum(a.cooldown for a in booked),
+            backoff=self.backoff - sum(a.backoff for a in booked),
+        ))
 
     def to_dict(self) -> dict[str, float]:
         return {
@@ -157,7 +188,7 @@ class WorkItemResult(Generic[TOutput]):
             error_category=ErrorCategory(category) if category else None,
             attempts=int(data.get("attempts", 0)),
             token_usage=dict(data.get("token_usage") or {}),
-            timing=ItemTiming(**{k: float(v) for k, v in timing.items()}),
+            timing=ItemTiming(**{k: float(v) for k, v in timing.items() if k != "attempts"}),  # type: ignore[arg-type]
             context=data.get("context"),
             metadata=dict(data.get("metadata") or {}),
             replayed=replayed,
