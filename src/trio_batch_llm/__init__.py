@@ -85,15 +85,15 @@ from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
 from ._values._requests import LLMWorkItem as LLMWorkItem
-from ._values._results import AttemptTiming as AttemptTiming
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination
-from ._values._results import ItemTiming as ItemTiming
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
+from ._values._timing import AttemptTiming as AttemptTiming
+from ._values._timing import ItemTiming as ItemTiming
 from ._version import __version__ as __version__
 
 __all__ = [

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
+from ._timing import ItemTiming
 from ._urls import redact_urls
 
 __all__ = [
-    "AttemptTiming",
     "BatchResult",
     "BatchTermination",
     "ItemTiming",
@@ -76,64 +76,6 @@ class RetryState:
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class AttemptTiming:
-    """One call of an item, in seconds: the waits before it and the call itself.
-
-    ``backoff``, ``admission_wait`` and ``cooldown`` are the time since the previous
-    call ended (or the item started); ``execution`` is the call (and its parsing).
-    The records of an item add up to its :class:`ItemTiming` up to its last call.
-    """
-
-    attempt: int
-    execution: float = 0.0
-    admission_wait: float = 0.0
-    cooldown: float = 0.0
-    backoff: float = 0.0
-
-
-@final
-@dataclass(slots=True)
-class ItemTiming:
-    """Where an item's time went, in seconds.
-
-    The four buckets split ``total`` with no gap and no overlap, also when a
-    deadline or a stop cut the item short mid-wait: ``admission_wait`` (from
-    the start, and waiting for a slot or a quota), ``cooldown`` (waiting out a
-    rate-limit cooldown), ``execution`` (calls), ``backoff`` (from a failed
-    call to the next admission).
-    """
-
-    admission_wait: float = 0.0
-    execution: float = 0.0
-    backoff: float = 0.0
-    cooldown: float = 0.0
-    total: float = 0.0
-    attempts: list[AttemptTiming] = field(default_factory=list, repr=False, compare=False)
-    """One record per call (not stored in checkpoints: a replayed result has none)."""
-
-    def close_attempt(self, attempt: int) -> None:
-        """The call ``attempt`` ended: book the time since the previous one ended as its record."""
-        booked = self.attempts
-        self.attempts.append(AttemptTiming(
-            attempt,
-            execution=self.execution - sum(a.execution for a in booked),
-            admission_wait=self.admission_wait - sum(a.admission_wait for a in booked),
-            cooldown=self.cooldown - sum(a.cooldown for a in booked),
-            backoff=self.backoff - sum(a.backoff for a in booked),
-        ))
-
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "admission_wait": self.admission_wait,
-            "execution": self.execution,
-            "backoff": self.backoff,
-            "cooldown": self.cooldown,
-            "total": self.total,
-        }
-
-
-@final
 @dataclass(slots=True)
 class WorkItemResult(Generic[TOutput]):
     """The one typed outcome of one item. ``exception`` is never serialized.
@@ -188,7 +130,7 @@ class WorkItemResult(Generic[TOutput]):
             error_category=ErrorCategory(category) if category else None,
             attempts=int(data.get("attempts", 0)),
             token_usage=dict(data.get("token_usage") or {}),
-            timing=ItemTiming(**{k: float(v) for k, v in timing.items() if k != "attempts"}),  # type: ignore[arg-type]
+            timing=ItemTiming.from_dict(timing),
             context=data.get("context"),
             metadata=dict(data.get("metadata") or {}),
             replayed=replayed,
