@@ -46,7 +46,7 @@ async def test_busy_timeout_seconds_bounds_the_wait_for_another_writer(tmp_path:
         other = sqlite3.connect(path, isolation_level=None)
         try:
             other.execute("BEGIN IMMEDIATE")  # holds the write lock
-            with pytest.raises(ArtifactStoreError, match="(?i)lock|busy"):
+            with pytest.raises(ArtifactStoreError, match=r"(?i)lock|busy"):
                 await store.append(_result(1), fingerprint=_fp(1))
         finally:
             other.execute("ROLLBACK")
