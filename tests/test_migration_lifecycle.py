@@ -19,6 +19,7 @@ from trio_batch_llm import (
     ProcessorConfig,
     QueueFullError,
     TokenUsage,
+    process_stream,
 )
 
 pytestmark = pytest.mark.anyio
@@ -133,3 +134,13 @@ async def test_the_anchors_close_names_are_the_ordered_close(name: str) -> None:
         assert proc.state == "closed"
         await getattr(proc, name)()  # idempotent once closed
     assert strategy.cleanups == 2
+
+
+async def test_async_for_over_process_stream_says_to_use_async_with() -> None:
+    fake = FakeStrategy()
+    with pytest.raises(TypeError, match=r"async with process_stream\(\.\.\.\) as results"):
+        async for _ in process_stream(fake, ["a"]):  # type: ignore[attr-defined]
+            pass
+    assert fake.calls == []  # nothing started
+    async with process_stream(fake, ["a", "b"]) as results:
+        assert sorted([r.item_id async for r in results]) == ["item-0", "item-1"]

@@ -25,6 +25,7 @@ from ._classifier_objects import ClassifierArg
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool
 from ._processor import ParallelBatchProcessor
+from ._unowned import StreamBlock
 
 __all__ = ["ResultStream", "call", "call_result", "process_prompts", "process_stream"]
 
@@ -153,8 +154,33 @@ class ResultStream(AsyncIterator[WorkItemResult[TOutput]]):
         return self._processor.results_statistics()
 
 
+def process_stream(
+    strategy: LLMCallStrategy[TOutput],
+    prompts: Prompts,
+    *,
+    config: ProcessorConfig | None = None,
+    concurrency: int | None = None,
+    progress: ProgressArg = False,
+    artifact_store: Any = None,
+    resume: ResumePolicy = ResumePolicy.NONE,
+    **processor_kwargs: Any,
+) -> StreamBlock[ResultStream[TOutput]]:
+    """``async with process_stream(...) as results: async for r in results: ...``
+
+    Results arrive in completion order. Leaving the block early cancels the
+    outstanding work (with a reason) and closes everything in contract order.
+    Finite sources (lists, tuples) are validated whole before any call; lazy
+    sources are validated as they are read, and a bad entry ends the stream
+    with its error.
+    """
+    return StreamBlock(_stream_block(
+        strategy, prompts, config=config, concurrency=concurrency, progress=progress,
+        artifact_store=artifact_store, resume=resume, **processor_kwargs,
+    ))
+
+
 @asynccontextmanager
-async def process_stream(
+async def _stream_block(
     strategy: LLMCallStrategy[TOutput],
     prompts: Prompts,
     *,
@@ -165,14 +191,6 @@ async def process_stream(
     resume: ResumePolicy = ResumePolicy.NONE,
     **processor_kwargs: Any,
 ) -> AsyncIterator[ResultStream[TOutput]]:
-    """``async with process_stream(...) as results: async for r in results: ...``
-
-    Results arrive in completion order. Leaving the block early cancels the
-    outstanding work (with a reason) and closes everything in contract order.
-    Finite sources (lists, tuples) are validated whole before any call; lazy
-    sources are validated as they are read, and a bad entry ends the stream
-    with its error.
-    """
     _check_strategy(strategy)
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)

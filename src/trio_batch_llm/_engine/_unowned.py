@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Generic, TypeVar
+from types import TracebackType
+from typing import Any, Generic, NoReturn, TypeVar, final
 
 import anyio.lowlevel
 
 from .._values._errors import QueueFullError
 from .._values._requests import LLMWorkItem, item_id_problem
 
-__all__ = ["STREAMING_NEEDS_A_BLOCK", "PendingInput", "run_in_own_block"]
+__all__ = ["STREAMING_NEEDS_A_BLOCK", "PendingInput", "StreamBlock", "run_in_own_block"]
 
 T = TypeVar("T")
 TOutput = TypeVar("TOutput")
@@ -63,3 +64,33 @@ async def run_in_own_block(owner: AbstractAsyncContextManager[Any], run: Callabl
     """``run()`` inside ``async with owner``: the owner opens and closes within this call."""
     async with owner:
         return await run()
+
+
+@final
+class StreamBlock(AbstractAsyncContextManager[T]):
+    """What ``process_stream()`` returns: an async context manager, refused as an async iterator.
+
+    async-batch-llm's ``async for r in process_stream(...)`` fails here at once with the
+    form to use, rather than with Python's bare "requires an object with __aiter__".
+    """
+
+    __slots__ = ("_block",)
+
+    def __init__(self, block: AbstractAsyncContextManager[T]) -> None:
+        self._block = block
+
+    async def __aenter__(self) -> T:
+        return await self._block.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self._block.__aexit__(exc_type, exc, tb)
+
+    def __aiter__(self) -> NoReturn:
+        raise TypeError(
+            "process_stream() is an async context manager here: write `async with "
+            "process_stream(...) as results: async for result in results: ...` (a generator "
+            "cannot own the tasks that produce its results; see the migration guide)"
+        )
+
