@@ -289,3 +289,37 @@ async def test_base_middleware_skips_rewrites_and_recovers() -> None:
     assert "_Anchorish.before_process returned None" in (skipped.error or "")
     assert by_id["item-2"].output == "recovered from nope"
     assert sorted(prompt for prompt, _ in fake.calls) == ["bad", "ok"]  # the skipped item called nobody
+
+
+class _Tagging(BaseMiddleware):
+    def __init__(self, tag: str, log: list[str]) -> None:
+        self.tag, self.log = tag, log
+
+    def before_process(self, work_item: LLMWorkItem[Any]) -> LLMWorkItem[Any]:  # sync works too
+        self.log.append(f"before {self.tag}")
+        return work_item
+
+    async def after_process(self, result: WorkItemResult[Any]) -> WorkItemResult[Any]:
+        await anyio.lowlevel.checkpoint()
+        self.log.append(f"after {self.tag}")
+        result.output = f"{self.tag}({result.output})"
+        return result
+
+
+async def test_middlewares_wrap_like_an_onion() -> None:
+    log: list[str] = []
+    chain = [_Tagging("outer", log), _Tagging("inner", log)]
+    batch = await process_prompts(FakeStrategy(), ["x"], config=FAST, middlewares=chain)
+    assert log == ["before outer", "before inner", "after inner", "after outer"]
+    assert batch.results[0].output == "outer(inner(echo: x))"
+
+
+async def test_an_observer_that_raises_never_breaks_the_run() -> None:
+    class Broken(BaseObserver):
+        def on_item_completed(self, event: ItemCompleted) -> None:
+            raise RuntimeError("observer bug")
+
+    counting = _Counting()
+    batch = await process_prompts(FakeStrategy(), ["a", "b"], config=FAST, observers=[Broken(), counting])
+    assert batch.succeeded == 2
+    assert sorted(counting.seen[1:-1]) == ["ok:item-0", "ok:item-1"]
