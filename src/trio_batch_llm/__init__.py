@@ -84,6 +84,7 @@ from ._values._errors import QueueFullError as QueueFullError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._ramp import StartupRampConfig as StartupRampConfig
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination
@@ -176,6 +177,7 @@ __all__ = [
     "SourceCheckpoint",
     "SqliteArtifactStore",
     "SqliteRunRepository",
+    "StartupRampConfig",
     "StreamFinalizationError",
     "TimeoutCategory",
     "TokenUsage",

@@ -99,7 +99,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply
         )
         self._crew: Crew[TOutput] = Crew(
-            runner=runner, publisher=self._publisher, policy=policy, hooks=hooks,
+            runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
             on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,
             on_idle=lambda: self._channel.producers_finished() if self._channel is not None else None,
         )

@@ -21,6 +21,7 @@ from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
 from ._config_warnings import warn_if_suspicious
 from ._errors import ConfigurationError
+from ._ramp import StartupRampConfig
 
 if TYPE_CHECKING:
     from ._results import TokenUsage
@@ -322,6 +323,7 @@ class ProcessorConfig:
     max_provider_concurrency: int | None = None
     progress_interval: float = 0.5
     post_processor_timeout: float | None = 30.0
+    startup_ramp: StartupRampConfig | None = None
 
     def __post_init__(self) -> None:
         whole("concurrency", self.concurrency, minimum=1)
@@ -350,6 +352,8 @@ class ProcessorConfig:
         whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
         positive("progress_interval", self.progress_interval, allow_none=False)
         positive("post_processor_timeout", self.post_processor_timeout)
+        if self.startup_ramp is not None and not isinstance(self.startup_ramp, StartupRampConfig):
+            raise ConfigurationError("startup_ramp", self.startup_ramp, "must be a StartupRampConfig")
         warn_if_suspicious(self)
 
     @property
