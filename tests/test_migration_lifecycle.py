@@ -78,7 +78,7 @@ async def test_items_added_before_the_block_run_inside_it() -> None:
 
 
 async def test_a_failed_close_is_reported_by_process_all() -> None:
-    strategy = _CleanupFails()
+    strategy = _CleanupFails(times=1)
     proc = ParallelBatchProcessor[str]()
     for item in _items(strategy, 2):
         await proc.add_work(item)
@@ -86,6 +86,9 @@ async def test_a_failed_close_is_reported_by_process_all() -> None:
         await proc.process_all()
     assert strategy.cleanups == 1
     assert proc.only_strategy_cleanup_failed()
+    assert proc.state == "closing"  # the failed step is owed
+    await proc.aclose()  # and retried
+    assert (proc.state, strategy.cleanups) == ("closed", 2)
 
 
 async def test_bad_input_fails_at_its_add_work() -> None:
