@@ -108,7 +108,7 @@ class Crew(Generic[TOutput]):
         try:
             with recv:  # closed synchronously: leaving costs no scheduler round per worker
                 if start_at is not None and not await self._wait_for_turn(start_at):
-                    return
+                    return  # noqa: ASYNC910 - _wait_for_turn() waited (the only way here)
                 while True:
                     with guard.renew():
                         if await self._loop(recv, guard):
