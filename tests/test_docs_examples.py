@@ -119,6 +119,23 @@ EXAMPLES = [
     Example("tracing_metrics", BOTH, needs=("opentelemetry.sdk", "prometheus_client")),
     Example("migration_before", ASYNCIO, ("2 True", "streamed item_0", "echo: hello"), ("async_batch_llm",)),
     Example("migration_after", BOTH, ("2 True", "streamed item-", "echo: hello")),
+    Example("migration_context_manager_asyncio", BOTH, (
+        "Processed: 5 items", "Succeeded: 5", "cleaned up automatically",
+        "Without a block: 3 succeeded; closed",
+    )),
+    Example("migration_single_call_asyncio", BOTH, (
+        "call_result() -> success=True, tokens=20", "recovered after a 429 -> 'Re: Try me once.'",
+        "success=False, error='RuntimeError: mock failure'", "call() raised LLMCallError",
+    )),
+    Example("migration_gateway_asyncio", BOTH, (
+        "request #7 -> 'answer to: request #7'", "submit after close -> AdmissionClosedError",
+        "over-cap submit -> success=False", "timed-out submit -> success=False",
+        "submit() raises LLMCallError -> deadline",
+    )),
+    Example("migration_callable_asyncio", BOTH, (
+        "first run: 5 rows saved, 7 client calls", "prepared 1, closed 1",
+        "resumed run: 5 rows saved, 0 client calls",
+    )),
 ]
 # Files under docs/examples that are not run as programs: the pipeline and its
 # pytest module (run by test_the_example_test_module_passes).

@@ -3,6 +3,13 @@
 from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
+from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
+from ._compat._classifiers import ErrorClassifier as ErrorClassifier
+from ._compat._classifiers import ErrorInfo as ErrorInfo
+from ._compat._classifiers import OpenAIErrorClassifier as OpenAIErrorClassifier
+from ._compat._middleware import BaseMiddleware as BaseMiddleware
+from ._compat._observer import BaseObserver as BaseObserver
+from ._compat._timing import TimeoutCategory as TimeoutCategory
 from ._core._cleanup import CLEANUP_FAILED as CLEANUP_FAILED
 from ._core._cleanup import CLEANUP_TIMED_OUT as CLEANUP_TIMED_OUT
 from ._core._cleanup import with_cleanup as with_cleanup
@@ -77,15 +84,17 @@ from ._values._errors import QueueFullError as QueueFullError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._ramp import StartupRampConfig as StartupRampConfig
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination
-from ._values._results import ItemTiming as ItemTiming
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
+from ._values._timing import AttemptTiming as AttemptTiming
+from ._values._timing import ItemTiming as ItemTiming
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -98,6 +107,9 @@ __all__ = [
     "ArtifactStoreError",
     "AsyncBatchLLMError",
     "AttemptFailed",
+    "AttemptTiming",
+    "BaseMiddleware",
+    "BaseObserver",
     "BatchFinished",
     "BatchInterruptedError",
     "BatchLLMError",
@@ -113,7 +125,10 @@ __all__ = [
     "ConfigurationError",
     "CounterSnapshot",
     "DEFAULT_LATENCY_BUCKETS",
+    "DefaultErrorClassifier",
     "ErrorCategory",
+    "ErrorClassifier",
+    "ErrorInfo",
     "ExecutorHost",
     "FakeStrategy",
     "GuardrailConfig",
@@ -134,6 +149,7 @@ __all__ = [
     "Middleware",
     "Observer",
     "OpenAICompatibleStrategy",
+    "OpenAIErrorClassifier",
     "OpenAIStrategy",
     "OpenTelemetryObserver",
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
@@ -161,7 +177,9 @@ __all__ = [
     "SourceCheckpoint",
     "SqliteArtifactStore",
     "SqliteRunRepository",
+    "StartupRampConfig",
     "StreamFinalizationError",
+    "TimeoutCategory",
     "TokenUsage",
     "WORKER_CANCELLATION_TIMEOUT",
     "WorkItemResult",

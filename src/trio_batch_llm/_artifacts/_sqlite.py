@@ -29,6 +29,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, final
 
+from .._values._checks import non_negative, whole
 from .._values._config import ArtifactIdentity
 from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
@@ -70,6 +71,9 @@ class SqliteArtifactStore(ThreadedStore[Row]):
     JSON); pass ``output_encoder`` and ``output_decoder`` together to keep any
     other type. A result that cannot be kept raises :class:`ArtifactEncodeError`
     from ``append()`` and writes nothing.
+
+    ``busy_timeout_seconds``: how long a write waits for another connection's lock
+    before it fails; ``read_batch_size``: rows fetched at a time by :meth:`iter_results`.
     """
 
     _position_name = "row"
@@ -84,7 +88,12 @@ class SqliteArtifactStore(ThreadedStore[Row]):
         allow_identity_mismatch: bool = False,
         output_encoder: Callable[[Any], JSONValue] | None = None,
         output_decoder: Callable[[JSONValue], Any] | None = None,
+        busy_timeout_seconds: float = _BUSY_TIMEOUT_SECONDS,
+        read_batch_size: int = 1000,
     ) -> None:
+        non_negative("busy_timeout_seconds", busy_timeout_seconds)
+        whole("read_batch_size", read_batch_size, minimum=1, allow_none=False)
+        self._read_batch = read_batch_size
         super().__init__(
             path,
             identity=identity,
@@ -93,7 +102,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             output_encoder=output_encoder,
             output_decoder=output_decoder,
         )
-        self._file = SqliteFile(self._path, busy_timeout=_BUSY_TIMEOUT_SECONDS, fsync=bool(fsync))
+        self._file = SqliteFile(self._path, busy_timeout=float(busy_timeout_seconds), fsync=bool(fsync))
         self._conn: sqlite3.Connection | None = None
 
     # -- event loop side ---------------------------------------------------------
@@ -185,8 +194,9 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             conn = self._file.connect(read_only=True)
             try:
                 self._file.check_ours(conn, "artifact database")
-                with contextlib.closing(conn.execute(_SELECT_ALL)) as rows:
-                    for row in rows:
-                        yield self._decoded(self._stored(row)).to_result(replayed=False)
+                with contextlib.closing(conn.execute(_SELECT_ALL)) as cursor:
+                    while rows := cursor.fetchmany(self._read_batch):
+                        for row in rows:
+                            yield self._decoded(self._stored(row)).to_result(replayed=False)
             finally:
                 conn.close()

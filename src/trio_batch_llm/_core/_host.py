@@ -268,7 +268,10 @@ class ExecutorHost:
         cached = self._scope_cache.get(id(strategy))
         if cached is not None and cached[0] is strategy:
             return cached[1]
-        scope = self._quotas.scope_for(strategy.quota_scope(), self.config)
+        declared = strategy.quota_scope
+        # A method here; async-batch-llm strategies declare it as a property: both are read.
+        key = declared() if callable(declared) else declared
+        scope = self._quotas.scope_for(key, self.config)
         self._scope_cache[id(strategy)] = (strategy, scope)
         return scope
 

@@ -40,6 +40,14 @@ class HostedOwner:
         with unwrap_group():
             await self._ledger.aclose()
 
+    async def cleanup(self) -> None:
+        """async-batch-llm's name for :meth:`aclose`."""
+        await self.aclose()
+
+    async def shutdown(self) -> None:
+        """async-batch-llm's name for :meth:`aclose` (there too the ordered close, not a force close)."""
+        await self.aclose()
+
     def force_close(self) -> None:
         """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
         self._ledger.force_close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -118,6 +119,9 @@ _BALANCE_MARKERS: Final = (
     "billing_hard_limit_reached",
 )
 _TEXT_SCAN_LIMIT: Final = 4096
+_RATE_LIMIT_TEXT: Final = re.compile(
+    r"(?<![\w.])429(?![\w.])|rate[ _-]?limit|too many requests|resource_exhausted", re.IGNORECASE
+)
 _CLASS_NAME_CACHE_SIZE: Final = 1024
 _class_name_cache: dict[type[Exception], ErrorCategory | None] = {}
 
@@ -229,6 +233,10 @@ def _category_by_builtin_type(exc: Exception) -> ErrorCategory:
     if isinstance(exc, UnicodeEncodeError):
         # Text that cannot be encoded (a lone surrogate in a request an SDK builds) fails alike every time.
         return ErrorCategory.INVALID_REQUEST
+    if _RATE_LIMIT_TEXT.search(str(exc)[:_TEXT_SCAN_LIMIT]):
+        # An SDK or wrapper that says "429" only in words: retrying it without a cooldown
+        # would hammer the provider (async-batch-llm reads the text too).
+        return ErrorCategory.RATE_LIMIT
     # A plain ValueError may be a bug as easily as a bad answer: UNKNOWN.
     return ErrorCategory.UNKNOWN
 

@@ -22,9 +22,11 @@ from .._values._errors import ConfigurationError
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from ._call_limits import call_limits
 from ._channel import ResultChannelStatistics
+from ._classifier_objects import ClassifierArg
 from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool
 from ._processor import ParallelBatchProcessor
+from ._unowned import StreamBlock
 
 if TYPE_CHECKING:
     from .._core._host import ExecutorHost
@@ -178,8 +180,33 @@ class ResultStream(AsyncIterator[WorkItemResult[TOutput]]):
         return self._processor.results_statistics()
 
 
+def process_stream(
+    strategy: LLMCallStrategy[TOutput],
+    prompts: Prompts,
+    *,
+    config: ProcessorConfig | None = None,
+    concurrency: int | None = None,
+    progress: ProgressArg = False,
+    artifact_store: Any = None,
+    resume: ResumePolicy = ResumePolicy.NONE,
+    **processor_kwargs: Any,
+) -> StreamBlock[ResultStream[TOutput]]:
+    """``async with process_stream(...) as results: async for r in results: ...``
+
+    Results arrive in completion order. Leaving the block early cancels the
+    outstanding work (with a reason) and closes everything in contract order.
+    Finite sources (lists, tuples) are validated whole before any call; lazy
+    sources are validated as they are read, and a bad entry ends the stream
+    with its error.
+    """
+    return StreamBlock(_stream_block(
+        strategy, prompts, config=config, concurrency=concurrency, progress=progress,
+        artifact_store=artifact_store, resume=resume, **processor_kwargs,
+    ))
+
+
 @asynccontextmanager
-async def process_stream(
+async def _stream_block(
     strategy: LLMCallStrategy[TOutput],
     prompts: Prompts,
     *,
@@ -190,14 +217,6 @@ async def process_stream(
     resume: ResumePolicy = ResumePolicy.NONE,
     **processor_kwargs: Unpack[ProcessorOptions],
 ) -> AsyncIterator[ResultStream[TOutput]]:
-    """``async with process_stream(...) as results: async for r in results: ...``
-
-    Results arrive in completion order. Leaving the block early cancels the
-    outstanding work (with a reason) and closes everything in contract order.
-    Finite sources (lists, tuples) are validated whole before any call; lazy
-    sources are validated as they are read, and a bad entry ends the stream
-    with its error.
-    """
     _check_strategy(strategy)
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
@@ -251,7 +270,7 @@ async def call_result(
     prompt: str,
     *,
     config: ProcessorConfig | None = None,
-    error_classifier: Callable[[Exception], Any] | None = None,
+    error_classifier: ClassifierArg | None = None,
 ) -> WorkItemResult[TOutput]:
     """One request through the full retry/admission path; never raises for provider failures.
 
@@ -286,7 +305,7 @@ async def call(
     prompt: str,
     *,
     config: ProcessorConfig | None = None,
-    error_classifier: Callable[[Exception], Any] | None = None,
+    error_classifier: ClassifierArg | None = None,
 ) -> TOutput:
     """One request; returns its output or raises :class:`LLMCallError`.
 

@@ -85,3 +85,9 @@ class Intake(Generic[TOutput]):
     def close(self) -> None:
         """No more input (idempotent); what is queued stays readable."""
         self.send.close()
+
+    async def discard(self) -> None:
+        """Close both ends (a processor that was never opened)."""
+        self.send.close()
+        self.recv.close()
+        await anyio.lowlevel.checkpoint()

@@ -39,8 +39,9 @@ from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
+from ._classifier_objects import ClassifierArg, user_classifier
 from ._classify import Classification
-from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier, rate_limit_observation
+from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, rate_limit_observation
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -103,7 +104,7 @@ class ItemRunner(Generic[TOutput]):
         host: ExecutorHost,
         config: ProcessorConfig,
         *,
-        classifier: UserClassifier | None = None,
+        classifier: ClassifierArg | None = None,
         hooks: Hooks | None = None,
         start_by: float = math.inf,
     ) -> None:
@@ -111,7 +112,7 @@ class ItemRunner(Generic[TOutput]):
         self._host = host
         self._config = config
         self._retry = config.retry
-        self._classifier = classifier
+        self._classifier = user_classifier(classifier)
         self._attempt_timeout = config.attempt_timeout
         self._item_timeout = config.guardrails.total_timeout_per_item
         self._clock = anyio.current_time
@@ -249,7 +250,8 @@ class ItemRunner(Generic[TOutput]):
         state = run.retries.state if run.retries is not None else None
         run.calling = True
         try:
-            output, usage, meta = await binding.strategy.execute(run.item.prompt, attempt, timeout, state)
+            returned = await binding.strategy.execute(run.item.prompt, attempt, timeout, state)
+            output, usage, meta = as_triple(returned)
         except Exception as exc:  # noqa: BLE001 - the one classification boundary
             run.calling = False
             run.switch("backoff", clock())

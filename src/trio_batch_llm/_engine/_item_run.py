@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
     from .._strategies._base import LLMCallStrategy
 
-__all__ = ["Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "rate_limit_observation"]
+__all__ = [
+    "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple", "rate_limit_observation",
+]
 
 TOutput = TypeVar("TOutput")
 UserClassifier = Callable[[Exception], Any]
@@ -82,6 +84,14 @@ class Failure:
         self.verdict = verdict
         self.wait = wait
         """Non-zero for a 429 that said capacity remains (a blip): only this item waits, not its scope."""
+
+
+def as_triple(returned: Any) -> tuple[Any, Any, Any]:
+    """``execute()``'s answer as ``(output, usage, metadata)``; async-batch-llm's ``(output, usage)`` too."""
+    if type(returned) is tuple and len(returned) == 2:
+        return returned[0], returned[1], {}
+    output, usage, meta = returned
+    return output, usage, meta
 
 
 def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitObservation | None:
@@ -196,6 +206,8 @@ class ItemRun(Generic[TOutput]):
         """Book the time since the last switch to the current phase, then enter ``phase``."""
         timing = self.timing
         setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
+        if self.phase == "execution":
+            timing.close_attempt(self.attempts)
         self.mark = now
         self.phase = phase
 

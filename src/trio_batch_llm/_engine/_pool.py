@@ -24,9 +24,9 @@ from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallE
 from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem
 from .._values._results import WorkItemResult
+from ._classifier_objects import ClassifierArg
 from ._guards import Guard
 from ._item import RETRY, ItemRunner
-from ._item_run import UserClassifier
 
 __all__ = ["LLMCallPool", "PoolStatistics"]
 
@@ -48,7 +48,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         strategy: LLMCallStrategy[TOutput],
         *,
         config: ProcessorConfig | None = None,
-        error_classifier: UserClassifier | None = None,
+        error_classifier: ClassifierArg | None = None,
         max_pending: int | None = None,
         submit_timeout: float | None = None,
         host: ExecutorHost | None = None,

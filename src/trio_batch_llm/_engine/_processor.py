@@ -4,7 +4,8 @@ Lifecycle and modes only. The parts: the input (:mod:`._intake`), the workers
 (:mod:`._workers`) running the item path (:mod:`._item`), the stop rules (:mod:`._stops`),
 publishing (:mod:`._publish`), the result stream and its terminal (:mod:`._channel`).
 
-- batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult`;
+- batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult`
+  (inside ``async with``, or without one: then the call opens and closes it, :mod:`._unowned`);
 - streaming mode: ``start()``, ``add_work()`` as items come (or ``feed(source)``),
   ``finish()``, and read ``results()`` (completion order) until the terminal (CONTRACT C6).
 """
@@ -28,18 +29,19 @@ from .._observe._hooks import Hooks
 from .._observe._log import log_stop
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
-from .._values._config import ProcessorConfig, ResumePolicy
+from .._values._config import FROM_CONFIG, FromConfig, ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, BatchInterruptedError
 from .._values._requests import LLMWorkItem
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
+from ._classifier_objects import ClassifierArg
 from ._inputs import feed_items
 from ._intake import Intake
 from ._item import ItemRunner, start_deadline
-from ._item_run import UserClassifier
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
+from ._unowned import STREAMING_NEEDS_A_BLOCK, PendingInput, run_in_own_block
 from ._workers import Crew
 
 __all__ = ["ParallelBatchProcessor"]
@@ -68,14 +70,14 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         config: ProcessorConfig | None = None,
         *,
         post_processor: Callable[[WorkItemResult[TOutput]], Any] | None = None,
-        error_classifier: UserClassifier | None = None,
+        error_classifier: ClassifierArg | None = None,
         middlewares: Sequence[Any] | None = None,
         observers: Sequence[Any] | None = None,
         progress_callback: Callable[[int, int | None, str], Any] | Progress | None = None,
         artifact_store: Any = None,
         resume: ResumePolicy = ResumePolicy.NONE,
         host: ExecutorHost | None = None,
-        post_processor_timeout: float | None = 30.0,
+        post_processor_timeout: float | FromConfig | None = FROM_CONFIG,
         call_start_deadline: float | None = None,
         record_input_order: bool = True,
     ) -> None:
@@ -86,25 +88,26 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         start_by = start_deadline(call_start_deadline)
         self._hooks = hooks = Hooks.build(
             observers=observers, middlewares=middlewares, post_processor=post_processor,
-            post_processor_timeout=post_processor_timeout,
+            post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout),
         )
         self.counters = RunCounters()
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)
         self._resume = resume
+        runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
+                                     start_by=start_by)  # before the input streams: it checks the classifier
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply
         )
-        runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
-                                     start_by=start_by)
         self._crew: Crew[TOutput] = Crew(
-            runner=runner, publisher=self._publisher, policy=policy, hooks=hooks,
+            runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
             on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,
             on_idle=lambda: self._channel.producers_finished() if self._channel is not None else None,
         )
         self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None
         self._mode = _Mode.NEW
         self._opened = False
+        self._pending = PendingInput[TOutput](cfg.max_queue_size)
         self._feeding = False
         self._runtime: RuntimeTasks | None = None
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
@@ -129,6 +132,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         try:
             if self._publisher.store is not None:
                 self._intake.plan = await prepare_resume(self._publisher.store, self._resume)
+            for item in self._pending.drain():
+                await self.add_work(item)
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -149,6 +154,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def add_work(self, item: LLMWorkItem[TOutput]) -> None:
         """Queue ``item``. In streaming mode this waits while the input queue is full."""
+        if not self._opened:
+            return await self._pending.add(item)
         self._check_open()
         if self._policy.kind is not None:
             await anyio.lowlevel.checkpoint()
@@ -163,7 +170,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     def _check_open(self) -> None:
         if not self._opened:
-            raise RuntimeError("use `async with ParallelBatchProcessor(...) as proc:` first")
+            raise RuntimeError(STREAMING_NEEDS_A_BLOCK)
         if self._ledger.state != "open":
             raise AdmissionClosedError(f"the processor is {self._ledger.state}")
 
@@ -176,6 +183,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def process_all(self) -> BatchResult[TOutput]:
         """Run every queued item; returns one result per item (controlled stops included)."""
+        if not self._opened:
+            return await run_in_own_block(self, self.process_all)
         self._check_open()
         if self._mode is not _Mode.NEW:
             raise RuntimeError(f"process_all() in {self._mode.value} mode: a processor runs once")
@@ -190,16 +199,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             self._crash_reported = True
             raise self._crash
         if self._crew.interrupted:
-            raise BatchInterruptedError(
-                f"the batch was interrupted with {self.counters.accepted - self.counters.finished} "
-                "item(s) unfinished (its workers were cancelled, e.g. by a concurrent close)"
-            )
-        return BatchResult.from_results(
-            self._publisher.results,
-            termination=self.termination,
-            wall_time=self._publisher.wall_time,
-            input_order=self._intake.order,
-        )
+            unfinished = self.counters.accepted - self.counters.finished
+            raise BatchInterruptedError(f"the batch was interrupted with {unfinished} item(s) unfinished "
+                                        "(its workers were cancelled, e.g. by a concurrent close)")
+        return BatchResult.from_results(self._publisher.results, termination=self.termination,
+                                        wall_time=self._publisher.wall_time, input_order=self._intake.order)
 
     @property
     def termination(self) -> BatchTermination:
@@ -318,8 +322,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def _close_runtime(self) -> None:
         runtime = self._runtime
-        if runtime is None:
-            await anyio.lowlevel.checkpoint()
+        if runtime is None:  # never opened: its input streams are all there is to close
+            await self._intake.discard()
             return
         if self._channel is not None and self._mode is _Mode.STREAMING:
             self._channel.decide_failure(BatchInterruptedError("the stream was closed before finish()"))
@@ -342,10 +346,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     def statistics(self) -> ProcessorStatistics:
         return ProcessorStatistics(
-            mode=self._mode.value,
-            state=self._ledger.state,
-            workers=self._crew.live,
-            queued=self._intake.queued,
-            counters=self.counters.snapshot(),
-            termination=self._policy.kind,
+            mode=self._mode.value, state=self._ledger.state, workers=self._crew.live,
+            queued=self._intake.queued, counters=self.counters.snapshot(), termination=self._policy.kind,
         )

@@ -9,12 +9,14 @@ was cancelled; the item in hand (``guard.run``) goes on in the new scope.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import anyio
 
 from .._observe._events import ItemStarted
+from .._values._ramp import StartupRampConfig
 from .._values._results import WorkItemResult
 from ._guards import DeadlineWatcher, Guard
 from ._item import RETRY, ItemRunner
@@ -52,8 +54,11 @@ class Crew(Generic[TOutput]):
         on_deadline: Callable[[], None],
         on_crash: Callable[[BaseException], None],
         on_idle: Callable[[], None],
+        ramp: StartupRampConfig | None = None,
     ) -> None:
         self._runner = runner
+        self._ramp = ramp
+        self._drained = anyio.Event()  # a worker found the input done: workers still ramping leave
         self._publisher = publisher
         self._policy = policy
         self._hooks = hooks if hooks.active else None
@@ -71,11 +76,18 @@ class Crew(Generic[TOutput]):
 
     def start(self, runtime: RuntimeTasks, recv: Any, count: int, *, started_at: float) -> None:
         """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed."""
+        ramp = self._ramp
+        if ramp is not None:
+            count = ramp.workers(count)
         self.live = count
         self._stop_deadline = self._policy.deadline(started_at)
         self._watcher.set_batch_deadline(self._stop_deadline)
         for index in range(count):
-            runtime.start_soon(self._work, recv.clone(), name=f"worker-{index}")
+            delay = ramp.start_delay(index) if ramp is not None else 0.0
+            if delay > 0 and ramp is not None and ramp.jitter_seconds:
+                delay += random.uniform(0.0, ramp.jitter_seconds)
+            start_at = started_at + delay if delay > 0 else None
+            runtime.start_soon(self._work, recv.clone(), start_at, name=f"worker-{index}")
         recv.close()
         if self._watch or self._stop_deadline != math.inf:
             runtime.start_soon(self._watcher.run, name="deadlines")
@@ -89,13 +101,18 @@ class Crew(Generic[TOutput]):
         """The batch is over: stop watching deadlines."""
         self._watcher.close()
 
-    async def _work(self, recv: Any) -> None:  # noqa: ASYNC910 - receive() and drive() checkpoint
+    async def _work(  # noqa: ASYNC910 - receive() and drive() checkpoint
+        self, recv: Any, start_at: float | None = None
+    ) -> None:
         guard = self._watcher.guard(stop_deadline=self._stop_deadline)
         try:
             with recv:  # closed synchronously: leaving costs no scheduler round per worker
+                if start_at is not None and not await self._wait_for_turn(start_at):
+                    return  # noqa: ASYNC910 - _wait_for_turn() waited (the only way here)
                 while True:
                     with guard.renew():
                         if await self._loop(recv, guard):
+                            self._drained.set()
                             return
                     if guard.stopped is not None:
                         # A stop cut the item in hand short and nothing is left to cut: finish
@@ -117,6 +134,13 @@ class Crew(Generic[TOutput]):
             if self.live == 0:
                 self.done.set()
                 self._on_idle()
+
+    async def _wait_for_turn(self, start_at: float) -> bool:
+        """A ramping worker waits for its start time; ``False`` when the input drained first."""
+        with anyio.move_on_after(max(0.0, start_at - anyio.current_time())):
+            await self._drained.wait()
+            return False
+        return True
 
     async def _loop(self, recv: Any, guard: Guard) -> bool:  # noqa: ASYNC910 - receive() and drive() checkpoint
         """Run items in the guard's current scope; ``True`` once the queue is done, ``False`` to renew it."""

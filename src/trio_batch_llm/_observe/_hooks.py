@@ -142,7 +142,9 @@ class Hooks:
         self._observers = tuple(observers)
         self._before = tuple(m.before for m in middlewares if callable(getattr(m, "before", None)))
         self._after = tuple(m.after for m in reversed(middlewares) if callable(getattr(m, "after", None)))
-        self._on_error = tuple(m.on_error for m in middlewares if callable(getattr(m, "on_error", None)))
+        # An async-batch-llm style middleware's on_error is its final-failure hook (run by its own after()).
+        self._on_error = tuple(m.on_error for m in middlewares if callable(getattr(m, "on_error", None))
+                               and not getattr(m, "on_error_is_terminal", False))
         self.middleware_count = len(middlewares)
         self._post = post_processor
         self._post_async = post_processor is not None and is_async_callable(post_processor)

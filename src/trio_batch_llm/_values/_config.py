@@ -19,14 +19,18 @@ from typing import TYPE_CHECKING, Final, final
 
 from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
+from ._config_warnings import warn_if_suspicious
 from ._errors import ConfigurationError
+from ._ramp import StartupRampConfig
 
 if TYPE_CHECKING:
     from ._results import TokenUsage
 
 __all__ = [
+    "FROM_CONFIG",
     "AbortMode",
     "ArtifactIdentity",
+    "FromConfig",
     "GuardrailConfig",
     "InvalidCost",
     "ProcessorConfig",
@@ -37,6 +41,16 @@ __all__ = [
 ]
 
 DEFAULT_WORKERS: Final = 5
+
+
+@final
+class FromConfig(enum.Enum):
+    """The default of a processor argument that :class:`ProcessorConfig` has too: the config's value."""
+
+    VALUE = "from config"
+
+
+FROM_CONFIG: Final = FromConfig.VALUE
 
 _SHORT: Final = reprlib.Repr()
 _SHORT.maxlong = _SHORT.maxstring = _SHORT.maxother = 60
@@ -308,6 +322,8 @@ class ProcessorConfig:
     max_result_queue_size: int = 0
     max_provider_concurrency: int | None = None
     progress_interval: float = 0.5
+    post_processor_timeout: float | None = 30.0
+    startup_ramp: StartupRampConfig | None = None
 
     def __post_init__(self) -> None:
         whole("concurrency", self.concurrency, minimum=1)
@@ -335,6 +351,10 @@ class ProcessorConfig:
         whole("max_result_queue_size", self.max_result_queue_size, minimum=0, allow_none=False)
         whole("max_provider_concurrency", self.max_provider_concurrency, minimum=1)
         positive("progress_interval", self.progress_interval, allow_none=False)
+        positive("post_processor_timeout", self.post_processor_timeout)
+        if self.startup_ramp is not None and not isinstance(self.startup_ramp, StartupRampConfig):
+            raise ConfigurationError("startup_ramp", self.startup_ramp, "must be a StartupRampConfig")
+        warn_if_suspicious(self)
 
     @property
     def workers(self) -> int:
@@ -351,6 +371,10 @@ class ProcessorConfig:
         if self.max_provider_concurrency is not None:
             return min(self.max_provider_concurrency, self.workers)
         return self.workers
+
+    def post_processor_timeout_for(self, given: float | FromConfig | None) -> float | None:
+        """The processor's ``post_processor_timeout=`` when given, else this config's."""
+        return self.post_processor_timeout if given is FROM_CONFIG else given
 
     def estimate_tokens(self, prompt: str) -> int:
         estimator = self.token_estimator or default_token_estimator

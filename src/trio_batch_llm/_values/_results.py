@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import statistics as _stats
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
+from ._timing import ItemTiming
 from ._urls import redact_urls
 
 __all__ = [
@@ -76,41 +77,18 @@ class RetryState:
 
 @final
 @dataclass(slots=True)
-class ItemTiming:
-    """Where an item's time went, in seconds.
-
-    The four buckets split ``total`` with no gap and no overlap, also when a
-    deadline or a stop cut the item short mid-wait: ``admission_wait`` (from
-    the start, and waiting for a slot or a quota), ``cooldown`` (waiting out a
-    rate-limit cooldown), ``execution`` (calls), ``backoff`` (from a failed
-    call to the next admission).
-    """
-
-    admission_wait: float = 0.0
-    execution: float = 0.0
-    backoff: float = 0.0
-    cooldown: float = 0.0
-    total: float = 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "admission_wait": self.admission_wait,
-            "execution": self.execution,
-            "backoff": self.backoff,
-            "cooldown": self.cooldown,
-            "total": self.total,
-        }
-
-
-@final
-@dataclass(slots=True, kw_only=True)
 class WorkItemResult(Generic[TOutput]):
-    """The one typed outcome of one item. ``exception`` is never serialized."""
+    """The one typed outcome of one item. ``exception`` is never serialized.
+
+    ``item_id, success, output, error`` may be given positionally (async-batch-llm's
+    order); the rest by keyword.
+    """
 
     item_id: str
     success: bool
     output: TOutput | None = None
     error: str | None = None
+    _: KW_ONLY
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     error_category: ErrorCategory | None = None
     attempts: int = 0
@@ -152,7 +130,7 @@ class WorkItemResult(Generic[TOutput]):
             error_category=ErrorCategory(category) if category else None,
             attempts=int(data.get("attempts", 0)),
             token_usage=dict(data.get("token_usage") or {}),
-            timing=ItemTiming(**{k: float(v) for k, v in timing.items()}),
+            timing=ItemTiming.from_dict(timing),
             context=data.get("context"),
             metadata=dict(data.get("metadata") or {}),
             replayed=replayed,
@@ -191,15 +169,30 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
 @final
 @dataclass(slots=True)
 class BatchResult(Generic[TOutput]):
-    """Every item's result plus how the batch ended."""
+    """Every item's result plus how the batch ended.
+
+    ``BatchResult(results=[...])`` derives the counts from ``results`` (as async-batch-llm
+    does); counts given explicitly must agree with them.
+    """
 
     results: list[WorkItemResult[TOutput]]
-    total_items: int
-    succeeded: int
-    failed: int
+    total_items: int = -1
+    succeeded: int = -1
+    failed: int = -1
     termination: BatchTermination = field(default_factory=BatchTermination)
     wall_time: float = 0.0
     input_order: list[str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        succeeded = sum(1 for r in self.results if r.success)
+        derived = {"total_items": len(self.results), "succeeded": succeeded,
+                   "failed": len(self.results) - succeeded}
+        for name, value in derived.items():
+            given = getattr(self, name)
+            if given == -1:
+                setattr(self, name, value)
+            elif given != value:
+                raise ValueError(f"{name}={given!r}: the results say {value}")
 
     @classmethod
     def from_results(

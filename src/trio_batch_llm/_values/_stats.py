@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import final
+from typing import Any, final
 
 __all__ = ["CounterSnapshot", "ProcessorStatistics", "RunCounters"]
 
@@ -73,9 +73,19 @@ class RunCounters:
 @final
 @dataclass(frozen=True, slots=True)
 class ProcessorStatistics:
+    """A processor's state at one instant.
+
+    ``await processor.statistics()`` (async-batch-llm's form) gives the same record.
+    """
+
     mode: str
     state: str
     workers: int
     queued: int
     counters: CounterSnapshot
     termination: str | None
+
+    def __await__(self) -> Generator[Any, None, ProcessorStatistics]:
+        # A generator that returns at once: awaiting the record neither suspends nor checkpoints.
+        return self
+        yield  # type: ignore[unreachable]

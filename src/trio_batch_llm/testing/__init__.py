@@ -3,6 +3,7 @@
 Every name of :mod:`trio_batch_llm.mock` is here too, so a test needs one import.
 """
 
+from .._compat._testing import FakeRateLimitError as FakeRateLimitError
 from .._public import fixup_module_metadata as _fixup_module_metadata
 from .._strategies._fake import FakeStrategy as FakeStrategy
 from ..mock import MockOpenAIApp as MockOpenAIApp
@@ -14,6 +15,7 @@ from ..mock import run_mock_server as run_mock_server
 from ..mock import serve_mock as serve_mock
 
 __all__ = [
+    "FakeRateLimitError",
     "FakeStrategy",
     "MockOpenAIApp",
     "MockServer",
