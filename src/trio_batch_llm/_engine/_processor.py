@@ -4,8 +4,8 @@ Lifecycle and modes only. The parts: the input (:mod:`._intake`), the workers
 (:mod:`._workers`) running the item path (:mod:`._item`), the stop rules (:mod:`._stops`),
 publishing (:mod:`._publish`), the result stream and its terminal (:mod:`._channel`).
 
-- batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult`
-  (inside ``async with``, or without one: then the call opens and closes it, :mod:`._unowned`);
+- batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult` (without
+  ``async with`` too: then the call opens and closes the processor, :mod:`._unowned`);
 - streaming mode: ``start()``, ``add_work()`` as items come (or ``feed(source)``),
   ``finish()``, and read ``results()`` (completion order) until the terminal (CONTRACT C6).
 """
@@ -85,7 +85,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             raise TypeError(f"config={config!r}: must be a ProcessorConfig")
         self.config = cfg = config if config is not None else (host.config if host else ProcessorConfig())
         self._init_owner(host, ExecutorHost(cfg, name="ParallelBatchProcessor"), "ParallelBatchProcessor")
-        start_by = start_deadline(call_start_deadline)
         self._hooks = hooks = Hooks.build(
             observers=observers, middlewares=middlewares, post_processor=post_processor,
             post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout),
@@ -94,7 +93,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)
         self._resume = resume
         runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
-                                     start_by=start_by)  # before the input streams: it checks the classifier
+                                     start_by=start_deadline(call_start_deadline))  # ahead of the streams
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply
