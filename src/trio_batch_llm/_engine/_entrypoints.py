@@ -189,7 +189,7 @@ def process_stream(
     progress: ProgressArg = False,
     artifact_store: Any = None,
     resume: ResumePolicy = ResumePolicy.NONE,
-    **processor_kwargs: Any,
+    **processor_kwargs: Unpack[ProcessorOptions],
 ) -> StreamBlock[ResultStream[TOutput]]:
     """``async with process_stream(...) as results: async for r in results: ...``
 
