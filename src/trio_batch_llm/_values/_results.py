@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
+from ._details import DETAILS_METADATA_KEY, ResponseDetails
 from ._urls import redact_urls
 
 __all__ = [
@@ -27,12 +28,18 @@ TerminationKind = Literal["completed", "batch_deadline", "budget_exhausted", "ab
 
 
 class TokenUsage(TypedDict, total=False):
-    """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown."""
+    """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown.
+
+    ``cached_input_tokens`` (input tokens served from the provider's prompt cache,
+    part of ``input_tokens``) and ``reasoning_tokens`` (hidden reasoning, part of
+    ``output_tokens``) read as 0 when missing: use ``usage.get("reasoning_tokens", 0)``.
+    """
 
     input_tokens: int
     output_tokens: int
     total_tokens: int
     cached_input_tokens: int
+    reasoning_tokens: int
 
 
 def usage_total(usage: Mapping[str, Any] | None) -> int | None:
@@ -119,15 +126,21 @@ class WorkItemResult(Generic[TOutput]):
     context: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
+    details: ResponseDetails | None = None
+    """Finish reason, refusal, tool calls, logprobs (``None`` when the strategy gave none)."""
 
     def __post_init__(self) -> None:
+        # A strategy hands the details over in its metadata; they live here, not there.
+        if self.details is None and isinstance(self.metadata.get(DETAILS_METADATA_KEY), ResponseDetails):
+            self.metadata = dict(self.metadata)
+            self.details = self.metadata.pop(DETAILS_METADATA_KEY)
         # The error text goes to files and logs: a key inside a URL in it (an HTTP client's
         # "... for url 'http://user:KEY@host/v1'") must not.
         if self.error is not None and "://" in self.error:
             self.error = redact_urls(self.error)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "item_id": self.item_id,
             "success": self.success,
             "output": self.output,
@@ -139,11 +152,15 @@ class WorkItemResult(Generic[TOutput]):
             "context": self.context,
             "metadata": dict(self.metadata),
         }
+        if self.details is not None:  # absent otherwise: records stay as they were before details
+            data["details"] = self.details.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, replayed: bool = False) -> WorkItemResult[Any]:
         category = data.get("error_category")
         timing = data.get("timing") or {}
+        details = data.get("details")
         return cls(
             item_id=str(data["item_id"]),
             success=bool(data["success"]),
@@ -156,6 +173,7 @@ class WorkItemResult(Generic[TOutput]):
             context=data.get("context"),
             metadata=dict(data.get("metadata") or {}),
             replayed=replayed,
+            details=ResponseDetails.from_dict(details) if isinstance(details, Mapping) else None,
         )
 
 

@@ -13,19 +13,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from ..._values._categories import ErrorCategory
+from ..._values._details import DETAILS_METADATA_KEY, ResponseDetails, ToolCall
 from ..._values._errors import ConfigurationError, ProviderError
+from ..._values._requests import LLMRequest, Prompt
 from ..._values._results import TokenUsage
+from ..._values._structured import ResponseModel
 from ._wire_errors import error_from_status
 
 __all__ = [
     "API_PATHS",
+    "RESPONSES_REFUSED",
     "Api",
     "build_request_body",
     "chat_completion_payload",
     "check_api",
+    "merge_params",
+    "wire_body",
     "decode_json",
     "error_payload",
     "parse_response_body",
@@ -46,36 +52,150 @@ def check_api(api: str) -> Api:
 # -- requests ---------------------------------------------------------------------------------
 
 
+RESPONSES_REFUSED: Final = {
+    "seed": "the Responses API has no seed",
+    "stop": "the Responses API has no stop sequences",
+}
+"""Parameters ``api="responses"`` cannot send, and why (refused at input, before any call)."""
+
+
+def merge_params(
+    request: LLMRequest,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    system_prompt: str | None = None,
+    response: ResponseModel | None = None,
+) -> dict[str, Any]:
+    """A request's params over the strategy's: ``system`` from the item, else ``params=``, else
+    ``system_prompt=``; ``response_format`` from the params, else the response model's;
+    ``extra_body`` merged key by key (the item's win)."""
+    merged: dict[str, Any] = {}
+    if system_prompt is not None:
+        merged["system"] = system_prompt
+    if response is not None:
+        merged["response_format"] = response.chat_response_format()
+    extra: dict[str, Any] = {}
+    for layer in (defaults or {}, request.params):
+        for key, value in layer.items():
+            if key == "extra_body":
+                extra.update(value or {})
+            elif value is not None:
+                merged[key] = value
+    if extra:
+        merged["extra_body"] = extra
+    return merged
+
+
 def build_request_body(
     api: Api,
     model: str,
-    prompt: str,
+    prompt: str | LLMRequest,
     *,
     system_prompt: str | None = None,
     temperature: float | None = None,
     max_output_tokens: int | None = None,
     max_tokens_field: str = "max_tokens",
     extra_body: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    response: ResponseModel | None = None,
+    include_extra: bool = True,
 ) -> dict[str, Any]:
-    """The JSON body of one call; ``extra_body`` keys are merged last and win."""
-    body: dict[str, Any] = {"model": model}
-    if api == "chat":
-        messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-        messages.append({"role": "user", "content": prompt})
-        body["messages"] = messages
-        if max_output_tokens is not None:
-            body[max_tokens_field] = max_output_tokens
-    else:
-        body["input"] = prompt
-        if system_prompt is not None:
-            body["instructions"] = system_prompt
-        if max_output_tokens is not None:
-            body["max_output_tokens"] = max_output_tokens
+    """The JSON body of one call; ``extra_body`` keys (the strategy's, then the params') are merged
+    last and win, unless ``include_extra`` is false (the SDK sends them itself)."""
+    request = prompt if isinstance(prompt, LLMRequest) else LLMRequest(prompt)
+    defaults: dict[str, Any] = {}
     if temperature is not None:
-        body["temperature"] = temperature
+        defaults["temperature"] = temperature
+    if max_output_tokens is not None:
+        defaults["max_output_tokens"] = max_output_tokens
     if extra_body:
-        body.update(extra_body)
+        defaults["extra_body"] = dict(extra_body)
+    defaults.update({k: v for k, v in (params or {}).items() if k != "extra_body"})
+    if params and params.get("extra_body"):
+        defaults["extra_body"] = {**defaults.get("extra_body", {}), **params["extra_body"]}
+    merged = merge_params(request, defaults=defaults, system_prompt=system_prompt, response=response)
+    body = wire_body(api, model, request.prompt, merged, max_tokens_field=max_tokens_field)
+    if include_extra and merged.get("extra_body"):
+        body.update(merged["extra_body"])
     return body
+
+
+def wire_body(api: Api, model: str, prompt: Prompt, params: Mapping[str, Any], *,
+              max_tokens_field: str = "max_tokens") -> dict[str, Any]:
+    """``params`` (merged, :data:`PARAM_KEYS`) as ``api`` spells them; ``extra_body`` is left out."""
+    body: dict[str, Any] = {"model": model}
+    system = params.get("system")
+    if api == "chat":
+        messages: list[Any] = [] if system is None else [{"role": "system", "content": system}]
+        messages.extend([{"role": "user", "content": prompt}] if isinstance(prompt, str)
+                        else [dict(m) for m in prompt])
+        body["messages"] = messages
+        if params.get("max_output_tokens") is not None:
+            body[max_tokens_field] = params["max_output_tokens"]
+        for key in ("temperature", "top_p", "seed", "stop", "response_format", "tools", "tool_choice",
+                    "logprobs", "top_logprobs"):
+            if params.get(key) is not None:
+                body[key] = params[key]
+        return body
+    body["input"] = prompt if isinstance(prompt, str) else [_responses_message(m) for m in prompt]
+    if system is not None:
+        body["instructions"] = system
+    if params.get("max_output_tokens") is not None:
+        body["max_output_tokens"] = params["max_output_tokens"]
+    for key in ("temperature", "top_p", "top_logprobs"):
+        if params.get(key) is not None:
+            body[key] = params[key]
+    if params.get("logprobs"):
+        body["include"] = ["message.output_text.logprobs"]
+    response_format = params.get("response_format")
+    if isinstance(response_format, Mapping):
+        body["text"] = {"format": _responses_format(response_format)}
+    if params.get("tools") is not None:
+        body["tools"] = [_responses_tool(t) for t in params["tools"]]
+    choice = params.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+            choice = {"type": "function", "name": choice["function"].get("name")}
+        body["tool_choice"] = choice
+    return body
+
+
+def _responses_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat message as a Responses input item (content parts renamed: text -> input_text, ...)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return dict(message)
+    output = message.get("role") == "assistant"
+    parts = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"type": "output_text" if output else "input_text", "text": part.get("text", "")})
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url = image.get("url") if isinstance(image, Mapping) else image
+            converted: dict[str, Any] = {"type": "input_image", "image_url": url}
+            if isinstance(image, Mapping) and image.get("detail") is not None:
+                converted["detail"] = image["detail"]
+            parts.append(converted)
+        else:
+            parts.append(dict(part))  # already a Responses part (input_text, input_image, input_file, ...)
+    return {**message, "content": parts}
+
+
+def _responses_format(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """Chat's ``response_format`` as the Responses API's ``text.format``."""
+    inner = response_format.get("json_schema")
+    if response_format.get("type") == "json_schema" and isinstance(inner, Mapping):
+        return {"type": "json_schema", **inner}
+    return dict(response_format)
+
+
+def _responses_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A chat tool (``{"type": "function", "function": {...}}``) as a Responses tool (flat)."""
+    if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
+        return {"type": "function", **tool["function"]}
+    return dict(tool)
 
 
 def prompt_text_of_request(api: Api, body: Any) -> str | None:
@@ -146,10 +266,27 @@ def _parse_chat(payload: Mapping[str, Any]) -> tuple[str, TokenUsage | None, dic
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise _parse_error("message content is not a string")
-    metadata = {"id": payload.get("id"), "model": payload.get("model"), "finish_reason": finish_reason}
-    if message.get("refusal"):
-        metadata["refusal"] = message["refusal"]
-    usage = _usage(payload.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details")
+    metadata: dict[str, Any] = {"id": payload.get("id"), "model": payload.get("model"),
+                                "finish_reason": finish_reason}
+    refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else None
+    if refusal:
+        metadata["refusal"] = refusal
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            calls.append(ToolCall(str(call.get("id", "")), str(function.get("name", "")),
+                                  str(function.get("arguments", ""))))
+    logprobs = choice.get("logprobs")
+    content_logprobs = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    metadata[DETAILS_METADATA_KEY] = ResponseDetails(
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        refusal=refusal or None,
+        tool_calls=tuple(calls),
+        logprobs=content_logprobs if isinstance(content_logprobs, list) else None,
+    )
+    usage = _usage(payload.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details",
+                   "completion_tokens_details")
     return content or "", usage, metadata
 
 
@@ -167,17 +304,45 @@ def _parse_responses(payload: Mapping[str, Any]) -> tuple[str, TokenUsage | None
         error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
         raise error_from_status(500, {}, {"error": error})
     texts: list[str] = []
+    refusals: list[str] = []
+    calls: list[ToolCall] = []
+    logprobs: list[Any] = []
     for item in output:
-        if isinstance(item, Mapping) and item.get("type") == "message":
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") == "message":
             for part in item.get("content") or ():
                 if isinstance(part, Mapping) and part.get("type") == "output_text":
                     texts.append(str(part.get("text", "")))
-    metadata = {"id": payload.get("id"), "model": payload.get("model"), "status": status}
-    usage = _usage(payload.get("usage"), "input_tokens", "output_tokens", "input_tokens_details")
+                    if isinstance(part.get("logprobs"), list):
+                        logprobs.extend(part["logprobs"])
+                elif isinstance(part, Mapping) and part.get("type") == "refusal":
+                    refusals.append(str(part.get("refusal", "")))
+        elif item.get("type") == "function_call":
+            calls.append(ToolCall(str(item.get("call_id") or item.get("id") or ""), str(item.get("name", "")),
+                                  str(item.get("arguments", ""))))
+    metadata: dict[str, Any] = {"id": payload.get("id"), "model": payload.get("model"), "status": status}
+    if refusals:
+        metadata["refusal"] = "".join(refusals)
+    if status == "incomplete":
+        finish = "length" if reason == "max_output_tokens" else reason
+    elif calls:
+        finish = "tool_calls"
+    else:
+        finish = "stop" if status == "completed" else status
+    metadata[DETAILS_METADATA_KEY] = ResponseDetails(
+        finish_reason=finish if isinstance(finish, str) else None,
+        refusal="".join(refusals) or None,
+        tool_calls=tuple(calls),
+        logprobs=logprobs or None,
+    )
+    usage = _usage(payload.get("usage"), "input_tokens", "output_tokens", "input_tokens_details",
+                   "output_tokens_details")
     return "".join(texts), usage, metadata
 
 
-def _usage(raw: Any, input_key: str, output_key: str, details_key: str) -> TokenUsage | None:
+def _usage(raw: Any, input_key: str, output_key: str, details_key: str, output_details_key: str
+           ) -> TokenUsage | None:
     if not isinstance(raw, Mapping):
         return None
     usage: TokenUsage = {}
@@ -189,6 +354,9 @@ def _usage(raw: Any, input_key: str, output_key: str, details_key: str) -> Token
     details = raw.get(details_key)
     if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
         usage["cached_input_tokens"] = details["cached_tokens"]
+    out_details = raw.get(output_details_key)
+    if isinstance(out_details, Mapping) and isinstance(out_details.get("reasoning_tokens"), int):
+        usage["reasoning_tokens"] = out_details["reasoning_tokens"]
     return usage or None
 
 
