@@ -11,6 +11,7 @@ from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
 from ._details import DETAILS_METADATA_KEY, ResponseDetails
+from ._structured import plain_json_of_model
 from ._urls import redact_urls
 
 __all__ = [
@@ -320,16 +321,26 @@ class BatchResult(Generic[TOutput]):
                 "input_order": self.input_order,
                 "results": [_export_dict(r) for r in self.results],
             },
-            default=str,
+            default=_json_default,
             allow_nan=False,
         )
 
     @classmethod
-    def from_json(cls, text: str) -> BatchResult[Any]:
+    def from_json(cls, text: str, *, response_model: Any = None) -> BatchResult[Any]:
+        """The batch :meth:`to_json` wrote; with ``response_model`` (the pydantic class the strategy
+        had) successful outputs come back as model instances, as a resume gives them."""
         data = json.loads(text)
         term = data.get("termination") or {}
+        results = [WorkItemResult.from_dict(r) for r in data.get("results", [])]
+        if response_model is not None:
+            from ._structured import ResponseModel
+
+            model = ResponseModel(response_model)
+            for result in results:
+                if result.success and result.output is not None:
+                    result.output = model.decode(result.output)
         return BatchResult.from_results(
-            [WorkItemResult.from_dict(r) for r in data.get("results", [])],
+            results,
             termination=BatchTermination(kind=term.get("kind", "completed"), reason=term.get("reason")),
             wall_time=float(data.get("wall_time", 0.0)),
             input_order=data.get("input_order"),
@@ -341,14 +352,22 @@ class BatchResult(Generic[TOutput]):
         Every line is encoded before the file is opened, so an output that
         strict JSON cannot hold (ValueError naming the item) leaves no file behind.
         """
-        lines = [json.dumps(_export_dict(r), default=str, allow_nan=False) + "\n" for r in self.results]
+        lines = [json.dumps(_export_dict(r), default=_json_default, allow_nan=False) + "\n"
+                 for r in self.results]
         with Path(path).open("w", encoding="utf-8") as f:
             f.writelines(lines)
 
 
+def _json_default(value: Any) -> Any:
+    """What the exports write for a value JSON has no form for: a pydantic model as the stores keep
+    it (``model_dump(mode="json")``), anything else as ``str()``."""
+    is_model, dumped = plain_json_of_model(value)
+    return dumped if is_model else str(value)
+
+
 def _strict_problem(value: Any) -> str | None:
     try:
-        json.dumps(value, default=str, allow_nan=False)
+        json.dumps(value, default=_json_default, allow_nan=False)
     except (ValueError, RecursionError) as exc:
         return str(exc)
     return None

@@ -368,8 +368,15 @@ def _parse_error(what: str) -> ProviderError:
 
 
 def chat_completion_payload(
-    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int
+    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int,
+    tool_call: tuple[str, str, str] | None = None, refusal: str | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text if tool_call is None and refusal is None
+                               else None, "refusal": refusal}
+    if tool_call is not None:
+        call_id, name, arguments = tool_call
+        message["tool_calls"] = [{"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": arguments}}]
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -377,8 +384,8 @@ def chat_completion_payload(
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "finish_reason": "stop",
+            "message": message,
+            "finish_reason": "tool_calls" if tool_call is not None else "stop",
             "logprobs": None,
         }],
         "usage": {
@@ -393,21 +400,31 @@ def chat_completion_payload(
 
 
 def responses_payload(
-    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int
+    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int,
+    tool_call: tuple[str, str, str] | None = None, refusal: str | None = None,
 ) -> dict[str, Any]:
+    output: list[dict[str, Any]]
+    if tool_call is not None:
+        call_id, name, arguments = tool_call
+        output = [{"type": "function_call", "id": "fc_" + response_id.removeprefix("resp_"),
+                   "call_id": call_id, "name": name, "arguments": arguments, "status": "completed"}]
+    else:
+        part = {"type": "refusal", "refusal": refusal} if refusal is not None else \
+            {"type": "output_text", "text": text, "annotations": []}
+        output = [{
+            "type": "message",
+            "id": "msg_" + response_id.removeprefix("resp_"),
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }]
     return {
         "id": response_id,
         "object": "response",
         "created_at": created,
         "status": "completed",
         "model": model,
-        "output": [{
-            "type": "message",
-            "id": "msg_" + response_id.removeprefix("resp_"),
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }],
+        "output": output,
         "usage": {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
