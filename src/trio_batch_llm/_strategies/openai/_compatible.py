@@ -61,6 +61,15 @@ def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None) -
     )
 
 
+def schema_rejected(error: ProviderError) -> bool:
+    """Whether a 400 answer refuses the request's JSON schema (OpenAI: ``invalid_json_schema``, or a
+    message about the schema)."""
+    if error.category is not ErrorCategory.INVALID_REQUEST:
+        return False
+    text = str(error).lower()
+    return "invalid_json_schema" in text or "schema" in text
+
+
 def _registry() -> dict[object, Any]:
     """This event loop's shared clients, by lease identity."""
     try:
@@ -366,6 +375,12 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
             error = error_from_status(reply.status_code, reply.headers, body, secret=self._secret)
             if reply.status_code == 401 and self._secret is None:
                 raise no_key_error(error, self.base_url, self._api_key_env)
+            if self._response is not None and schema_rejected(error):
+                raise ProviderError(
+                    f"the provider rejected the response schema {self._response.name!r} (not retried: "
+                    f"a schema it refuses stays refused; simplify the schema or use another model): {error}",
+                    category=ErrorCategory.INVALID_REQUEST, status_code=error.status_code,
+                ) from error
             raise error
         text, usage, metadata = parse_response_body(self.api, decode_json(reply.content))
         metadata["api"] = self.api
