@@ -186,3 +186,45 @@ def test_fingerprints_and_request_text() -> None:
     for prompt, params in (("plain", None), (MESSAGES, {"seed": 1}), ("\x00trio-batch-llm-request:x", None)):
         assert request_of_text(request_text(prompt, params)) == (prompt, params)
     assert request_text("plain") == "plain"
+
+
+class Recording(LLMCallStrategy[str]):
+    """Takes requests: records each one it is given."""
+
+    def __init__(self) -> None:
+        self.requests: list[LLMRequest] = []
+
+    async def execute_request(self, request: LLMRequest, attempt: int, timeout: float | None,
+                              state: RetryState | None = None) -> tuple[str, TokenUsage | None, Any]:
+        self.requests.append(request)
+        return request.text, None, None
+
+
+async def test_jsonl_rows_with_messages_and_params_reach_a_run(tmp_path: Path) -> None:
+    from trio_batch_llm import open_run
+
+    rows = [{"id": "a", "messages": [{"role": "user", "content": "hi"}], "params": {"max_tokens": 5}},
+            {"id": "b", "prompt": "plain", "params": {"temperature": 0}}, {"id": "c", "prompt": "bare"}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    strategy = Recording()
+    async with await open_run(tmp_path / "runs.sqlite", "r", strategy, source) as run:
+        snap = await run.wait()
+    assert snap.succeeded == 3
+    got = {r.text: (r.prompt, dict(r.params)) for r in strategy.requests}
+    assert got == {"hi": ([{"role": "user", "content": "hi"}], {"max_output_tokens": 5}),
+                   "plain": ("plain", {"temperature": 0}), "bare": ("bare", {})}
+
+
+def test_cli_jsonl_rows_with_messages_and_params(tmp_path: Path) -> None:
+    from trio_batch_llm._cli._input_jsonl import classify_line
+
+    path = tmp_path / "in.jsonl"
+    line = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}], "params": {"seed": 1}})
+    item_id, text, _ = classify_line(path, line, 1)  # type: ignore[misc]
+    assert item_id == "a" and request_of_text(text) == ([{"role": "user", "content": "hi"}], {"seed": 1})
+    problem = classify_line(path, json.dumps({"id": "a", "prompt": "x", "params": {"tempo": 1}}), 3)
+    assert 'line 3, field "params"' in str(problem) and "unknown key 'tempo'" in str(problem)
+    problem = classify_line(path, json.dumps({"id": "a", "messages": "hi"}), 4)
+    assert 'line 4, field "messages"' in str(problem)
+    assert classify_line(path, json.dumps({"id": "a", "prompt": "x"}), 5) == ("a", "x", None)

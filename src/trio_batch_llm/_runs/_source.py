@@ -128,6 +128,9 @@ def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
         item_id = str(item_id)
     if not isinstance(item_id, str) or not item_id.strip():
         raise ValueError(f'{place}: field "id" must be a non-empty string or an integer')
+    if "messages" in value or "params" in value:  # a request row: the mapping input's rules apply
+        row = {key: value[key] for key in ("prompt", "messages", "params", "context") if key in value}
+        return {"id": item_id, **row}
     prompt = value.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f'{place}: field "prompt" must be a non-empty string')
