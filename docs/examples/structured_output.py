@@ -51,7 +51,7 @@ async def main() -> None:
             store = JsonlArtifactStore(path, identity=identity)
             batch = await process_prompts(strategy, REVIEWS, artifact_store=store)
             for r in batch.in_input_order():
-                review: object = r.output  # typed as text; with a response_model: a Review
+                review: object = r.output  # a Review (typed as text)
                 assert isinstance(review, Review)
                 print(f"{r.item_id}: {type(review).__name__} attempts={r.attempts}")
 
