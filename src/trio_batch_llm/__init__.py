@@ -61,6 +61,8 @@ from ._values._config import ProcessorConfig as ProcessorConfig
 from ._values._config import RateLimitConfig as RateLimitConfig
 from ._values._config import ResumePolicy as ResumePolicy
 from ._values._config import RetryConfig as RetryConfig
+from ._values._details import ResponseDetails as ResponseDetails
+from ._values._details import ToolCall as ToolCall
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
 from ._values._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._values._errors import ArtifactMismatchError as ArtifactMismatchError
@@ -77,6 +79,7 @@ from ._values._errors import QueueFullError as QueueFullError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._prompts import LLMRequest as LLMRequest
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination
@@ -86,6 +89,7 @@ from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
+from ._values._structured import StructuredOutputError as StructuredOutputError
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -128,6 +132,7 @@ __all__ = [
     "LLMCallError",
     "LLMCallPool",
     "LLMCallStrategy",
+    "LLMRequest",
     "LLMWorkItem",
     "LifecycleEvent",
     "MetricsObserver",
@@ -146,6 +151,7 @@ __all__ = [
     "ProviderError",
     "QueueFullError",
     "RateLimitConfig",
+    "ResponseDetails",
     "ResultChannelStatistics",
     "ResultStream",
     "ResumePolicy",
@@ -162,7 +168,9 @@ __all__ = [
     "SqliteArtifactStore",
     "SqliteRunRepository",
     "StreamFinalizationError",
+    "StructuredOutputError",
     "TokenUsage",
+    "ToolCall",
     "WORKER_CANCELLATION_TIMEOUT",
     "WorkItemResult",
     "__version__",

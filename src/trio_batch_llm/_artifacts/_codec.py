@@ -35,8 +35,8 @@ from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ConfigurationError
+from .._values._models import plain_json_of_model
 from .._values._results import WorkItemResult
-from .._values._structured import plain_json_of_model
 
 __all__ = ["JSONValue", "OutputCodec", "unstorable_failure"]
 

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
-from .._values._requests import LLMRequest
+from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._batch import BatchEndpoint
 

@@ -11,7 +11,7 @@ from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
 from ._details import DETAILS_METADATA_KEY, ResponseDetails
-from ._structured import plain_json_of_model
+from ._models import is_pydantic_model_class, plain_json_of_model
 from ._urls import redact_urls
 
 __all__ = [
@@ -332,13 +332,10 @@ class BatchResult(Generic[TOutput]):
         data = json.loads(text)
         term = data.get("termination") or {}
         results = [WorkItemResult.from_dict(r) for r in data.get("results", [])]
-        if response_model is not None:
-            from ._structured import ResponseModel
-
-            model = ResponseModel(response_model)
+        if response_model is not None and is_pydantic_model_class(response_model):
             for result in results:
                 if result.success and result.output is not None:
-                    result.output = model.decode(result.output)
+                    result.output = response_model.model_validate(result.output)
         return BatchResult.from_results(
             results,
             termination=BatchTermination(kind=term.get("kind", "completed"), reason=term.get("reason")),

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
 from typing import Any, Final, final
 
 from ._categories import ErrorCategory
 from ._errors import ConfigurationError, ProviderError
+from ._models import is_pydantic_model_class, plain_json_of_model
 
 __all__ = [
     "FENCE_METADATA_KEY",
@@ -48,24 +48,6 @@ class StructuredOutputError(ProviderError):
     def __init__(self, message: str, *, validation_error: BaseException | None = None) -> None:
         super().__init__(message, category=ErrorCategory.PARSE)
         self.validation_error = validation_error
-
-
-def is_pydantic_model_class(value: object) -> bool:
-    """Whether ``value`` is a pydantic ``BaseModel`` subclass (without importing pydantic unasked)."""
-    if not isinstance(value, type):
-        return False
-    pydantic = sys.modules.get("pydantic")
-    if pydantic is None:
-        return False
-    return issubclass(value, pydantic.BaseModel)
-
-
-def plain_json_of_model(value: object) -> tuple[bool, Any]:
-    """``(True, value.model_dump(mode="json"))`` for a pydantic model instance, else ``(False, None)``."""
-    pydantic = sys.modules.get("pydantic")
-    if pydantic is None or not isinstance(value, pydantic.BaseModel):
-        return False, None
-    return True, value.model_dump(mode="json")
 
 
 @final

@@ -26,7 +26,7 @@ import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._requests import LLMRequest, request_of_text
+from ..._values._prompts import LLMRequest, request_of_text
 from ..._values._urls import join_url, redact_url
 from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
 from ._batch_lines import decode_result_files, request_line

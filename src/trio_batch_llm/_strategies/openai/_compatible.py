@@ -23,7 +23,7 @@ import anyio.lowlevel
 from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError, ProviderError
-from ..._values._requests import LLMRequest, check_params
+from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
 from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls

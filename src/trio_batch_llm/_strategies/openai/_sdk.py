@@ -24,7 +24,7 @@ from typing import Any, final
 from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError
-from ..._values._requests import LLMRequest
+from ..._values._prompts import LLMRequest
 from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import is_openai_api, redact_url
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
