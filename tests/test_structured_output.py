@@ -105,6 +105,7 @@ async def test_model_sent_validated_and_retried_without_backoff(server: MockServ
     assert results["retry"].timing.backoff < 30  # no 1000 s backoff (it would not fit the deadline)
     assert results["fence"].metadata.get("fence_recovered") is True
     assert "fence_recovered" not in results["ok"].metadata
+    assert "structured  1 answers recovered from a code fence" in batch.summary()
     sent = server.requests[0].body
     if api == "chat":
         assert sent["response_format"]["type"] == "json_schema"

@@ -304,6 +304,9 @@ class BatchResult(Generic[TOutput]):
         if categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(categories.items()))
             lines.append(f"  failures    {detail}")
+        fenced = sum(1 for r in executed if r.metadata.get("fence_recovered") is True)
+        if fenced:  # structured answers that came wrapped in a markdown code fence, unwrapped
+            lines.append(f"  structured  {fenced:,} answers recovered from a code fence")
         if ran:
             lines.append("                    p50        p95        p99")
             for label, attr in (("admission", "admission_wait"), ("execution", "execution")):
