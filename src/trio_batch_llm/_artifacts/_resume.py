@@ -190,10 +190,11 @@ class ResumePlan:
     def replay(self, item: LLMWorkItem[Any]) -> WorkItemResult[Any] | None:
         """The replayed result for ``item``, or ``None`` when it must run."""
         replay = self.decide(item.item_id, item.prompt, item.context, item.params).replay
-        if replay is not None and replay.output is not None:
+        decode = getattr(item.strategy, "decode_output", None)  # any object may stand in as a strategy
+        if replay is not None and replay.output is not None and decode is not None:
             # A store keeps plain JSON; the item's strategy turns it back (a response model's instance).
             try:
-                replay.output = item.strategy.decode_output(replay.output)
+                replay.output = decode(replay.output)
             except Exception:  # noqa: BLE001 - the response model changed: the stored output is stale
                 self.replayed -= 1
                 self.rerun[RerunReason.INPUT_CHANGED] = self.rerun.get(RerunReason.INPUT_CHANGED, 0) + 1
