@@ -111,6 +111,7 @@ EXAMPLES = [
     )),
     Example("checkpoint_resume", BOTH),
     Example("output_codec", BOTH),
+    Example("structured_output", BOTH, needs=(*SERVER, "pydantic")),
     Example("durable_run", BOTH, needs=SERVER),
     Example("batch_run", BOTH, needs=SERVER),
     Example("streaming", BOTH, ("consumed 200 results; read ", "calls still running: 0")),

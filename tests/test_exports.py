@@ -23,6 +23,8 @@ API_NAMES = {
     "process_stream",
     # durable runs, live mode (issue 12)
     "open_run",
+    # requests, structured output, response details (issue 18)
+    "LLMRequest", "ResponseDetails", "StructuredOutputError", "ToolCall",
 }
 
 

@@ -79,7 +79,8 @@ def usage_of(prompt: str) -> dict[str, int]:
     """What the mock reports for an echo answer to ``prompt``."""
     prompt_tokens, output_tokens = mock_token_count(prompt), mock_token_count("echo: " + prompt)
     return {"input_tokens": prompt_tokens, "output_tokens": output_tokens,
-            "total_tokens": prompt_tokens + output_tokens, "cached_input_tokens": 0}
+            "total_tokens": prompt_tokens + output_tokens, "cached_input_tokens": 0,
+            "reasoning_tokens": 0}
 
 
 # -- success and usage ---------------------------------------------------------------------------

@@ -79,7 +79,8 @@ async def test_success_with_usage(server: MockServer, kind: str, api: str) -> No
     assert text == "echo: " + prompt
     input_tokens, output_tokens = mock_token_count(prompt), mock_token_count("echo: " + prompt)
     assert usage == {"input_tokens": input_tokens, "output_tokens": output_tokens,
-                     "total_tokens": input_tokens + output_tokens, "cached_input_tokens": 0}
+                     "total_tokens": input_tokens + output_tokens, "cached_input_tokens": 0,
+                     "reasoning_tokens": 0}
     assert metadata["model"] == "mock-model"
     assert metadata["api"] == api
     (request,) = server.requests

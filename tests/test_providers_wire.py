@@ -135,7 +135,8 @@ async def test_compatible_sends_exact_request(api: str) -> None:
     assert request.headers["user-agent"].startswith("trio-batch-llm/")
     assert text == "hi there"
     assert usage == {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10,
-                     "cached_input_tokens": 2 if api == "chat" else 0}
+                     "cached_input_tokens": 2 if api == "chat" else 0,
+                     **({} if api == "chat" else {"reasoning_tokens": 1})}
     assert metadata["id"] in ("chatcmpl-1", "resp_1")
     assert metadata["api"] == api
     assert metadata["status_code"] == 200

@@ -68,6 +68,8 @@ from ._values._config import ProcessorConfig as ProcessorConfig
 from ._values._config import RateLimitConfig as RateLimitConfig
 from ._values._config import ResumePolicy as ResumePolicy
 from ._values._config import RetryConfig as RetryConfig
+from ._values._details import ResponseDetails as ResponseDetails
+from ._values._details import ToolCall as ToolCall
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
 from ._values._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._values._errors import ArtifactMismatchError as ArtifactMismatchError
@@ -84,6 +86,7 @@ from ._values._errors import QueueFullError as QueueFullError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._prompts import LLMRequest as LLMRequest
 from ._values._ramp import StartupRampConfig as StartupRampConfig
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
@@ -93,6 +96,7 @@ from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
+from ._values._structured import StructuredOutputError as StructuredOutputError
 from ._values._timing import AttemptTiming as AttemptTiming
 from ._values._timing import ItemTiming as ItemTiming
 from ._version import __version__ as __version__
@@ -143,6 +147,7 @@ __all__ = [
     "LLMCallError",
     "LLMCallPool",
     "LLMCallStrategy",
+    "LLMRequest",
     "LLMWorkItem",
     "LifecycleEvent",
     "MetricsObserver",
@@ -162,6 +167,7 @@ __all__ = [
     "ProviderError",
     "QueueFullError",
     "RateLimitConfig",
+    "ResponseDetails",
     "ResultChannelStatistics",
     "ResultStream",
     "ResumePolicy",
@@ -179,8 +185,10 @@ __all__ = [
     "SqliteRunRepository",
     "StartupRampConfig",
     "StreamFinalizationError",
+    "StructuredOutputError",
     "TimeoutCategory",
     "TokenUsage",
+    "ToolCall",
     "WORKER_CANCELLATION_TIMEOUT",
     "WorkItemResult",
     "__version__",

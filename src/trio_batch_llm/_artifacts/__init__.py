@@ -4,6 +4,8 @@ from ._codec import OutputCodec as OutputCodec
 from ._codec import unstorable_failure as unstorable_failure
 from ._fingerprint import fingerprint as fingerprint
 from ._fingerprint import identity_fingerprint as identity_fingerprint
+from ._fingerprint import item_fingerprint as item_fingerprint
+from ._fingerprint import request_fingerprint as request_fingerprint
 from ._jsonl import JsonlArtifactStore as JsonlArtifactStore
 from ._protocol import ArtifactStore as ArtifactStore
 from ._protocol import StoredRecord as StoredRecord
@@ -30,6 +32,8 @@ __all__ = [
     "ensure_store_usable",
     "fingerprint",
     "identity_fingerprint",
+    "item_fingerprint",
     "prepare_resume",
+    "request_fingerprint",
     "unstorable_failure",
 ]

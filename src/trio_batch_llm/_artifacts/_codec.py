@@ -20,9 +20,11 @@ The encoder's result is checked by the same rule; the decoder runs when the
 store loads (before any work starts), so a decoder that fails is reported at
 open. ``None`` (no output) is stored as ``null`` and never passed to either.
 
-Hook for structured output: a response model's codec (``model_dump(mode="json")``
-one way, ``model_validate`` the other) is an encoder/decoder pair, and plugs in
-here; nothing else in the stores needs to know about models.
+Structured output: a pydantic model instance (what a strategy's
+``response_model=`` makes) is kept as ``model_dump(mode="json")`` without any
+encoder given; on a resume the item's strategy turns it back into the model
+(``LLMCallStrategy.decode_output``, applied by the resume plan), so the store
+needs no decoder either. An explicit ``output_encoder`` still wins.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ConfigurationError
+from .._values._models import plain_json_of_model
 from .._values._results import WorkItemResult
 
 __all__ = ["JSONValue", "OutputCodec", "unstorable_failure"]
@@ -110,6 +113,9 @@ class OutputCodec:
         if self._encoder is None:
             if type(output) is str:  # the common case, without the walk
                 return output
+            is_model, dumped = plain_json_of_model(output)
+            if is_model:
+                output = dumped
             problem = plain_json_problem(output)
             if problem is not None:
                 raise ValueError(f"{problem}; {_HINT}")

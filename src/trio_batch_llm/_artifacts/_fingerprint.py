@@ -28,16 +28,20 @@ import hashlib
 import json
 import pathlib
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 from .._values._config import ArtifactIdentity
+from .._values._requests import LLMWorkItem, Prompt
 
 __all__ = [
     "canonical_json",
     "encode_record",
     "fingerprint",
     "identity_fingerprint",
+    "item_fingerprint",
     "jsonable_or_repr",
+    "request_fingerprint",
 ]
 
 _FORMAT_TAG = b"trio-batch-llm/fingerprint/v1\x00"
@@ -119,6 +123,35 @@ def fingerprint(prompt: str, context: Any) -> str:
     digest.update(prompt_bytes)
     digest.update(context_bytes)
     return digest.hexdigest()
+
+
+_REQUEST_TAG: Final = b"trio-batch-llm request fingerprint v1\x00"
+
+
+def request_fingerprint(prompt: Prompt, params: Mapping[str, Any] | None, context: Any) -> str:
+    """The fingerprint of an item's whole request: :func:`fingerprint` for a text prompt without params
+    (so checkpoints written before requests existed still match), else SHA-256 over the canonical JSON
+    of the messages and params (a changed message or parameter is a changed item: it is not replayed)."""
+    if isinstance(prompt, str) and not params:
+        return fingerprint(prompt, context)
+    try:
+        context_bytes = b"j" + _utf8(canonical_json(context, allow_nan=True))
+    except (TypeError, ValueError, RecursionError):
+        context_bytes = b"r" + _utf8(repr(context))
+    try:
+        request = _utf8(canonical_json({"prompt": prompt, "params": dict(params or {})}, allow_nan=True))
+    except (TypeError, ValueError, RecursionError):
+        request = _utf8(repr((prompt, params)))
+    digest = hashlib.sha256(_REQUEST_TAG)
+    digest.update(len(request).to_bytes(8, "big"))
+    digest.update(request)
+    digest.update(context_bytes)
+    return digest.hexdigest()
+
+
+def item_fingerprint(item: LLMWorkItem[Any]) -> str:
+    """:func:`request_fingerprint` of ``item``: what its checkpoint record is keyed by."""
+    return request_fingerprint(item.prompt, item.params, item.context)
 
 
 def identity_fingerprint(identity: ArtifactIdentity) -> str:

@@ -36,6 +36,7 @@ So under ``REUSE_ALL`` the replayed failures are ``INVALID_REQUEST``,
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, final
@@ -43,9 +44,9 @@ from typing import Any, Final, final
 from .._values._categories import ErrorCategory
 from .._values._config import ResumePolicy
 from .._values._errors import ArtifactStoreError
-from .._values._requests import LLMWorkItem
+from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import WorkItemResult
-from ._fingerprint import fingerprint
+from ._fingerprint import request_fingerprint
 from ._protocol import ArtifactStore, StoredRecord
 
 __all__ = [
@@ -169,14 +170,16 @@ class ResumePlan:
         """Records not yet looked at."""
         return len(self._records)
 
-    def decide(self, item_id: str, prompt: str, context: Any = None) -> ResumeDecision:
+    def decide(self, item_id: str, prompt: Prompt, context: Any = None,
+               params: Mapping[str, Any] | None = None) -> ResumeDecision:
         stored = self._records.pop(item_id, None)
         if stored is None:
             # Hot path of every fresh run: nothing to compare, so no fingerprint to compute.
             decision = _NOT_STORED
         else:
             decision = decide_resume(
-                stored, policy=self._policy, fingerprint=fingerprint(prompt, context), context=context
+                stored, policy=self._policy, fingerprint=request_fingerprint(prompt, params, context),
+                context=context,
             )
         if decision.rerun_reason is None:
             self.replayed += 1
@@ -186,7 +189,17 @@ class ResumePlan:
 
     def replay(self, item: LLMWorkItem[Any]) -> WorkItemResult[Any] | None:
         """The replayed result for ``item``, or ``None`` when it must run."""
-        return self.decide(item.item_id, item.prompt, item.context).replay
+        replay = self.decide(item.item_id, item.prompt, item.context, item.params).replay
+        decode = getattr(item.strategy, "decode_output", None)  # any object may stand in as a strategy
+        if replay is not None and replay.output is not None and decode is not None:
+            # A store keeps plain JSON; the item's strategy turns it back (a response model's instance).
+            try:
+                replay.output = decode(replay.output)
+            except Exception:  # noqa: BLE001 - the response model changed: the stored output is stale
+                self.replayed -= 1
+                self.rerun[RerunReason.INPUT_CHANGED] = self.rerun.get(RerunReason.INPUT_CHANGED, 0) + 1
+                return None
+        return replay
 
 
 async def prepare_resume(store: ArtifactStore, policy: ResumePolicy) -> ResumePlan:

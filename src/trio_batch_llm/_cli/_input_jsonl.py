@@ -2,7 +2,10 @@
 
 A line is an object ``{"id": ..., "prompt": ..., "context": ...}``
 (``context`` optional, any JSON; an integer id is read as its decimal string;
-other keys are ignored) or a string, the prompt, whose id is ``item-N`` (N
+other keys are ignored), or ``{"id": ..., "messages": [...], "params": {...}}``
+(chat messages instead of ``prompt``, and request parameters, both checked
+here; such a record's ``prompt`` is the request as one text, ``request_text``,
+which the run unpacks), or a string, the prompt, whose id is ``item-N`` (N
 counts the items from 0, as ``process_prompts`` does). Blank lines are skipped.
 
 Speed matters here: a million lines are checked before the first call. The
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any, Final, final
 
 from .._values._item_checks import json_line_nesting_column, nesting_problem, surrogate_problem
-from .._values._requests import item_id_problem
+from .._values._requests import check_params, check_prompt, item_id_problem, prompt_text, request_text
 from ._input_records import MAX_REPORTED, InputError, InputRecord
 
 __all__ = [
@@ -126,7 +129,8 @@ def classify_line(path: Path, text: str, number: int) -> tuple[str | None, str, 
             end = -1
         if end == len(stripped) and type(value) is dict:
             item_id, prompt = value.get("id"), value.get("prompt")
-            if type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip():
+            if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
+                    and "params" not in value):
                 return item_id, prompt, value.get("context")
     return _full_check(path, text, stripped, number)
 
@@ -159,11 +163,41 @@ def _full_check(
         problem = f"{item_id!r} {found}"
     if problem is not None:
         return InputError(path, problem, line=number, field="id")
+    if "messages" in value or "params" in value:
+        return _request_line(path, value, item_id, number)
     prompt = value.get("prompt")
     problem = _prompt_problem(prompt, escaped)
     if problem is not None or not isinstance(prompt, str):
         return InputError(path, problem or "missing", line=number, field="prompt")
     return item_id, prompt, value.get("context")
+
+
+def _request_line(path: Path, value: dict[str, Any], item_id: str | None,
+                  number: int) -> tuple[str | None, str, Any] | InputError:
+    """A line with ``messages`` and/or ``params``: checked, and kept as one request text."""
+    if ("prompt" in value) == ("messages" in value):
+        return InputError(path, 'give exactly one of "prompt" and "messages"', line=number)
+    field = "messages" if "messages" in value else "prompt"
+    prompt = value[field]
+    try:
+        if field == "prompt":
+            problem = _prompt_problem(prompt, True)
+            if problem is not None:
+                return InputError(path, problem, line=number, field="prompt")
+        else:
+            if isinstance(prompt, str):
+                raise TypeError('must be a list of chat messages (a text prompt goes in "prompt")')
+            prompt = check_prompt(prompt, "messages")
+            text_problem = surrogate_problem(prompt_text(prompt))
+            if text_problem is not None:
+                return InputError(path, text_problem, line=number, field="messages")
+    except (TypeError, ValueError) as exc:
+        return InputError(path, str(exc).removeprefix("messages: "), line=number, field=field)
+    try:
+        params = check_params(value.get("params"), "params")
+    except (TypeError, ValueError) as exc:
+        return InputError(path, str(exc).removeprefix("params: "), line=number, field="params")
+    return item_id, request_text(prompt, params), value.get("context")
 
 
 def jsonl_entries(path: Path) -> Iterator[InputRecord | InputError]:
@@ -227,7 +261,8 @@ def scan_range(path: Path, start: int = 0, end: int | None = None, *, keep_set: 
                     stop = -1
                 if stop == len(text) and type(value) is dict:
                     item_id, prompt = value.get("id"), value.get("prompt")
-                    if type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip():
+                    if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
+                            and "params" not in value):
                         items += 1
                         entries += 1
                         key = hash(item_id)

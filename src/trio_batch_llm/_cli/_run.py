@@ -47,7 +47,7 @@ from .._strategies._base import LLMCallStrategy
 from .._strategies._factory import llm
 from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy, RetryConfig
 from .._values._errors import AdmissionClosedError, ArtifactMismatchError, BatchLLMError, ConfigurationError
-from .._values._requests import LLMWorkItem
+from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination
 from .._values._urls import is_openai_api, redact_url
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
@@ -256,9 +256,10 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
     """
     try:
         for record in iter_input(plan.source):
+            prompt, params = request_of_text(record.prompt)  # a row with messages/params: unpacked
             await processor.add_work(
-                LLMWorkItem(item_id=record.item_id, strategy=plan.strategy, prompt=record.prompt,
-                            context=record.context)
+                LLMWorkItem(item_id=record.item_id, strategy=plan.strategy, prompt=prompt,
+                            context=record.context, params=params)
             )
     except AdmissionClosedError:
         pass  # a stop (a signal, a guardrail) closed admission; the rest is for --resume

@@ -11,9 +11,17 @@ import anyio.lowlevel
 from .._strategies._base import LLMCallStrategy
 from .._values._errors import AdmissionClosedError
 from .._values._item_checks import check_item
-from .._values._requests import LLMWorkItem, item_id_problem
+from .._values._requests import LLMWorkItem, check_params, check_prompt, item_id_problem
 
-__all__ = ["aiter_items", "feed_items", "is_sized_source", "items_from_sequence", "validate_source"]
+__all__ = [
+    "aiter_items",
+    "check_request",
+    "feed_items",
+    "is_sized_source",
+    "item_of_mapping",
+    "items_from_sequence",
+    "validate_source",
+]
 
 TOutput = TypeVar("TOutput")
 
@@ -35,10 +43,53 @@ def is_sized_source(prompts: object) -> bool:
 
 
 def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LLMWorkItem[TOutput]:
-    """One entry, checked: ``str``, ``(id, prompt[, context])`` or ``LLMWorkItem``."""
+    """One entry, checked: ``str``, ``(id, prompt[, context])``, a mapping or ``LLMWorkItem``."""
     item = _to_item(entry, index, strategy)
-    check_item(item.item_id, item.prompt, item.context, where=f"prompts[{index}]")
+    where = f"prompts[{index}]"
+    check_item(item.item_id, item.prompt_text if not isinstance(item.prompt, str) else item.prompt,
+               item.context, where=where)
+    check_request(item, where)
     return item
+
+
+def check_request(item: LLMWorkItem[Any], where: str) -> None:
+    """An item's messages and params checked, and its strategy able to send them: before any call."""
+    place = f"{where} (item_id={item.item_id!r})"
+    if not isinstance(item.prompt, str) or item.params:
+        item.prompt = check_prompt(item.prompt, place)
+        item.params = check_params(item.params, place) or None
+    problem = item.strategy.request_problem(item.request)
+    if problem is not None:
+        raise ValueError(f"{place}: {problem}")
+
+
+MAPPING_KEYS = frozenset({"id", "item_id", "prompt", "messages", "params", "context"})
+
+
+def item_of_mapping(entry: Mapping[Any, Any], index: int, strategy: LLMCallStrategy[TOutput],
+                    where: str) -> LLMWorkItem[TOutput]:
+    """``{"id", "prompt"|"messages", "params", "context"}`` as an item (``item_id`` is taken for ``id``)."""
+    unknown = sorted(str(k) for k in entry if k not in MAPPING_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; an entry has "
+                         '"id", "prompt" or "messages", and optionally "params" and "context"')
+    if "id" in entry and "item_id" in entry:
+        raise ValueError(f'{where}: give "id" or "item_id", not both')
+    item_id = entry.get("id", entry.get("item_id", f"item-{index}"))
+    problem = item_id_problem(item_id)
+    if problem is not None:
+        raise ValueError(f"{where}: id={item_id!r} {problem}")
+    if ("prompt" in entry) == ("messages" in entry):
+        raise ValueError(f'{where} (item_id={item_id!r}): give exactly one of "prompt" and "messages"')
+    prompt = entry["prompt"] if "prompt" in entry else entry["messages"]
+    if "prompt" in entry and not isinstance(prompt, str):
+        raise TypeError(f'{where} (item_id={item_id!r}): "prompt"={prompt!r:.80} must be a str '
+                        '(chat messages go in "messages")')
+    if "messages" in entry and isinstance(prompt, str):
+        raise TypeError(f'{where} (item_id={item_id!r}): "messages" must be a list of chat messages '
+                        '(a text prompt goes in "prompt")')
+    return LLMWorkItem(item_id=item_id, strategy=strategy, prompt=prompt, context=entry.get("context"),
+                       params=entry.get("params"))
 
 
 def _to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LLMWorkItem[TOutput]:
@@ -47,16 +98,20 @@ def _to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> L
         return entry
     if isinstance(entry, str):
         return LLMWorkItem(item_id=f"item-{index}", strategy=strategy, prompt=entry)
+    if isinstance(entry, Mapping):
+        return item_of_mapping(entry, index, strategy, f"prompts[{index}]")
     if isinstance(entry, tuple) and len(entry) in (2, 3):
         item_id, prompt = entry[0], entry[1]
         context: Any = entry[2] if len(entry) == 3 else None
         _check_id(item_id, index)
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompts[{index}] (item_id={item_id!r}): prompt={prompt!r} must be a str")
+        if not isinstance(prompt, (str, list)):
+            raise TypeError(f"prompts[{index}] (item_id={item_id!r}): prompt={prompt!r} must be a str "
+                            "or a list of chat messages")
         return LLMWorkItem(item_id=item_id, strategy=strategy, prompt=prompt, context=context)
     raise TypeError(
         f"prompts[{index}]={entry!r}: expected a str, (item_id, prompt), "
-        "(item_id, prompt, context) or LLMWorkItem"
+        "(item_id, prompt, context), a mapping {\"id\", \"prompt\"|\"messages\", \"params\", \"context\"} "
+        "or LLMWorkItem"
     )
 
 

@@ -13,6 +13,7 @@ from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
+from ._inputs import check_request
 
 __all__ = ["Intake"]
 
@@ -51,7 +52,8 @@ class Intake(Generic[TOutput]):
             raise TypeError(f"item={item!r}: must be an LLMWorkItem")
         if (problem := item_id_problem(item.item_id)) is not None:
             raise ValueError(f"item_id={item.item_id!r} {problem}")
-        check_item(item.item_id, item.prompt, item.context)
+        check_item(item.item_id, item.prompt_text, item.context)
+        check_request(item, "add_work")
         replay = self.plan.replay(item) if self.plan is not None else None
         if self._record:
             self.order.append(item.item_id)

@@ -183,7 +183,7 @@ class ItemRunner(Generic[TOutput]):
                     binding = await self.bind(strategy)
                 self._last = binding
             run.binding = binding
-            tokens = binding.tokens(run.item.prompt)
+            tokens = binding.tokens(run.item.prompt_text)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit: between calls, never the attempt's own deadline
@@ -192,10 +192,10 @@ class ItemRunner(Generic[TOutput]):
                 if not isinstance(outcome, Failure):
                     output, meta = outcome
                     try:
-                        output = self.parse(binding, output)
+                        output = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
                         guard.set_deadline(run.start_limit)
-                        outcome = Failure(exc, binding.classify(exc))
+                        outcome = Failure(exc, binding.classify(exc), parse_stage=True)
                     else:
                         return run.succeeded(output, meta, self._clock())
                 if (result := await self.back_off(run, outcome)) is not None:
@@ -250,7 +250,7 @@ class ItemRunner(Generic[TOutput]):
         state = run.retries.state if run.retries is not None else None
         run.calling = True
         try:
-            returned = await binding.strategy.execute(run.item.prompt, attempt, timeout, state)
+            returned = await binding.strategy.execute_request(run.item.request, attempt, timeout, state)
             output, usage, meta = as_triple(returned)
         except Exception as exc:  # noqa: BLE001 - the one classification boundary
             run.calling = False
@@ -294,13 +294,18 @@ class ItemRunner(Generic[TOutput]):
         held.release(usage_total(usage), observation)
         return 0.0
 
-    def parse(self, binding: Binding, raw: Any) -> Any:
-        """Stage 3: the call's raw output -> the item's output.
+    def parse(self, binding: Binding, raw: Any, meta: Any) -> Any:
+        """Stage 3: the call's raw output -> the item's output (``strategy.parse_output``).
 
         Raises a parse failure (any ``Exception``; ``ProviderError(category=PARSE)`` to
-        say so) when ``raw`` cannot become an output: :meth:`decide` treats it as a
-        failed attempt whose tokens were spent. Today every output is taken as it is.
+        say so, as a response model's :class:`StructuredOutputError` does) when ``raw``
+        cannot become an output: :meth:`decide` treats it as a failed attempt whose
+        tokens were spent, retried (PARSE) at once, without backoff: asking again is
+        the remedy, and the provider is not overloaded. A strategy that does not
+        override ``parse_output`` costs nothing here.
         """
+        if binding.parses:
+            return binding.strategy.parse_output(raw, meta if isinstance(meta, dict) else {})
         return raw
 
     def decide(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | float:
@@ -323,7 +328,8 @@ class ItemRunner(Generic[TOutput]):
             if retry:
                 if retries.rng is None:
                     retries.rng = self._rng(run.item)
-                wait = config.wait_before_retry(retries.failures - 1, verdict.retry_after, retries.rng)
+                wait = 0.0 if failure.parse_stage else config.wait_before_retry(
+                    retries.failures - 1, verdict.retry_after, retries.rng)
         now = self._clock()
         if not retry:
             return run.failed_with(exc, category, now)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
 
 from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
+from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
@@ -20,7 +21,6 @@ from ._classify import Classification, classify
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
-    from .._strategies._base import LLMCallStrategy
 
 __all__ = [
     "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple", "rate_limit_observation",
@@ -36,7 +36,8 @@ _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
 class Binding:
     """One strategy as the item path uses it, resolved once per owner (``ItemRunner.bind``)."""
 
-    __slots__ = ("estimate", "estimator", "quota", "strategy", "strategy_classifier", "user_classifier")
+    __slots__ = ("estimate", "estimator", "parses", "quota", "strategy", "strategy_classifier",
+                 "user_classifier")
 
     def __init__(
         self,
@@ -56,6 +57,8 @@ class Binding:
         """The config's token estimator, for a scope that learns a token budget (:meth:`tokens`)."""
         self.strategy_classifier = strategy.classify_error
         self.user_classifier = user_classifier
+        self.parses = type(strategy).parse_output is not LLMCallStrategy.parse_output
+        """Whether the strategy has a parse stage of its own (``parse_output`` overridden)."""
 
     def tokens(self, prompt: str) -> int:
         """The token estimate ``prompt`` is admitted with: 0 unless a TPM limit is set or reported.
@@ -77,11 +80,14 @@ class Binding:
 class Failure:
     """A failed attempt: its exception, how it is treated, and this item's own wait before a retry."""
 
-    __slots__ = ("exc", "verdict", "wait")
+    __slots__ = ("exc", "parse_stage", "verdict", "wait")
 
-    def __init__(self, exc: Exception, verdict: Classification, wait: float = 0.0) -> None:
+    def __init__(self, exc: Exception, verdict: Classification, wait: float = 0.0, *,
+                 parse_stage: bool = False) -> None:
         self.exc = exc
         self.verdict = verdict
+        self.parse_stage = parse_stage
+        """The call answered but its answer did not parse: retried without backoff."""
         self.wait = wait
         """Non-zero for a 429 that said capacity remains (a blip): only this item waits, not its scope."""
 

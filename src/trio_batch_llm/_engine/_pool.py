@@ -6,6 +6,7 @@ cancelled caller cancels exactly its own work and releases its slot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar, final
@@ -22,10 +23,11 @@ from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallError, QueueFullError
 from .._values._item_checks import check_item
-from .._values._requests import LLMWorkItem
+from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import WorkItemResult
 from ._classifier_objects import ClassifierArg
 from ._guards import Guard
+from ._inputs import check_request
 from ._item import RETRY, ItemRunner
 
 __all__ = ["LLMCallPool", "PoolStatistics"]
@@ -101,10 +103,14 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         """Requests admitted or waiting right now."""
         return self._pending
 
-    async def submit(self, prompt: str, *, context: Any = None, timeout: float | None = None) -> TOutput:
-        """Run one request and return its output; raises :class:`LLMCallError` on failure."""
+    async def submit(self, prompt: Prompt, *, context: Any = None, timeout: float | None = None,
+                     params: Mapping[str, Any] | None = None) -> TOutput:
+        """Run one request and return its output; raises :class:`LLMCallError` on failure.
+
+        ``prompt`` is a text or chat messages; ``params`` its request parameters.
+        """
         self._check_capacity(raise_full=True)
-        result = await self._run(prompt, context, timeout)
+        result = await self._run(prompt, context, timeout, params)
         if result.success:
             return result.output  # type: ignore[return-value]
         raise LLMCallError(f"request {result.item_id!r} failed: {result.error}", result=result) from (
@@ -112,14 +118,15 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         )
 
     async def submit_result(
-        self, prompt: str, *, context: Any = None, timeout: float | None = None
+        self, prompt: Prompt, *, context: Any = None, timeout: float | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> WorkItemResult[TOutput]:
         """Run one request; provider failures come back as a failed result, never raised."""
         full = self._check_capacity(raise_full=False)
         if full is not None:
             await anyio.lowlevel.checkpoint()
             return full
-        return await self._run(prompt, context, timeout)
+        return await self._run(prompt, context, timeout, params)
 
     def _check_capacity(self, *, raise_full: bool) -> WorkItemResult[TOutput] | None:
         if not self._accepting:
@@ -143,12 +150,15 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             )
         return None
 
-    async def _run(self, prompt: str, context: Any, timeout: float | None) -> WorkItemResult[TOutput]:
+    async def _run(self, prompt: Prompt, context: Any, timeout: float | None,
+                   params: Mapping[str, Any] | None = None) -> WorkItemResult[TOutput]:
         self._sequence += 1
         item = LLMWorkItem(
-            item_id=f"request-{self._sequence}", strategy=self.strategy, prompt=prompt, context=context
+            item_id=f"request-{self._sequence}", strategy=self.strategy, prompt=prompt, context=context,
+            params=params,
         )
-        check_item(item.item_id, prompt, context)
+        check_item(item.item_id, item.prompt_text, context)
+        check_request(item, "submit")
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
         try:

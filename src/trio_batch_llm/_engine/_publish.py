@@ -20,14 +20,14 @@ from typing import Any, Final, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._artifacts import fingerprint, unstorable_failure
+from .._artifacts import item_fingerprint, unstorable_failure
 from .._observe._events import BatchFinished, BatchStarted
 from .._observe._hooks import Hooks
 from .._observe._log import FailureLog
 from .._observe._progress import CallbackProgress, ProgressTracker
 from .._observe._snapshot import Progress
 from .._values._errors import ArtifactEncodeError
-from .._values._requests import LLMWorkItem
+from .._values._requests import LLMWorkItem, request_text
 from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import RunCounters
 from ._channel import ResultChannel
@@ -192,13 +192,14 @@ class Publisher(Generic[TOutput]):
         self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]
     ) -> WorkItemResult[TOutput]:
         """Store ``result``, or, if the store cannot keep it faithfully, the failure that replaces it."""
-        key = fingerprint(item.prompt, item.context)
+        key = item_fingerprint(item)
+        prompt = request_text(item.prompt, item.params)
         try:
-            await self.store.append(result, fingerprint=key, prompt=item.prompt)
+            await self.store.append(result, fingerprint=key, prompt=prompt)
         except ArtifactEncodeError as exc:
             # Item-local: nothing was written; publish (and store) why instead of a lossy copy.
             result = unstorable_failure(result, exc)
-            await self.store.append(result, fingerprint=key, prompt=item.prompt)
+            await self.store.append(result, fingerprint=key, prompt=prompt)
         return result
 
     # --- a stopped queue ---------------------------------------------------------

@@ -46,7 +46,7 @@ from .._values._errors import (
     ArtifactStoreError,
     BatchInterruptedError,
 )
-from .._values._requests import LLMWorkItem
+from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination, WorkItemResult
 from ._ingest import Ingestor, decode_context
 from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
@@ -258,7 +258,8 @@ class SegmentDriver(DriverBase):
                 ):
                     for pending in page:
                         context = decode_context(pending.context_json)
-                        item = LLMWorkItem(pending.item_id, self._strategy, pending.prompt, context)
+                        prompt, params = request_of_text(pending.prompt)
+                        item = LLMWorkItem(pending.item_id, self._strategy, prompt, context, params)
                         await proc.add_work(item)
                     after = page[-1].ingest_seq
                 if not exhausted:
@@ -279,8 +280,9 @@ class SegmentDriver(DriverBase):
                 try:
                     while (items := await ingestor.next_slice()) is not None:
                         seg.progress += len(items)
-                        for item_id, prompt, context in items:
-                            await proc.add_work(LLMWorkItem(item_id, self._strategy, prompt, context))
+                        for item_id, text, context in items:
+                            prompt, params = request_of_text(text)
+                            await proc.add_work(LLMWorkItem(item_id, self._strategy, prompt, context, params))
                 finally:
                     tg.cancel_scope.cancel("ingestion stopped")
 

@@ -32,11 +32,11 @@ from typing import Any, Final, final
 import anyio
 import anyio.lowlevel
 
-from .._artifacts._fingerprint import canonical_json, fingerprint
+from .._artifacts._fingerprint import canonical_json, item_fingerprint
 from .._engine._inputs import to_item
 from .._strategies._base import LLMCallStrategy
 from .._values._item_checks import json_line_nesting_column, nesting_problem
-from .._values._requests import LLMWorkItem
+from .._values._requests import LLMWorkItem, request_text
 from ._schema import NewItem, RunSourceError, SourceCheckpoint
 
 __all__ = ["IterableSource", "JsonlSource", "RawEntry", "RunSource", "make_source", "to_new_item"]
@@ -100,7 +100,7 @@ def to_new_item(entry: RawEntry, strategy: LLMCallStrategy[Any], where: str) -> 
                 f"{where}: entry {entry.position} (item_id={item.item_id!r}): its context must be "
                 f"JSON-encodable to be stored with the run ({exc})"
             ) from None
-    return NewItem(item.item_id, item.prompt, context_json, fingerprint(item.prompt, item.context))
+    return NewItem(item.item_id, request_text(item.prompt, item.params), context_json, item_fingerprint(item))
 
 
 def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
@@ -128,6 +128,9 @@ def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
         item_id = str(item_id)
     if not isinstance(item_id, str) or not item_id.strip():
         raise ValueError(f'{place}: field "id" must be a non-empty string or an integer')
+    if "messages" in value or "params" in value:  # a request row: the mapping input's rules apply
+        row = {key: value[key] for key in ("prompt", "messages", "params", "context") if key in value}
+        return {"id": item_id, **row}
     prompt = value.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f'{place}: field "prompt" must be a non-empty string')

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
+from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._batch import BatchEndpoint
 
@@ -17,13 +19,55 @@ TOutput = TypeVar("TOutput", covariant=True)
 
 
 class LLMCallStrategy(Generic[TOutput]):
-    """Subclass and override :meth:`execute`.
+    """Subclass and override :meth:`execute` (text prompts) or :meth:`execute_request` (any request).
 
     The engine calls :meth:`prepare` once per owner before the first call,
-    :meth:`execute` once per attempt inside the attempt's cancel scope, and
-    :meth:`cleanup` once when the last owner holding the strategy closes.
-    ``cleanup`` must be idempotent: a forced or failed close may run it again.
+    :meth:`execute_request` once per attempt inside the attempt's cancel scope
+    (by default it calls :meth:`execute` with the prompt's text), then
+    :meth:`parse_output` on what it returned, and :meth:`cleanup` once when the
+    last owner holding the strategy closes. ``cleanup`` must be idempotent: a
+    forced or failed close may run it again.
+
+    Requests: a strategy that takes chat messages or per-item ``params``
+    overrides :meth:`execute_request` and :meth:`request_problem`; one that only
+    overrides :meth:`execute` gets text prompts without params, and an item
+    with messages or params is refused before any call (:meth:`request_problem`).
     """
+
+    async def execute_request(
+        self, request: LLMRequest, attempt: int, timeout: float | None, state: RetryState | None = None
+    ) -> tuple[TOutput, TokenUsage | None, Any]:
+        """Make one call for ``request``; by default :meth:`execute` with its text prompt."""
+        return await self.execute(request.text, attempt, timeout, state)
+
+    def request_problem(self, request: LLMRequest) -> str | None:
+        """Why this strategy cannot send ``request`` (checked at input, before any call), or ``None``.
+
+        The default takes text prompts without params, unless :meth:`execute_request`
+        is overridden (then everything: a subclass that takes requests checks them itself).
+        """
+        if type(self).execute_request is not LLMCallStrategy.execute_request or request.is_plain:
+            return None
+        what = "chat messages" if not isinstance(request.prompt, str) else \
+            f"params ({', '.join(sorted(request.params))})"
+        return (f"{type(self).__name__} takes text prompts only (it implements execute(prompt: str, ...)), "
+                f"and this item carries {what}: override execute_request(request, ...) to take them")
+
+    def parse_output(self, raw: Any, metadata: dict[str, Any]) -> TOutput:
+        """The engine's parse stage: a call's raw output -> the item's output (identity by default).
+
+        Raise :class:`ProviderError` with ``category=PARSE`` (e.g. ``StructuredOutputError``)
+        when ``raw`` cannot become an output: the attempt failed, and is retried without
+        backoff while the attempt budget lasts. ``metadata`` is the call's (may be updated).
+        """
+        return raw  # type: ignore[no-any-return]
+
+    def decode_output(self, stored: Any) -> TOutput:
+        """A stored output (plain JSON) back to what :meth:`parse_output` made (identity by default).
+
+        A resume replays a stored output through it: a response model's strategy gives the model back.
+        """
+        return stored  # type: ignore[no-any-return]
 
     async def prepare(self) -> None:
         """Open what calls need (clients, sessions). Runs once per lease."""
@@ -69,6 +113,47 @@ class LLMCallStrategy(Generic[TOutput]):
     @property
     def model_name(self) -> str | None:
         """The model this strategy calls, when it has one (for artifacts and summaries)."""
+        return None
+
+    # What a request is made of, as far as the strategy decides it (artifact identities and
+    # cost read these). Settable, so a subclass that assigns ``self.system_prompt = ...`` in
+    # its ``__init__`` (as strategies did before these existed) keeps working.
+
+    @property
+    def provider_name(self) -> str | None:
+        """The provider this strategy calls (``"openai"``, ``"openai-compatible"``), or ``None``."""
+        return None
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt every request carries unless an item's ``params["system"]`` replaces it."""
+        return self.__dict__.get("_tbl_system_prompt")
+
+    @system_prompt.setter
+    def system_prompt(self, value: str | None) -> None:
+        self.__dict__["_tbl_system_prompt"] = value
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The strategy's default request parameters; an item's ``params`` override them key by key."""
+        return self.__dict__.get("_tbl_params") or {}
+
+    @params.setter
+    def params(self, value: Mapping[str, Any] | None) -> None:
+        self.__dict__["_tbl_params"] = dict(value or {})
+
+    @property
+    def response_model(self) -> type | dict[str, Any] | None:
+        """The structured output asked for: a pydantic model class, a JSON-schema dict, or ``None``."""
+        return self.__dict__.get("_tbl_response_model")
+
+    @response_model.setter
+    def response_model(self, value: type | dict[str, Any] | None) -> None:
+        self.__dict__["_tbl_response_model"] = value
+
+    @property
+    def response_schema(self) -> dict[str, Any] | None:
+        """The JSON schema sent to the provider, derived from :attr:`response_model`; ``None`` without one."""
         return None
 
     def batch_endpoint(self) -> BatchEndpoint | None:

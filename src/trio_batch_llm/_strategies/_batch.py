@@ -143,7 +143,11 @@ class BatchEndpoint(Protocol):
         ...
 
     def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        """The request of one item (thread-safe: called from worker threads)."""
+        """The request of one item (thread-safe: called from worker threads).
+
+        ``prompt`` is the item's request as one text (``request_text``): a text prompt as
+        is, an item with messages or params as marked JSON (``request_of_text`` unpacks it).
+        """
         ...
 
     def decode_results(

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
+from ._details import DETAILS_METADATA_KEY, ResponseDetails
+from ._models import is_pydantic_model_class, plain_json_of_model
 from ._timing import ItemTiming
 from ._urls import redact_urls
 
@@ -28,12 +30,18 @@ TerminationKind = Literal["completed", "batch_deadline", "budget_exhausted", "ab
 
 
 class TokenUsage(TypedDict, total=False):
-    """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown."""
+    """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown.
+
+    ``cached_input_tokens`` (input tokens served from the provider's prompt cache,
+    part of ``input_tokens``) and ``reasoning_tokens`` (hidden reasoning, part of
+    ``output_tokens``) read as 0 when missing: use ``usage.get("reasoning_tokens", 0)``.
+    """
 
     input_tokens: int
     output_tokens: int
     total_tokens: int
     cached_input_tokens: int
+    reasoning_tokens: int
 
 
 def usage_total(usage: Mapping[str, Any] | None) -> int | None:
@@ -97,15 +105,21 @@ class WorkItemResult(Generic[TOutput]):
     context: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
+    details: ResponseDetails | None = None
+    """Finish reason, refusal, tool calls, logprobs (``None`` when the strategy gave none)."""
 
     def __post_init__(self) -> None:
+        # A strategy hands the details over in its metadata; they live here, not there.
+        if self.details is None and isinstance(self.metadata.get(DETAILS_METADATA_KEY), ResponseDetails):
+            self.metadata = dict(self.metadata)
+            self.details = self.metadata.pop(DETAILS_METADATA_KEY)
         # The error text goes to files and logs: a key inside a URL in it (an HTTP client's
         # "... for url 'http://user:KEY@host/v1'") must not.
         if self.error is not None and "://" in self.error:
             self.error = redact_urls(self.error)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "item_id": self.item_id,
             "success": self.success,
             "output": self.output,
@@ -117,11 +131,15 @@ class WorkItemResult(Generic[TOutput]):
             "context": self.context,
             "metadata": dict(self.metadata),
         }
+        if self.details is not None:  # absent otherwise: records stay as they were before details
+            data["details"] = self.details.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, replayed: bool = False) -> WorkItemResult[Any]:
         category = data.get("error_category")
         timing = data.get("timing") or {}
+        details = data.get("details")
         return cls(
             item_id=str(data["item_id"]),
             success=bool(data["success"]),
@@ -134,6 +152,7 @@ class WorkItemResult(Generic[TOutput]):
             context=data.get("context"),
             metadata=dict(data.get("metadata") or {}),
             replayed=replayed,
+            details=ResponseDetails.from_dict(details) if isinstance(details, Mapping) else None,
         )
 
 
@@ -278,6 +297,9 @@ class BatchResult(Generic[TOutput]):
         if categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(categories.items()))
             lines.append(f"  failures    {detail}")
+        fenced = sum(1 for r in executed if r.metadata.get("fence_recovered") is True)
+        if fenced:  # structured answers that came wrapped in a markdown code fence, unwrapped
+            lines.append(f"  structured  {fenced:,} answers recovered from a code fence")
         if ran:
             lines.append("                    p50        p95        p99")
             for label, attr in (("admission", "admission_wait"), ("execution", "execution")):
@@ -295,16 +317,23 @@ class BatchResult(Generic[TOutput]):
                 "input_order": self.input_order,
                 "results": [_export_dict(r) for r in self.results],
             },
-            default=str,
+            default=_json_default,
             allow_nan=False,
         )
 
     @classmethod
-    def from_json(cls, text: str) -> BatchResult[Any]:
+    def from_json(cls, text: str, *, response_model: Any = None) -> BatchResult[Any]:
+        """The batch :meth:`to_json` wrote; with ``response_model`` (the pydantic class the strategy
+        had) successful outputs come back as model instances, as a resume gives them."""
         data = json.loads(text)
         term = data.get("termination") or {}
+        results = [WorkItemResult.from_dict(r) for r in data.get("results", [])]
+        if response_model is not None and is_pydantic_model_class(response_model):
+            for result in results:
+                if result.success and result.output is not None:
+                    result.output = response_model.model_validate(result.output)
         return BatchResult.from_results(
-            [WorkItemResult.from_dict(r) for r in data.get("results", [])],
+            results,
             termination=BatchTermination(kind=term.get("kind", "completed"), reason=term.get("reason")),
             wall_time=float(data.get("wall_time", 0.0)),
             input_order=data.get("input_order"),
@@ -316,14 +345,22 @@ class BatchResult(Generic[TOutput]):
         Every line is encoded before the file is opened, so an output that
         strict JSON cannot hold (ValueError naming the item) leaves no file behind.
         """
-        lines = [json.dumps(_export_dict(r), default=str, allow_nan=False) + "\n" for r in self.results]
+        lines = [json.dumps(_export_dict(r), default=_json_default, allow_nan=False) + "\n"
+                 for r in self.results]
         with Path(path).open("w", encoding="utf-8") as f:
             f.writelines(lines)
 
 
+def _json_default(value: Any) -> Any:
+    """What the exports write for a value JSON has no form for: a pydantic model as the stores keep
+    it (``model_dump(mode="json")``), anything else as ``str()``."""
+    is_model, dumped = plain_json_of_model(value)
+    return dumped if is_model else str(value)
+
+
 def _strict_problem(value: Any) -> str | None:
     try:
-        json.dumps(value, default=str, allow_nan=False)
+        json.dumps(value, default=_json_default, allow_nan=False)
     except (ValueError, RecursionError) as exc:
         return str(exc)
     return None

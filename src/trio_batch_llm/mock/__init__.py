@@ -39,6 +39,14 @@ arrives), ``[[hang]]``, ``[[reset]]``, ``[[malformed]]``,
 ``[[context_length]]``, ``[[content_policy]]``, ``[[latency:0.25]]``,
 ``[[retry_after:2.5]]``.
 
+Structured output: a request asking for a JSON schema (``response_format``
+``json_schema``, or ``text.format``) is answered with deterministic JSON valid
+for it, and a required tool choice with a tool call; ``[[schema_violation]]``,
+``[[invalid_json]]``, ``[[fenced]]``, ``[[refusal]]`` and ``[[reject_schema]]``
+(also ``xN``) break that answer on purpose, and ``invalid_json_rate``,
+``schema_violation_rate`` and ``reject_json_schema`` do it by configuration.
+Every request is recorded as received (``server.requests[i].body``).
+
 The demo, the command line's ``serve-mock``, the project's own tests and its
 benchmarks all use this server. It needs the ``mock`` extra
 (``pip install "trio-batch-llm[mock]"``). :mod:`trio_batch_llm.testing`

@@ -41,6 +41,7 @@ from ._limits import ServerLimits
 from ._plan import CREATED, Plan, error_text, plan_request, reply, success_body
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
+from ._structured import requested_schema
 
 __all__ = ["MockOpenAIApp"]
 
@@ -222,8 +223,10 @@ class MockOpenAIApp:
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
         plan = plan_request(self.config, prompt, occurrence)
+        if self.config.reject_json_schema and requested_schema(api, payload) is not None:
+            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
         exchange.record.outcome = plan.kind if plan.kind != "error" else f"error:{plan.status}"
-        body = success_body(self.config, api, payload, prompt, occurrence)
+        body = success_body(self.config, api, payload, prompt, occurrence, plan.content)
 
         async def act() -> None:
             if plan.kind == "hang":
@@ -242,8 +245,10 @@ class MockOpenAIApp:
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
         plan = plan_request(self.config, prompt, occurrence)
+        if self.config.reject_json_schema and requested_schema(api, payload) is not None:
+            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
         if plan.kind == "ok":
-            return 200, success_body(self.config, api, payload, prompt, occurrence)
+            return 200, success_body(self.config, api, payload, prompt, occurrence, plan.content)
         if plan.kind == "error":
             message, kind, code = error_text(plan.status, plan.code)
             return plan.status, error_payload(message, kind=kind, code=code)

@@ -13,6 +13,12 @@ N occurrences of that prompt; without it: every one)::
     [[fail:503]] [[fail:429x2]] [[hang]] [[reset]] [[malformed]]
     [[context_length]] [[content_policy]] [[latency:0.25]] [[retry_after:2.5]]
 
+and, for a request that asks for a JSON schema (:mod:`._structured`), markers that
+change the answer's content: ``[[invalid_json]]`` (text that is not JSON),
+``[[schema_violation]]`` (JSON that breaks the schema), ``[[fenced]]`` (the JSON
+wrapped in a markdown code fence), ``[[refusal]]`` (the model refuses), and
+``[[reject_schema]]`` (400, the schema refused as a provider refuses one).
+
 Nothing here sends, sleeps or reads a clock: the app carries a plan out.
 """
 
@@ -26,15 +32,19 @@ from typing import Any, Final, Literal, final
 
 from .._strategies.openai._wire import Api, chat_completion_payload, responses_payload
 from ._state import MockServerConfig, mock_token_count
+from ._structured import answer_json, example_of, requested_schema, requested_tool, schema_violation
 
 __all__ = ["CREATED", "Plan", "error_text", "plan_request", "reply", "success_body"]
 
 CREATED: Final = 1_700_000_000
 """The ``created`` timestamp of every answer: a fixed one keeps whole responses deterministic."""
 _MARKER = re.compile(
-    r"\[\[(fail|hang|reset|malformed|context_length|content_policy|latency|retry_after)"
+    r"\[\[(fail|hang|reset|malformed|context_length|content_policy|latency|retry_after|invalid_json"
+    r"|schema_violation|fenced|refusal|reject_schema)"
     r"(?::([0-9.]+))?(?:x(\d+))?\]\]"
 )
+_CONTENT_MARKERS: Final = frozenset({"invalid_json", "schema_violation", "fenced", "refusal"})
+Content = Literal["text", "invalid_json", "schema_violation", "fenced", "refusal"]
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
 
@@ -49,6 +59,8 @@ class Plan:
     status: int = 200
     code: str | None = None
     retry_after: float | None = None
+    content: Content = "text"
+    """What a success says, for a request asking for a JSON schema (see the module docstring)."""
 
 
 def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
@@ -56,6 +68,12 @@ def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
     rng = random.Random(f"{config.seed}\x00{key}\x00{occurrence}")
     latency = rng.uniform(*config.latency) if isinstance(config.latency, tuple) else config.latency
     roll = rng.random()
+    content_roll = rng.random()  # drawn after roll: the plans of requests without a schema do not change
+    content: Content = "text"
+    if content_roll < config.invalid_json_rate:
+        content = "invalid_json"
+    elif content_roll < config.invalid_json_rate + config.schema_violation_rate:
+        content = "schema_violation"
     retry_after, explicit = config.retry_after, False
     forced: Plan | None = None
     for match in _MARKER.finditer(key):
@@ -64,6 +82,9 @@ def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
             latency = float(value)
         elif name == "retry_after" and value is not None:
             retry_after, explicit = float(value), True
+        elif name in _CONTENT_MARKERS:
+            if times is None or occurrence < int(times):
+                content = name  # type: ignore[assignment]
         elif forced is None and (times is None or occurrence < int(times)):
             forced = _marker_plan(name, value)
     if forced is not None:
@@ -75,7 +96,7 @@ def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
                        ("malformed", config.malformed_rate)):
         edge += rate
         if roll < edge:
-            return Plan(kind, latency)  # type: ignore[arg-type]
+            return Plan(kind, latency, content=content)  # type: ignore[arg-type]
     edge += config.server_error_rate
     if roll < edge:
         status = config.server_error_status
@@ -83,7 +104,7 @@ def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
     edge += config.rate_limit_rate
     if roll < edge:
         return Plan("error", latency, 429, "rate_limit_exceeded", retry_after)
-    return Plan("ok", latency)
+    return Plan("ok", latency, content=content)
 
 
 def _marker_plan(name: str, value: str | None) -> Plan:
@@ -94,6 +115,8 @@ def _marker_plan(name: str, value: str | None) -> Plan:
         return Plan("error", status=400, code="context_length_exceeded")
     if name == "content_policy":
         return Plan("error", status=400, code="content_policy_violation")
+    if name == "reject_schema":
+        return Plan("error", status=400, code="invalid_json_schema")
     return Plan(name)  # type: ignore[arg-type]  # hang, reset, malformed
 
 
@@ -108,6 +131,9 @@ def error_text(status: int, code: str | None) -> tuple[str, str, str | None]:
                 "invalid_request_error", code)
     if code == "content_policy_violation":
         return "This request was rejected by the content policy (mock)", "invalid_request_error", code
+    if code == "invalid_json_schema":
+        return ("Invalid schema for response_format: the mock refuses this schema, as a provider refuses "
+                "one it does not support (mock)", "invalid_request_error", code)
     named = {401: "invalid_api_key", 402: "insufficient_quota", 403: "permission_denied",
              404: "model_not_found"}
     return f"mock error {status}", "invalid_request_error", code or named.get(status)
@@ -125,12 +151,38 @@ def reply(config: MockServerConfig, prompt: str) -> tuple[str, int]:
 
 
 def success_body(config: MockServerConfig, api: Api, payload: dict[str, Any], prompt: str,
-                 occurrence: int) -> dict[str, Any]:
-    """The 200 body for ``prompt``'s ``occurrence``-th arrival (live, or a batch line)."""
+                 occurrence: int, content: Content = "text") -> dict[str, Any]:
+    """The 200 body for ``prompt``'s ``occurrence``-th arrival (live, or a batch line).
+
+    A request asking for a JSON schema gets schema-valid JSON (or the fault ``content`` says),
+    one with a required tool choice a tool call (:mod:`._structured`).
+    """
     text, completion_tokens = reply(config, prompt)
+    rng = random.Random(f"{config.seed}\x00json\x00{prompt}")
+    schema = requested_schema(api, payload)
+    tool = requested_tool(api, payload, prompt)
+    call: tuple[str, str, str] | None = None
+    refusal: str | None = None
+    if tool is not None:
+        call_id = "call_" + hashlib.sha256(f"{config.seed}\x00{prompt}".encode()).hexdigest()[:16]
+        call = (call_id, tool[0], answer_json(example_of(tool[1], rng)))
+        text = ""
+    elif schema is not None:
+        if content == "refusal":
+            refusal, text = "I can't help with that (mock)", ""
+        elif content == "invalid_json":
+            text = "Sure! Here is the answer: " + text
+        elif content == "schema_violation":
+            text = answer_json(schema_violation(schema, rng))
+        else:
+            text = answer_json(example_of(schema, rng))
+            if content == "fenced":
+                text = "```json\n" + text + "\n```"
+    if schema is not None or call is not None:
+        completion_tokens = mock_token_count(text or (call[2] if call else ""))
     digest = hashlib.sha256(f"{config.seed}\x00{prompt}\x00{occurrence}".encode()).hexdigest()[:24]
     model = str(payload.get("model") or config.model or "mock-model")
     build = chat_completion_payload if api == "chat" else responses_payload
     return build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
                  prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
-                 created=CREATED)
+                 created=CREATED, tool_call=call, refusal=refusal)

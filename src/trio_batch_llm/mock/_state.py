@@ -49,6 +49,10 @@ class MockServerConfig:
     - ``malformed_rate``: 200 with a truncated JSON body.
     - ``output_tokens``: ``None`` answers ``"echo: " + prompt``; a number (or range)
       answers that many seeded words, and reports exactly that many completion tokens.
+    - ``invalid_json_rate`` / ``schema_violation_rate``: of the requests asking for a JSON
+      schema, the share answered with text that is not JSON / JSON that breaks the schema
+      (drawn apart from the rates above). ``reject_json_schema``: answer every request asking
+      for a JSON schema with 400 ``invalid_json_schema``, as a provider refuses a schema.
     - ``api_key``: when set, requests must carry ``Authorization: Bearer <api_key>`` (else 401).
     - ``model``: the model name for ``/v1/models`` (answers echo the requested model).
     - ``record_requests``: keep a :class:`RecordedRequest` per request (turn off for huge
@@ -85,6 +89,9 @@ class MockServerConfig:
     reset_rate: float = 0.0
     malformed_rate: float = 0.0
     output_tokens: int | tuple[int, int] | None = None
+    invalid_json_rate: float = 0.0
+    schema_violation_rate: float = 0.0
+    reject_json_schema: bool = False
     seed: int = 0
     api_key: str | None = field(default=None, repr=False)
     model: str | None = None
@@ -105,6 +112,13 @@ class MockServerConfig:
                 raise ConfigurationError(name, rate, "must be between 0 and 1")
         if sum(rates.values()) > 1.0 + 1e-9:
             raise ConfigurationError("rates", sum(rates.values()), "the fault rates add up to more than 1")
+        for name, rate in (("invalid_json_rate", self.invalid_json_rate),
+                           ("schema_violation_rate", self.schema_violation_rate)):
+            if not 0.0 <= rate <= 1.0:
+                raise ConfigurationError(name, rate, "must be between 0 and 1")
+        if self.invalid_json_rate + self.schema_violation_rate > 1.0 + 1e-9:
+            raise ConfigurationError("invalid_json_rate", self.invalid_json_rate,
+                                     "with schema_violation_rate adds up to more than 1")
         _check_range("latency", self.latency, minimum=0.0)
         if self.output_tokens is not None:
             _check_range("output_tokens", self.output_tokens, minimum=1)

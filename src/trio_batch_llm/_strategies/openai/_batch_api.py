@@ -26,6 +26,7 @@ import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
+from ..._values._prompts import LLMRequest, request_of_text
 from ..._values._urls import join_url, redact_url
 from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
 from ._batch_lines import decode_result_files, request_line
@@ -57,7 +58,7 @@ class OpenAIEndpointSettings(Protocol):
 
     def http_client(self) -> Any: ...
 
-    def batch_request_body(self, prompt: str) -> dict[str, Any]: ...
+    def batch_request_body(self, prompt: str | LLMRequest) -> dict[str, Any]: ...
 
 
 def batch_info(payload: Any) -> BatchInfo:
@@ -116,8 +117,11 @@ class OpenAIBatchEndpoint:
         return f"batch|{redact_url(self._strategy.base_url)}|{fingerprint}|{self._strategy.model}"
 
     def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        body = self._strategy.batch_request_body(prompt)
-        text = prompt_text_of_request(self._api, body) or prompt
+        # A run keeps an item with messages or params as one request text: unpack it.
+        message_or_text, params = request_of_text(prompt)
+        request = LLMRequest(message_or_text, params or {})
+        body = self._strategy.batch_request_body(request)
+        text = prompt_text_of_request(self._api, body) or request.text
         return BatchRequest(line=request_line(item_id, self._url, body), text=text)
 
     def decode_results(

@@ -23,13 +23,23 @@ import anyio.lowlevel
 from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError, ProviderError
+from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
+from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
 from .._base import LLMCallStrategy
 from ._batch_api import OpenAIBatchEndpoint
 from ._keys import Secret, endpoint_api_key
-from ._wire import API_PATHS, Api, build_request_body, check_api, decode_json, parse_response_body
+from ._wire import (
+    API_PATHS,
+    RESPONSES_REFUSED,
+    Api,
+    build_request_body,
+    check_api,
+    decode_json,
+    parse_response_body,
+)
 from ._wire_errors import decode_error_body, error_from_status
 
 __all__ = ["OpenAICompatibleStrategy"]
@@ -49,6 +59,15 @@ def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None) -
         "naming the environment variable that holds this endpoint's key (command line: --api-key-env NAME)",
         category=ErrorCategory.AUTHENTICATION, retry_after=error.retry_after, status_code=error.status_code,
     )
+
+
+def schema_rejected(error: ProviderError) -> bool:
+    """Whether a 400 answer refuses the request's JSON schema (OpenAI: ``invalid_json_schema``, or a
+    message about the schema)."""
+    if error.category is not ErrorCategory.INVALID_REQUEST:
+        return False
+    text = str(error).lower()
+    return "invalid_json_schema" in text or "schema" in text
 
 
 def _registry() -> dict[object, Any]:
@@ -73,7 +92,8 @@ class _EndpointStrategy(LLMCallStrategy[str]):
     def __init__(self, model: str, *, base_url: str, api: str, concurrency: int | None,
                  extra_body: Mapping[str, Any] | None, system_prompt: str | None,
                  temperature: float | None, max_output_tokens: int | None,
-                 headers: Mapping[str, str] | None, timeout: float | None) -> None:
+                 headers: Mapping[str, str] | None, timeout: float | None,
+                 params: Mapping[str, Any] | None = None, response_model: Any = None) -> None:
         if not isinstance(model, str) or not model:
             raise ConfigurationError("model", model, "must be a non-empty string")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
@@ -92,10 +112,65 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         self.max_output_tokens = max_output_tokens
         self.headers = dict(headers or {})
         self.timeout = timeout
+        try:
+            self.params = check_params(params, "params=")
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError("params", params, str(exc).removeprefix("params=: ")) from exc
+        if self.api == "responses":
+            for key in self.params.keys() & RESPONSES_REFUSED.keys():
+                raise ConfigurationError("params", params, f"{key!r}: {RESPONSES_REFUSED[key]} "
+                                         "(use api=\"chat\", or send it in extra_body)")
+        self._response = ResponseModel(response_model) if response_model is not None else None
+        self.response_model = self._response.model if self._response is not None else None
 
     @property
     def model_name(self) -> str:
         return self.model
+
+    @property
+    def provider_name(self) -> str:
+        return self._label
+
+    @property
+    def response_schema(self) -> dict[str, Any] | None:
+        """The JSON schema sent with every request (pydantic's, every object closed), or ``None``."""
+        return self._response.schema if self._response is not None else None
+
+    def request_problem(self, request: LLMRequest) -> str | None:
+        """Refuses, at input, what this API cannot send (``seed``/``stop`` on the Responses API)."""
+        if self.api == "responses":
+            for key in sorted(request.params.keys() & RESPONSES_REFUSED.keys()):
+                return (f"params[{key!r}]: {RESPONSES_REFUSED[key]}; use api=\"chat\", or put it in "
+                        f"params['extra_body'] if your endpoint takes it")
+        return None
+
+    def parse_output(self, raw: Any, metadata: dict[str, Any]) -> Any:
+        """With ``response_model=``: the answer validated into the model (a dict for a schema).
+
+        A refusal is final (CONTENT_POLICY); an answer that does not validate is a
+        :class:`StructuredOutputError` (PARSE, retried without backoff). An answer wrapped
+        in a markdown code fence is unwrapped and ``metadata["fence_recovered"]`` is set.
+        """
+        response = self._response
+        if response is None:
+            return raw
+        refusal = metadata.get("refusal")
+        if refusal:
+            raise ProviderError(f"the model refused: {refusal}", category=ErrorCategory.CONTENT_POLICY)
+        output, fenced = response.parse(raw)
+        if fenced:
+            metadata[FENCE_METADATA_KEY] = True
+        return output
+
+    def decode_output(self, stored: Any) -> Any:
+        return self._response.decode(stored) if self._response is not None else stored
+
+    def output_codec(self) -> tuple[Any, Any] | None:
+        """``(encoder, decoder)`` for a store keeping this strategy's outputs; ``None`` for text."""
+        response = self._response
+        if response is None:
+            return None
+        return response.encode, response.decode
 
     def configure_concurrency(self, concurrency: int) -> None:
         """The engine's hint (calls that may run at once), given before an owner's first :meth:`prepare`.
@@ -116,13 +191,26 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         """Connections a client we open keeps alive: ``concurrency=``, else the engine's hint."""
         return self.concurrency if self.concurrency is not None else self._concurrency_hint
 
-    def request_body(self, prompt: str) -> dict[str, Any]:
-        """The JSON body of one request for ``prompt``."""
-        raise NotImplementedError
+    _max_tokens_field: ClassVar[str] = "max_tokens"
 
-    def batch_request_body(self, prompt: str) -> dict[str, Any]:
-        """The ``body`` of ``prompt``'s Batch API request line: what :meth:`execute` would send."""
+    def request_body(self, prompt: str | LLMRequest, *, include_extra: bool = True) -> dict[str, Any]:
+        """The JSON body of one request for ``prompt`` (a text prompt, or an item's request)."""
+        return build_request_body(
+            self.api, self.model, prompt, system_prompt=self.system_prompt,
+            temperature=self.temperature, max_output_tokens=self.max_output_tokens,
+            max_tokens_field=self._max_tokens_field, extra_body=self.extra_body, params=self.params,
+            response=self._response, include_extra=include_extra,
+        )
+
+    def batch_request_body(self, prompt: str | LLMRequest) -> dict[str, Any]:
+        """The ``body`` of ``prompt``'s Batch API request line: what :meth:`execute_request` would send."""
         return self.request_body(prompt)
+
+    async def execute(
+        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+    ) -> tuple[str, TokenUsage | None, Any]:
+        """One call for a text prompt (what :meth:`execute_request` does for an item's request)."""
+        return await self.execute_request(LLMRequest(prompt), attempt, timeout, state)
 
     def batch_endpoint(self) -> OpenAIBatchEndpoint:
         """OpenAI's Files and Batch APIs at this strategy's ``base_url``, with its key and settings."""
@@ -245,13 +333,16 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         headers: Mapping[str, str] | None = None,
         timeout: float | None = _DEFAULT_TIMEOUT,
         api_key_env: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        response_model: Any = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             shown = redact_urls(base_url) if isinstance(base_url, str) else base_url
             raise ConfigurationError("base_url", shown, "must be an http:// or https:// URL")
         super().__init__(model, base_url=base_url, api=api, concurrency=concurrency,
                          extra_body=extra_body, system_prompt=system_prompt, temperature=temperature,
-                         max_output_tokens=max_output_tokens, headers=headers, timeout=timeout)
+                         max_output_tokens=max_output_tokens, headers=headers, timeout=timeout,
+                         params=params, response_model=response_model)
         from . import _http  # here, not at module level: `import trio_batch_llm` stays httpx2-free
 
         self._http = _http
@@ -271,20 +362,12 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         await client.aclose()
 
 
-    def request_body(self, prompt: str) -> dict[str, Any]:
-        """The JSON body :meth:`execute` sends for ``prompt``."""
-        return build_request_body(
-            self.api, self.model, prompt, system_prompt=self.system_prompt,
-            temperature=self.temperature, max_output_tokens=self.max_output_tokens,
-            max_tokens_field="max_tokens", extra_body=self.extra_body,
-        )
-
-    async def execute(
-        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+    async def execute_request(
+        self, request: LLMRequest, attempt: int, timeout: float | None, state: RetryState | None = None
     ) -> tuple[str, TokenUsage | None, Any]:
         client = self._client_for_call()
         reply = await self._http.post_json(
-            client, self._url, self.request_body(prompt), headers=self.request_headers(),
+            client, self._url, self.request_body(request), headers=self.request_headers(),
             timeout=timeout, secret=self._secret,
         )
         if not 200 <= reply.status_code < 300:
@@ -292,6 +375,12 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
             error = error_from_status(reply.status_code, reply.headers, body, secret=self._secret)
             if reply.status_code == 401 and self._secret is None:
                 raise no_key_error(error, self.base_url, self._api_key_env)
+            if self._response is not None and schema_rejected(error):
+                raise ProviderError(
+                    f"the provider rejected the response schema {self._response.name!r} (not retried: "
+                    f"a schema it refuses stays refused; simplify the schema or use another model): {error}",
+                    category=ErrorCategory.INVALID_REQUEST, status_code=error.status_code,
+                ) from error
             raise error
         text, usage, metadata = parse_response_body(self.api, decode_json(reply.content))
         metadata["api"] = self.api

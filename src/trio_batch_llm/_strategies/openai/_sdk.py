@@ -24,11 +24,12 @@ from typing import Any, final
 from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError
+from ..._values._prompts import LLMRequest
 from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import is_openai_api, redact_url
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
 from ._keys import Secret, endpoint_api_key
-from ._wire import build_request_body, parse_response_body
+from ._wire import parse_response_body
 from ._wire_errors import parse_retry_after, status_category
 
 __all__ = ["OpenAIStrategy"]
@@ -89,6 +90,8 @@ class OpenAIStrategy(_EndpointStrategy):
         headers: Mapping[str, str] | None = None,
         timeout: float | None = _DEFAULT_TIMEOUT,
         api_key_env: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        response_model: Any = None,
     ) -> None:
         try:
             import openai
@@ -115,7 +118,8 @@ class OpenAIStrategy(_EndpointStrategy):
             secret = _sdk_api_key(api_key, api_key_env, base_url, paired=base_url == env_base_url)
         super().__init__(model, base_url=base_url, api=api, concurrency=concurrency,
                          extra_body=extra_body, system_prompt=system_prompt, temperature=temperature,
-                         max_output_tokens=max_output_tokens, headers=headers, timeout=timeout)
+                         max_output_tokens=max_output_tokens, headers=headers, timeout=timeout,
+                         params=params, response_model=response_model)
         self._user_client = client
         self._secret = secret
 
@@ -136,25 +140,27 @@ class OpenAIStrategy(_EndpointStrategy):
     async def _close_client(self, client: Any) -> None:
         await client.close()  # closes the httpx2 client too, ours or the SDK's own
 
-    def request_body(self, prompt: str) -> dict[str, Any]:
-        """The keyword arguments :meth:`execute` passes to the SDK's ``create`` (minus extras)."""
-        return build_request_body(
-            self.api, self.model, prompt, system_prompt=self.system_prompt,
-            temperature=self.temperature, max_output_tokens=self.max_output_tokens,
-            max_tokens_field="max_completion_tokens",
-        )
+    _max_tokens_field = "max_completion_tokens"
 
-    def batch_request_body(self, prompt: str) -> dict[str, Any]:
-        """What :meth:`execute` sends: the SDK merges ``extra_body`` last, so a batch line does too."""
-        return {**self.request_body(prompt), **self.extra_body}
+    def request_body(self, prompt: str | LLMRequest, *, include_extra: bool = False) -> dict[str, Any]:
+        """The keyword arguments :meth:`execute_request` passes to the SDK's ``create`` (minus extras,
+        unless ``include_extra``: the SDK merges ``extra_body`` into the body last)."""
+        return super().request_body(prompt, include_extra=include_extra)
 
-    async def execute(
-        self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
+    def batch_request_body(self, prompt: str | LLMRequest) -> dict[str, Any]:
+        """What :meth:`execute_request` sends: the SDK merges ``extra_body`` last, so a line does too."""
+        return self.request_body(prompt, include_extra=True)
+
+    async def execute_request(
+        self, request: LLMRequest, attempt: int, timeout: float | None, state: RetryState | None = None
     ) -> tuple[str, TokenUsage | None, Any]:
         client = self._client_for_call()
         options: dict[str, Any] = {}
-        if self.extra_body:
-            options["extra_body"] = self.extra_body
+        body = self.request_body(request)
+        extra = {**self.extra_body, **(self.params.get("extra_body") or {}),
+                 **(request.params.get("extra_body") or {})}
+        if extra:
+            options["extra_body"] = extra
         if self.headers:
             options["extra_headers"] = self.headers
         if timeout is not None:
@@ -162,7 +168,7 @@ class OpenAIStrategy(_EndpointStrategy):
         # The raw response, for its rate-limit headers (what the quota scope paces by).
         resource = client.chat.completions if self.api == "chat" else client.responses
         try:
-            raw = await resource.with_raw_response.create(**self.request_body(prompt), **options)
+            raw = await resource.with_raw_response.create(**body, **options)
         except Exception as exc:  # re-raised as itself (CONTRACT C7.2), only scrubbed of the key
             _scrub_key(exc, self._secret)
             _report_rate_limits(exc)

@@ -16,16 +16,21 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..._values._categories import ErrorCategory
+from ..._values._details import DETAILS_METADATA_KEY, ResponseDetails, ToolCall
 from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._results import TokenUsage
 from ._wire_errors import error_from_status
+from ._wire_requests import RESPONSES_REFUSED, build_request_body, merge_params, wire_body
 
 __all__ = [
     "API_PATHS",
+    "RESPONSES_REFUSED",
     "Api",
     "build_request_body",
     "chat_completion_payload",
     "check_api",
+    "merge_params",
+    "wire_body",
     "decode_json",
     "error_payload",
     "parse_response_body",
@@ -44,38 +49,6 @@ def check_api(api: str) -> Api:
 
 
 # -- requests ---------------------------------------------------------------------------------
-
-
-def build_request_body(
-    api: Api,
-    model: str,
-    prompt: str,
-    *,
-    system_prompt: str | None = None,
-    temperature: float | None = None,
-    max_output_tokens: int | None = None,
-    max_tokens_field: str = "max_tokens",
-    extra_body: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON body of one call; ``extra_body`` keys are merged last and win."""
-    body: dict[str, Any] = {"model": model}
-    if api == "chat":
-        messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-        messages.append({"role": "user", "content": prompt})
-        body["messages"] = messages
-        if max_output_tokens is not None:
-            body[max_tokens_field] = max_output_tokens
-    else:
-        body["input"] = prompt
-        if system_prompt is not None:
-            body["instructions"] = system_prompt
-        if max_output_tokens is not None:
-            body["max_output_tokens"] = max_output_tokens
-    if temperature is not None:
-        body["temperature"] = temperature
-    if extra_body:
-        body.update(extra_body)
-    return body
 
 
 def prompt_text_of_request(api: Api, body: Any) -> str | None:
@@ -146,10 +119,27 @@ def _parse_chat(payload: Mapping[str, Any]) -> tuple[str, TokenUsage | None, dic
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise _parse_error("message content is not a string")
-    metadata = {"id": payload.get("id"), "model": payload.get("model"), "finish_reason": finish_reason}
-    if message.get("refusal"):
-        metadata["refusal"] = message["refusal"]
-    usage = _usage(payload.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details")
+    metadata: dict[str, Any] = {"id": payload.get("id"), "model": payload.get("model"),
+                                "finish_reason": finish_reason}
+    refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else None
+    if refusal:
+        metadata["refusal"] = refusal
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping):
+            calls.append(ToolCall(str(call.get("id", "")), str(function.get("name", "")),
+                                  str(function.get("arguments", ""))))
+    logprobs = choice.get("logprobs")
+    content_logprobs = logprobs.get("content") if isinstance(logprobs, Mapping) else None
+    metadata[DETAILS_METADATA_KEY] = ResponseDetails(
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        refusal=refusal or None,
+        tool_calls=tuple(calls),
+        logprobs=content_logprobs if isinstance(content_logprobs, list) else None,
+    )
+    usage = _usage(payload.get("usage"), "prompt_tokens", "completion_tokens", "prompt_tokens_details",
+                   "completion_tokens_details")
     return content or "", usage, metadata
 
 
@@ -167,17 +157,45 @@ def _parse_responses(payload: Mapping[str, Any]) -> tuple[str, TokenUsage | None
         error = payload.get("error") if isinstance(payload.get("error"), Mapping) else {}
         raise error_from_status(500, {}, {"error": error})
     texts: list[str] = []
+    refusals: list[str] = []
+    calls: list[ToolCall] = []
+    logprobs: list[Any] = []
     for item in output:
-        if isinstance(item, Mapping) and item.get("type") == "message":
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") == "message":
             for part in item.get("content") or ():
                 if isinstance(part, Mapping) and part.get("type") == "output_text":
                     texts.append(str(part.get("text", "")))
-    metadata = {"id": payload.get("id"), "model": payload.get("model"), "status": status}
-    usage = _usage(payload.get("usage"), "input_tokens", "output_tokens", "input_tokens_details")
+                    if isinstance(part.get("logprobs"), list):
+                        logprobs.extend(part["logprobs"])
+                elif isinstance(part, Mapping) and part.get("type") == "refusal":
+                    refusals.append(str(part.get("refusal", "")))
+        elif item.get("type") == "function_call":
+            calls.append(ToolCall(str(item.get("call_id") or item.get("id") or ""), str(item.get("name", "")),
+                                  str(item.get("arguments", ""))))
+    metadata: dict[str, Any] = {"id": payload.get("id"), "model": payload.get("model"), "status": status}
+    if refusals:
+        metadata["refusal"] = "".join(refusals)
+    if status == "incomplete":
+        finish = "length" if reason == "max_output_tokens" else reason
+    elif calls:
+        finish = "tool_calls"
+    else:
+        finish = "stop" if status == "completed" else status
+    metadata[DETAILS_METADATA_KEY] = ResponseDetails(
+        finish_reason=finish if isinstance(finish, str) else None,
+        refusal="".join(refusals) or None,
+        tool_calls=tuple(calls),
+        logprobs=logprobs or None,
+    )
+    usage = _usage(payload.get("usage"), "input_tokens", "output_tokens", "input_tokens_details",
+                   "output_tokens_details")
     return "".join(texts), usage, metadata
 
 
-def _usage(raw: Any, input_key: str, output_key: str, details_key: str) -> TokenUsage | None:
+def _usage(raw: Any, input_key: str, output_key: str, details_key: str, output_details_key: str
+           ) -> TokenUsage | None:
     if not isinstance(raw, Mapping):
         return None
     usage: TokenUsage = {}
@@ -189,6 +207,9 @@ def _usage(raw: Any, input_key: str, output_key: str, details_key: str) -> Token
     details = raw.get(details_key)
     if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
         usage["cached_input_tokens"] = details["cached_tokens"]
+    out_details = raw.get(output_details_key)
+    if isinstance(out_details, Mapping) and isinstance(out_details.get("reasoning_tokens"), int):
+        usage["reasoning_tokens"] = out_details["reasoning_tokens"]
     return usage or None
 
 
@@ -200,8 +221,15 @@ def _parse_error(what: str) -> ProviderError:
 
 
 def chat_completion_payload(
-    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int
+    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int,
+    tool_call: tuple[str, str, str] | None = None, refusal: str | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text if tool_call is None and refusal is None
+                               else None, "refusal": refusal}
+    if tool_call is not None:
+        call_id, name, arguments = tool_call
+        message["tool_calls"] = [{"id": call_id, "type": "function",
+                                  "function": {"name": name, "arguments": arguments}}]
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -209,8 +237,8 @@ def chat_completion_payload(
         "model": model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "finish_reason": "stop",
+            "message": message,
+            "finish_reason": "tool_calls" if tool_call is not None else "stop",
             "logprobs": None,
         }],
         "usage": {
@@ -225,21 +253,31 @@ def chat_completion_payload(
 
 
 def responses_payload(
-    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int
+    *, response_id: str, model: str, text: str, prompt_tokens: int, completion_tokens: int, created: int,
+    tool_call: tuple[str, str, str] | None = None, refusal: str | None = None,
 ) -> dict[str, Any]:
+    output: list[dict[str, Any]]
+    if tool_call is not None:
+        call_id, name, arguments = tool_call
+        output = [{"type": "function_call", "id": "fc_" + response_id.removeprefix("resp_"),
+                   "call_id": call_id, "name": name, "arguments": arguments, "status": "completed"}]
+    else:
+        part = {"type": "refusal", "refusal": refusal} if refusal is not None else \
+            {"type": "output_text", "text": text, "annotations": []}
+        output = [{
+            "type": "message",
+            "id": "msg_" + response_id.removeprefix("resp_"),
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }]
     return {
         "id": response_id,
         "object": "response",
         "created_at": created,
         "status": "completed",
         "model": model,
-        "output": [{
-            "type": "message",
-            "id": "msg_" + response_id.removeprefix("resp_"),
-            "status": "completed",
-            "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
-        }],
+        "output": output,
         "usage": {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
