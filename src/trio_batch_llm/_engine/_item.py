@@ -41,7 +41,7 @@ from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._classify import Classification
-from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, rate_limit_observation
+from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, rate_limit_observation, start_deadline
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -69,17 +69,6 @@ Cut = WorkItemResult[TOutput] | Literal["retry"] | None
 
 class AttemptTimedOut(TimeoutError):
     """An attempt ran past ``attempt_timeout``; classified TIMEOUT and retried."""
-
-
-def start_deadline(value: float | None) -> float:
-    """Check a ``call_start_deadline``: a time on ``anyio.current_time()``'s clock, or ``None``."""
-    if value is None:
-        return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        from .._values._errors import ConfigurationError
-
-        raise ConfigurationError("call_start_deadline", value, "must be a time of anyio.current_time()")
-    return float(value)
 
 
 class ItemRunner(Generic[TOutput]):

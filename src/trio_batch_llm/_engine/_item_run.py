@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple", "rate_limit_observation",
+    "start_deadline",
 ]
 
 TOutput = TypeVar("TOutput")
@@ -277,3 +278,14 @@ class ItemRun(Generic[TOutput]):
             timing=self.settle(now),
             context=self.item.context,
         )
+
+
+def start_deadline(value: float | None) -> float:
+    """Check a ``call_start_deadline``: a time on ``anyio.current_time()``'s clock, or ``None``."""
+    if value is None:
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        from .._values._errors import ConfigurationError
+
+        raise ConfigurationError("call_start_deadline", value, "must be a time of anyio.current_time()")
+    return float(value)
