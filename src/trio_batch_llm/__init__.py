@@ -83,6 +83,7 @@ from ._values._results import BatchTermination as BatchTermination
 from ._values._results import ItemTiming as ItemTiming
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
+from ._values._tokens import TokenEstimate as TokenEstimate
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
@@ -162,6 +163,7 @@ __all__ = [
     "SqliteArtifactStore",
     "SqliteRunRepository",
     "StreamFinalizationError",
+    "TokenEstimate",
     "TokenUsage",
     "WORKER_CANCELLATION_TIMEOUT",
     "WorkItemResult",

@@ -38,6 +38,7 @@ import anyio.lowlevel
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
+from ._tokens import request_tokens
 from ._classify import Classification
 from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier, rate_limit_observation
 
@@ -149,11 +150,12 @@ class ItemRunner(Generic[TOutput]):
         """
         await self._host.ensure_prepared(strategy)
         config = self._config
+        tokens = await request_tokens(strategy, config.token_estimator)
         binding = Binding(
             strategy,
             self._host.quota_scope(strategy),
-            estimate=config.estimate_tokens if config.max_tokens_per_minute is not None else None,
-            estimator=config.estimate_tokens,
+            estimate=tokens if config.max_tokens_per_minute is not None else None,
+            estimator=tokens,
             user_classifier=self._classifier,
         )
         self._bindings[id(strategy)] = binding
@@ -181,7 +183,7 @@ class ItemRunner(Generic[TOutput]):
                     binding = await self.bind(strategy)
                 self._last = binding
             run.binding = binding
-            tokens = binding.tokens(run.item.prompt)
+            tokens = binding.tokens(run.item.prompt, getattr(run.item, "params", None))
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit: between calls, never the attempt's own deadline

@@ -41,9 +41,9 @@ class Binding:
         strategy: LLMCallStrategy[Any],
         quota: QuotaScope,
         *,
-        estimate: Callable[[str], int] | None,
+        estimate: Callable[[Any, Mapping[str, Any] | None], int] | None,
         user_classifier: UserClassifier | None,
-        estimator: Callable[[str], int] | None = None,
+        estimator: Callable[[Any, Mapping[str, Any] | None], int] | None = None,
     ) -> None:
         self.strategy = strategy
         """Prepared on the owner's host."""
@@ -55,15 +55,16 @@ class Binding:
         self.strategy_classifier = strategy.classify_error
         self.user_classifier = user_classifier
 
-    def tokens(self, prompt: str) -> int:
-        """The token estimate ``prompt`` is admitted with: 0 unless a TPM limit is set or reported.
+    def tokens(self, prompt: Any, params: Mapping[str, Any] | None = None) -> int:
+        """The tokens a request of ``prompt`` with the item's ``params`` is admitted with (input
+        estimate + output allowance): 0 unless a TPM limit is set or reported.
 
         A scope that learns limits asks for estimates once the provider reports a token budget.
         """
         if self.estimate is not None:
-            return self.estimate(prompt)
+            return self.estimate(prompt, params)
         if self.estimator is not None and self.quota.needs_token_estimate:
-            return self.estimator(prompt)
+            return self.estimator(prompt, params)
         return 0
 
     def classify(self, exc: Exception) -> Classification:

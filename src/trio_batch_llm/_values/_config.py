@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final, final
 from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
 from ._errors import ConfigurationError
+from ._tokens import RequestTokens, TokenEstimate
 
 if TYPE_CHECKING:
     from ._results import TokenUsage
@@ -303,7 +304,10 @@ class ProcessorConfig:
     guardrails: GuardrailConfig = field(default_factory=GuardrailConfig)
     max_requests_per_minute: float | None = None
     max_tokens_per_minute: int | None = None
-    token_estimator: Callable[[str], int] | None = None
+    token_estimator: Callable[[str], int | TokenEstimate] | None = None
+    """The input estimate of a prompt's text for TPM admission: an ``int`` (the request's
+    ``max_output_tokens`` is added) or a :class:`TokenEstimate` (used whole). ``None``: tiktoken
+    when installed and it knows the model, else about four characters a token."""
     max_queue_size: int = 0
     max_result_queue_size: int = 0
     max_provider_concurrency: int | None = None
@@ -353,5 +357,7 @@ class ProcessorConfig:
         return self.workers
 
     def estimate_tokens(self, prompt: str) -> int:
-        estimator = self.token_estimator or default_token_estimator
-        return estimator(prompt)
+        """The tokens reserved for ``prompt`` with no request parameters and no tokenizer."""
+        if self.token_estimator is None:
+            return default_token_estimator(prompt)
+        return RequestTokens(self.token_estimator)(prompt)
