@@ -54,6 +54,9 @@ from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
 from ._values._categories import ErrorCategory as ErrorCategory
+from ._values._cost import DEFAULT_MODEL_RATES as DEFAULT_MODEL_RATES
+from ._values._cost import DEFAULT_MODEL_RATES_AS_OF as DEFAULT_MODEL_RATES_AS_OF
+from ._values._cost import ModelRates as ModelRates
 from ._values._config import AbortMode as AbortMode
 from ._values._config import ArtifactIdentity as ArtifactIdentity
 from ._values._config import GuardrailConfig as GuardrailConfig
@@ -114,6 +117,8 @@ __all__ = [
     "ConfigurationError",
     "CounterSnapshot",
     "DEFAULT_LATENCY_BUCKETS",
+    "DEFAULT_MODEL_RATES",
+    "DEFAULT_MODEL_RATES_AS_OF",
     "ErrorCategory",
     "ExecutorHost",
     "FakeStrategy",
@@ -133,6 +138,7 @@ __all__ = [
     "LifecycleEvent",
     "MetricsObserver",
     "Middleware",
+    "ModelRates",
     "Observer",
     "OpenAICompatibleStrategy",
     "OpenAIStrategy",

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
+from ._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF, ModelRates, rates_for
 from ._urls import redact_urls
 
 __all__ = [
@@ -253,8 +254,37 @@ class BatchResult(Generic[TOutput]):
             add_usage(total, r.token_usage)
         return total
 
-    def summary(self) -> str:
-        """A readable table: items, retries, tokens, wall time, latency percentiles.
+    def estimated_cost(self, rates: ModelRates | Mapping[str, ModelRates] | None = None) -> float | None:
+        """Estimated dollars for the tokens of every result (replayed ones and failed attempts included,
+        as in :meth:`total_tokens`).
+
+        ``rates``: ``None`` prices each result by its model (``metadata["model"]``) in the built-in
+        :data:`DEFAULT_MODEL_RATES`; a mapping model → :class:`ModelRates` does the same in that
+        table (a dated snapshot such as ``gpt-4o-2024-08-06`` falls back to ``gpt-4o``); one
+        :class:`ModelRates` prices every result. ``None`` is returned when no result has token
+        counts, or when one that has them cannot be priced (no model, or a model not in the table):
+        a partial sum would understate the cost.
+        """
+        if rates is not None and not isinstance(rates, (ModelRates, Mapping)):
+            raise TypeError(f"rates={rates!r}: must be a ModelRates or a mapping of model name to ModelRates")
+        table = DEFAULT_MODEL_RATES if rates is None else rates
+        total, priced = 0.0, False
+        for r in self.results:
+            usage = r.token_usage
+            if not usage or (usage.get("input_tokens") is None and usage.get("output_tokens") is None):
+                continue
+            found = table if isinstance(table, ModelRates) else rates_for(r.metadata.get("model"), table)
+            cost = found.cost(usage) if found is not None else None
+            if cost is None:
+                return None
+            total, priced = total + cost, True
+        return total if priced else None
+
+    def summary(self, *, rates: ModelRates | Mapping[str, ModelRates] | None = None) -> str:
+        """A readable table: items, retries, tokens, cost when known, wall time, latency percentiles.
+
+        The cost line shows :meth:`estimated_cost` of ``rates`` (default: the built-in table), and
+        only when every result with tokens could be priced.
 
         Items that a stop kept from ever starting (``not_executed``, or
         ``budget`` once a budget was spent) are counted as *not run*, apart
@@ -276,6 +306,12 @@ class BatchResult(Generic[TOutput]):
             f"  retries     {retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
             f"   out {tokens.get('output_tokens', 0):,}",
+        ]
+        cost = self.estimated_cost(rates)
+        if cost is not None:
+            basis = f"built-in rates of {DEFAULT_MODEL_RATES_AS_OF}" if rates is None else "given rates"
+            lines.append(f"  cost        {_dollars(cost):>10}   estimated, {basis}")
+        lines += [
             f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s",
         ]
         categories: dict[str, int] = {}
@@ -326,6 +362,11 @@ class BatchResult(Generic[TOutput]):
         lines = [json.dumps(_export_dict(r), default=str, allow_nan=False) + "\n" for r in self.results]
         with Path(path).open("w", encoding="utf-8") as f:
             f.writelines(lines)
+
+
+def _dollars(amount: float) -> str:
+    """Cents for large sums, four decimals for the small ones a test batch costs."""
+    return f"${amount:,.2f}" if amount >= 100 else f"${amount:.4f}"
 
 
 def _strict_problem(value: Any) -> str | None:
