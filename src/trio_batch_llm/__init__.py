@@ -3,6 +3,7 @@
 from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
+from ._artifacts._identity import infer_artifact_identity as infer_artifact_identity
 from ._core._cleanup import CLEANUP_FAILED as CLEANUP_FAILED
 from ._core._cleanup import CLEANUP_TIMED_OUT as CLEANUP_TIMED_OUT
 from ._core._cleanup import with_cleanup as with_cleanup
@@ -176,6 +177,7 @@ __all__ = [
     "__version__",
     "call",
     "call_result",
+    "infer_artifact_identity",
     "iter_run_results",
     "list_runs",
     "llm",

@@ -70,6 +70,10 @@ class SqliteArtifactStore(ThreadedStore[Row]):
     JSON); pass ``output_encoder`` and ``output_decoder`` together to keep any
     other type. A result that cannot be kept raises :class:`ArtifactEncodeError`
     from ``append()`` and writes nothing.
+
+    ``identity=None`` (the default) infers it from the strategy that runs the
+    items (:func:`infer_artifact_identity`: provider, model, fingerprints of
+    the system prompt, params and response schema); an explicit identity wins.
     """
 
     _position_name = "row"
@@ -78,7 +82,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
         self,
         path: str | os.PathLike[str],
         *,
-        identity: ArtifactIdentity,
+        identity: ArtifactIdentity | None = None,
         fsync: bool = False,
         store_prompts: bool = False,
         allow_identity_mismatch: bool = False,
@@ -121,7 +125,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             conn = self._file.connect()
             try:
                 with self._file.transaction(conn):
-                    header = self._file.initialise(conn, self._identity)
+                    header = self._file.initialise(conn, self._known_identity)
                     if header is not None:
                         self._check_identity(header["identity"])
             except BaseException:

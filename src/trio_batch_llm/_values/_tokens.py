@@ -11,6 +11,7 @@ return an ``int`` (the input estimate: the request's max output is added) or a
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -132,8 +133,7 @@ def tiktoken_counter(model: str | None) -> Callable[[str], int] | None:
             return _encoders[model]
     counter: Callable[[str], int] | None
     try:
-        import tiktoken  # noqa: PLC0415 - optional, and slow to import
-
+        tiktoken = importlib.import_module("tiktoken")  # optional (the [tiktoken] extra), imported late
         encoding = tiktoken.encoding_for_model(model)
         encoding.encode("probe")  # surfaces a broken download now, not on the hot path
 
