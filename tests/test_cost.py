@@ -18,7 +18,8 @@ from trio_batch_llm import (
 
 def _result(item_id: str, model: str | None, **usage: int) -> WorkItemResult[str]:
     metadata: dict[str, Any] = {"model": model} if model is not None else {}
-    return WorkItemResult(item_id=item_id, success=True, output="x", token_usage=dict(usage), metadata=metadata)
+    return WorkItemResult(item_id=item_id, success=True, output="x", token_usage=dict(usage),
+                          metadata=metadata)
 
 
 def test_model_rates_validate_each_field() -> None:
@@ -50,7 +51,8 @@ def test_estimated_cost_by_model_from_the_built_in_table() -> None:
     batch = BatchResult.from_results([
         # gpt-4o: 10,000 in (2,000 cached), 1,000 out:
         # 8,000 x 2.50 + 2,000 x 1.25 + 1,000 x 10.00 = 20,000 + 2,500 + 10,000 = 32,500 -> $0.0325
-        _result("a", "gpt-4o-2024-08-06", input_tokens=10_000, cached_input_tokens=2_000, output_tokens=1_000),
+        _result("a", "gpt-4o-2024-08-06", input_tokens=10_000, cached_input_tokens=2_000,
+                output_tokens=1_000),
         # gpt-4o-mini: 20,000 in, 5,000 out: 20,000 x 0.15 + 5,000 x 0.60 = 3,000 + 3,000 -> $0.006
         _result("b", "gpt-4o-mini", input_tokens=20_000, output_tokens=5_000),
         _result("c", None),  # never called: no usage, costs nothing

@@ -71,7 +71,8 @@ def test_a_plain_strategy_keeps_the_bare_identity() -> None:
 def test_settings_are_fingerprinted_stably() -> None:
     schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
     identity = infer_artifact_identity(
-        Configured(system="Be brief.", params={"temperature": 0.2, "max_output_tokens": 64}, response_model=schema)
+        Configured(system="Be brief.", params={"temperature": 0.2, "max_output_tokens": 64},
+                   response_model=schema)
     )
     # Fixed values: canonical JSON + SHA-256, the same in every process and on every run.
     assert identity.provider == "openai" and identity.model == "gpt-4o-mini"
@@ -95,7 +96,7 @@ def test_each_setting_changes_the_identity_and_key_order_does_not() -> None:
 
 
 def test_params_that_cannot_be_fingerprinted_are_refused_by_name() -> None:
-    with pytest.raises(ConfigurationError, match="params=.*pass identity="):
+    with pytest.raises(ConfigurationError, match=r"params=.*pass identity="):
         infer_artifact_identity(Configured(params={"stop": object()}))
 
 
@@ -116,12 +117,13 @@ async def test_an_omitted_identity_resumes_and_a_changed_system_prompt_is_refuse
     again = Configured(system="Be brief.")  # a new object with the same settings: the same identity
     store = store_type(path)
     assert store.identity is None
-    resumed = await process_prompts(again, ["a", "b"], artifact_store=store, resume=ResumePolicy.REUSE_SUCCESSES)
+    resumed = await process_prompts(again, ["a", "b"], artifact_store=store,
+                                    resume=ResumePolicy.REUSE_SUCCESSES)
     assert again.calls == 0 and all(r.replayed for r in resumed.results)
     assert store.identity == infer_artifact_identity(again)
 
     changed = Configured(system="Be verbose.")
-    with pytest.raises(ArtifactMismatchError, match="Be verbose|prompt_version"):
+    with pytest.raises(ArtifactMismatchError, match=r"Be verbose|prompt_version"):
         await process_prompts(changed, ["a", "b"], artifact_store=store_type(path),
                               resume=ResumePolicy.REUSE_SUCCESSES)
     assert changed.calls == 0
@@ -146,7 +148,7 @@ async def test_an_explicit_identity_wins(tmp_path: Path) -> None:
 async def test_a_processor_needs_the_identity_before_it_opens_the_store(tmp_path: Path) -> None:
     path = tmp_path / "out.jsonl"
     strategy = Configured()
-    with pytest.raises(ConfigurationError, match="identity=None.*infer_identity"):
+    with pytest.raises(ConfigurationError, match=r"identity=None.*infer_identity"):
         async with ParallelBatchProcessor[str](artifact_store=JsonlArtifactStore(path)):
             pass  # pragma: no cover
     assert not path.exists()  # refused before any file is touched

@@ -55,9 +55,6 @@ from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
 from ._values._categories import ErrorCategory as ErrorCategory
-from ._values._cost import DEFAULT_MODEL_RATES as DEFAULT_MODEL_RATES
-from ._values._cost import DEFAULT_MODEL_RATES_AS_OF as DEFAULT_MODEL_RATES_AS_OF
-from ._values._cost import ModelRates as ModelRates
 from ._values._config import AbortMode as AbortMode
 from ._values._config import ArtifactIdentity as ArtifactIdentity
 from ._values._config import GuardrailConfig as GuardrailConfig
@@ -65,6 +62,9 @@ from ._values._config import ProcessorConfig as ProcessorConfig
 from ._values._config import RateLimitConfig as RateLimitConfig
 from ._values._config import ResumePolicy as ResumePolicy
 from ._values._config import RetryConfig as RetryConfig
+from ._values._cost import DEFAULT_MODEL_RATES as DEFAULT_MODEL_RATES
+from ._values._cost import DEFAULT_MODEL_RATES_AS_OF as DEFAULT_MODEL_RATES_AS_OF
+from ._values._cost import ModelRates as ModelRates
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
 from ._values._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._values._errors import ArtifactMismatchError as ArtifactMismatchError
@@ -87,10 +87,10 @@ from ._values._results import BatchTermination as BatchTermination
 from ._values._results import ItemTiming as ItemTiming
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
-from ._values._tokens import TokenEstimate as TokenEstimate
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
+from ._values._tokens import TokenEstimate as TokenEstimate
 from ._version import __version__ as __version__
 
 __all__ = [

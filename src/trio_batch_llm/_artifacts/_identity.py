@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._values._config import ArtifactIdentity
 from .._values._errors import ConfigurationError
+from .._values._strategy_settings import default_params, system_prompt_of
 from ._fingerprint import canonical_json
 
 if TYPE_CHECKING:
@@ -36,7 +37,8 @@ def _digest(name: str, value: Any) -> str:
         text = canonical_json(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise ConfigurationError(
-            name, value, f"cannot be fingerprinted for the artifact identity ({exc}); pass identity=... yourself"
+            name, value,
+            f"cannot be fingerprinted for the artifact identity ({exc}); pass identity=... yourself",
         ) from None
     return _PREFIX + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
@@ -68,10 +70,7 @@ def infer_artifact_identity(strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
     model = getattr(strategy, "model_name", None)
     if not isinstance(model, str) or not model:
         model = "unknown"
-    system = getattr(strategy, "system_prompt", None)
-    params = getattr(strategy, "params", None)
-    params = dict(params) if isinstance(params, Mapping) else {}
-    settings = {"system": system if isinstance(system, str) and system else None, "params": params}
+    settings = {"system": system_prompt_of(strategy), "params": default_params(strategy)}
     prompt_version = None if settings == {"system": None, "params": {}} else _digest("params", settings)
     schema = response_schema_of(strategy)
     parser_version = None if schema is None else _digest("response_schema", schema)

@@ -42,8 +42,8 @@ from .._values._requests import item_id_problem
 from .._values._results import WorkItemResult
 from ._codec import JSONValue, OutputCodec
 from ._fingerprint import identity_fingerprint
-from ._identity import infer_artifact_identity
 from ._group_commit import GroupCommitter
+from ._identity import infer_artifact_identity
 from ._protocol import StoredRecord, StoreState, StoreStatistics
 from ._worker_gate import WorkerGate
 

@@ -156,6 +156,10 @@ def identity_mismatch_message(out: Path, provider: str, model: str, error: Excep
     if stored is None:
         return f"--out {out} was written for another model ({error})"
     stored_provider, stored_model = stored
+    if (stored_provider, stored_model) == (provider, model):
+        return (f"--out {out} was written with other request settings (--system, --temperature, "
+                "--max-tokens, --response-schema): pass the same ones to continue it, or choose another "
+                "--out (answers to other requests are never replayed)")
     return (f"--out {out} was written with --model {stored_provider}:{stored_model}, and this run is "
             f"--model {provider}:{model}: pass --model {stored_provider}:{stored_model} to continue it, "
             "or choose another --out for this model (results of one model are never replayed for another)")

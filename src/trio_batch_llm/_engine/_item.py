@@ -38,9 +38,9 @@ import anyio.lowlevel
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
-from ._tokens import request_tokens
 from ._classify import Classification
 from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier, rate_limit_observation
+from ._tokens import request_tokens
 
 if TYPE_CHECKING:
     from .._admission import Admission

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
+from .._values._strategy_settings import default_params, system_prompt_of
 from .._values._tokens import RequestTokens, TokenEstimate, cached_tiktoken_counter, tiktoken_counter
 
 if TYPE_CHECKING:
@@ -27,17 +28,11 @@ async def request_tokens(
     Loading an encoding may block (an import, perhaps a download attempt), so a model's first load
     runs in a worker thread; later bindings of the same model use the cached answer.
     """
-    system = getattr(strategy, "system_prompt", None)
-    defaults = getattr(strategy, "params", None)
     count = None
     if estimator is None and _TIKTOKEN_INSTALLED:
         model = strategy.model_name
         found, count = cached_tiktoken_counter(model)
         if not found:
             count = await anyio.to_thread.run_sync(tiktoken_counter, model)
-    return RequestTokens(
-        estimator,
-        system=system if isinstance(system, str) else None,
-        defaults=defaults if isinstance(defaults, Mapping) else None,
-        count=count,
-    )
+    return RequestTokens(estimator, system=system_prompt_of(strategy), defaults=default_params(strategy),
+                         count=count)

@@ -17,7 +17,9 @@ from typing import Any, Final, final
 
 from ._errors import ConfigurationError
 
-__all__ = ["DEFAULT_MODEL_RATES", "DEFAULT_MODEL_RATES_AS_OF", "ModelRates", "rates_for"]
+__all__ = [
+    "DEFAULT_MODEL_RATES", "DEFAULT_MODEL_RATES_AS_OF", "CostSum", "ModelRates", "cost_line", "rates_for",
+]
 
 _PER_MTOK: Final = 1_000_000
 _SNAPSHOT_SUFFIX: Final = re.compile(r"-\d{4}-\d{2}-\d{2}$")
@@ -25,7 +27,8 @@ _SNAPSHOT_SUFFIX: Final = re.compile(r"-\d{4}-\d{2}-\d{2}$")
 
 
 def _rate(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0:
         raise ConfigurationError(name, value, "must be a finite number >= 0 (dollars per million tokens)")
 
 
@@ -55,7 +58,9 @@ class ModelRates:
             return None
         input_tokens, output_tokens = int(input_tokens or 0), int(output_tokens or 0)
         cached = min(max(int(usage.get("cached_input_tokens") or 0), 0), input_tokens)
-        cached_rate = self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+        cached_rate = self.cached_input_per_mtok
+        if cached_rate is None:
+            cached_rate = self.input_per_mtok
         dollars = (
             (input_tokens - cached) * self.input_per_mtok
             + cached * cached_rate
@@ -97,3 +102,52 @@ def rates_for(model: object, table: Mapping[str, ModelRates]) -> ModelRates | No
         base = _SNAPSHOT_SUFFIX.sub("", model)
         found = table.get(base) if base != model else None
     return found
+
+
+def cost_line(cost: float, *, built_in: bool) -> str:
+    """The summary's cost line (``BatchResult.summary`` and the command line's lay it out alike)."""
+    basis = f"built-in rates of {DEFAULT_MODEL_RATES_AS_OF}" if built_in else "given rates"
+    shown = f"${cost:,.2f}" if cost >= 100 else f"${cost:.4f}"  # small test batches keep their cents
+    return f"  cost        {shown:>10}   estimated, {basis}"
+
+
+@final
+class CostSum:
+    """A running estimate over results added one at a time: ``None`` once a result with token counts
+    cannot be priced, as :meth:`BatchResult.estimated_cost` decides.
+
+    ``default_model`` prices results that do not name their model (the command line knows its one).
+    """
+
+    __slots__ = ("_default_model", "_priced", "_table", "_total", "_unknown")
+
+    def __init__(self, rates: ModelRates | Mapping[str, ModelRates] | None = None, *,
+                 default_model: str | None = None) -> None:
+        if rates is not None and not isinstance(rates, (ModelRates, Mapping)):
+            raise TypeError(f"rates={rates!r}: must be a ModelRates or a mapping of model name to ModelRates")
+        self._table = DEFAULT_MODEL_RATES if rates is None else rates
+        self._default_model = default_model
+        self._total = 0.0
+        self._priced = False
+        self._unknown = False
+
+    def add(self, usage: Mapping[str, Any] | None, model: object) -> None:
+        if self._unknown or not usage:
+            return
+        if usage.get("input_tokens") is None and usage.get("output_tokens") is None:
+            return
+        table = self._table
+        if isinstance(table, ModelRates):
+            found: ModelRates | None = table
+        else:
+            found = rates_for(model if model is not None else self._default_model, table)
+        cost = found.cost(usage) if found is not None else None
+        if cost is None:
+            self._unknown = True
+            return
+        self._total += cost
+        self._priced = True
+
+    @property
+    def total(self) -> float | None:
+        return self._total if self._priced and not self._unknown else None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
-from ._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF, ModelRates, rates_for
+from ._cost import CostSum, ModelRates, cost_line
 from ._urls import redact_urls
 
 __all__ = [
@@ -265,20 +265,10 @@ class BatchResult(Generic[TOutput]):
         counts, or when one that has them cannot be priced (no model, or a model not in the table):
         a partial sum would understate the cost.
         """
-        if rates is not None and not isinstance(rates, (ModelRates, Mapping)):
-            raise TypeError(f"rates={rates!r}: must be a ModelRates or a mapping of model name to ModelRates")
-        table = DEFAULT_MODEL_RATES if rates is None else rates
-        total, priced = 0.0, False
+        costs = CostSum(rates)
         for r in self.results:
-            usage = r.token_usage
-            if not usage or (usage.get("input_tokens") is None and usage.get("output_tokens") is None):
-                continue
-            found = table if isinstance(table, ModelRates) else rates_for(r.metadata.get("model"), table)
-            cost = found.cost(usage) if found is not None else None
-            if cost is None:
-                return None
-            total, priced = total + cost, True
-        return total if priced else None
+            costs.add(r.token_usage, r.metadata.get("model"))
+        return costs.total
 
     def summary(self, *, rates: ModelRates | Mapping[str, ModelRates] | None = None) -> str:
         """A readable table: items, retries, tokens, cost when known, wall time, latency percentiles.
@@ -309,8 +299,7 @@ class BatchResult(Generic[TOutput]):
         ]
         cost = self.estimated_cost(rates)
         if cost is not None:
-            basis = f"built-in rates of {DEFAULT_MODEL_RATES_AS_OF}" if rates is None else "given rates"
-            lines.append(f"  cost        {_dollars(cost):>10}   estimated, {basis}")
+            lines.append(cost_line(cost, built_in=rates is None))
         lines += [
             f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s",
         ]
@@ -362,11 +351,6 @@ class BatchResult(Generic[TOutput]):
         lines = [json.dumps(_export_dict(r), default=str, allow_nan=False) + "\n" for r in self.results]
         with Path(path).open("w", encoding="utf-8") as f:
             f.writelines(lines)
-
-
-def _dollars(amount: float) -> str:
-    """Cents for large sums, four decimals for the small ones a test batch costs."""
-    return f"${amount:,.2f}" if amount >= 100 else f"${amount:.4f}"
 
 
 def _strict_problem(value: Any) -> str | None:
