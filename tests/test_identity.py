@@ -173,3 +173,16 @@ async def test_open_run_infers_the_identity(tmp_path: Path) -> None:
     async with await open_run(SqliteArtifactStore(tmp_path / "s.sqlite"), "r", Configured(system="C"),
                               ["x"]) as run:
         assert (await run.wait()).identity == infer_artifact_identity(Configured(system="C"))
+
+
+def test_the_openai_strategies_settings_count_whichever_way_they_are_given() -> None:
+    from trio_batch_llm import OpenAICompatibleStrategy
+
+    url = "http://127.0.0.1:9/v1"
+    bare = infer_artifact_identity(OpenAICompatibleStrategy("m", base_url=url))
+    warm = infer_artifact_identity(OpenAICompatibleStrategy("m", base_url=url, temperature=0.7))
+    capped = infer_artifact_identity(OpenAICompatibleStrategy("m", base_url=url, max_output_tokens=9))
+    assert bare.prompt_version is None
+    assert len({bare.prompt_version, warm.prompt_version, capped.prompt_version}) == 3
+    assert infer_artifact_identity(Configured(model="m", params={"temperature": 0.7})).prompt_version \
+        == warm.prompt_version

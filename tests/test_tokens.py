@@ -152,3 +152,13 @@ async def test_max_output_tokens_is_part_of_the_reservation() -> None:
                 reserved = pool.statistics().admission.tokens_reserved_in_window
                 scope.cancel()
     assert reserved == 100 + 1000
+
+
+async def test_a_strategys_own_max_output_tokens_bounds_the_reservation() -> None:
+    from trio_batch_llm import OpenAICompatibleStrategy
+
+    strategy = OpenAICompatibleStrategy("not-a-tiktoken-model", base_url="http://127.0.0.1:9/v1",
+                                        max_output_tokens=40, system_prompt="s" * 80)
+    tokens = await request_tokens(strategy, None)
+    assert tokens("a" * 400) == 100 + 20 + 40
+    assert tokens("a" * 400, {"max_output_tokens": 5}) == 100 + 20 + 5
