@@ -48,7 +48,8 @@ def test_flags_become_the_strategy_defaults_and_part_of_the_identity(tmp_path: P
     plan = plan_run(build_parser().parse_args(argv), argv)
     strategy = plan.strategy
     assert isinstance(strategy, OpenAICompatibleStrategy)
-    assert (strategy.system_prompt, strategy.temperature, strategy.max_output_tokens) == ("Be brief.", 0.3, 17)
+    settings = (strategy.system_prompt, strategy.temperature, strategy.max_output_tokens)
+    assert settings == ("Be brief.", 0.3, 17)
     assert plan.identity == checkpoint_identity("openai-compatible", MODEL, strategy)
     assert plan.identity.prompt_version == infer_artifact_identity(strategy).prompt_version is not None
     bare_argv = _run_argv(tmp_path)
@@ -79,7 +80,9 @@ def test_a_bad_response_schema_is_refused_before_anything_runs(
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_a_good_response_schema_reaches_the_strategy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_a_good_response_schema_reaches_the_strategy(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     schema = tmp_path / "schema.json"
     body = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
     schema.write_text(json.dumps(body), encoding="utf-8")

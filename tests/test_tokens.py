@@ -12,7 +12,8 @@ import pytest
 
 import trio_batch_llm
 from trio_batch_llm import CallableStrategy, ConfigurationError, LLMCallPool, ProcessorConfig, TokenEstimate
-from trio_batch_llm._engine._tokens import request_tokens
+from trio_batch_llm._engine._tokens import load_tokenizer, tokenizer_unloaded
+from trio_batch_llm._engine._tokens import request_tokens as _request_tokens
 from trio_batch_llm._values import _tokens
 from trio_batch_llm._values._tokens import DEFAULT_OUTPUT_ALLOWANCE, RequestTokens, prompt_text
 
@@ -67,6 +68,13 @@ def test_user_estimator_int_is_the_input_and_token_estimate_is_used_whole() -> N
     assert ProcessorConfig().estimate_tokens("a" * 40) == 10 + 256
     with pytest.raises(ConfigurationError, match="token_estimator"):
         RequestTokens(lambda text: -1)("p")
+
+
+async def request_tokens(strategy: Any, estimator: Any) -> RequestTokens:
+    """As the engine binds a strategy: load its tokenizer if needed, then build its estimator."""
+    if tokenizer_unloaded(strategy, estimator):
+        await load_tokenizer(strategy)
+    return _request_tokens(strategy, estimator)
 
 
 class _Encoding:

@@ -40,7 +40,7 @@ from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
 from ._classify import Classification
 from ._item_run import Binding, Failure, ItemRun, Retries, UserClassifier, rate_limit_observation
-from ._tokens import request_tokens
+from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -150,7 +150,9 @@ class ItemRunner(Generic[TOutput]):
         """
         await self._host.ensure_prepared(strategy)
         config = self._config
-        tokens = await request_tokens(strategy, config.token_estimator)
+        if tokenizer_unloaded(strategy, config.token_estimator):
+            await load_tokenizer(strategy)
+        tokens = request_tokens(strategy, config.token_estimator)
         binding = Binding(
             strategy,
             self._host.quota_scope(strategy),

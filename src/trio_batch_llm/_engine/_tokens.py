@@ -14,25 +14,30 @@ from .._values._tokens import RequestTokens, TokenEstimate, cached_tiktoken_coun
 if TYPE_CHECKING:
     from .._strategies._base import LLMCallStrategy
 
-__all__ = ["request_tokens"]
+__all__ = ["load_tokenizer", "request_tokens", "tokenizer_unloaded"]
 
 _TIKTOKEN_INSTALLED = importlib.util.find_spec("tiktoken") is not None
 
+Estimator = Callable[[str], int | TokenEstimate]
 
-async def request_tokens(
-    strategy: LLMCallStrategy[Any], estimator: Callable[[str], int | TokenEstimate] | None
-) -> RequestTokens:
+
+def tokenizer_unloaded(strategy: LLMCallStrategy[Any], estimator: Estimator | None) -> bool:
+    """Whether :func:`request_tokens` would use tiktoken for ``strategy``'s model, not yet loaded."""
+    return estimator is None and _TIKTOKEN_INSTALLED and not cached_tiktoken_counter(strategy.model_name)[0]
+
+
+async def load_tokenizer(strategy: LLMCallStrategy[Any]) -> None:
+    """Load tiktoken's encoding of ``strategy``'s model, in a worker thread: an import, perhaps a
+    download attempt, both blocking. The answer (a failure included) is cached per model."""
+    await anyio.to_thread.run_sync(tiktoken_counter, strategy.model_name)
+
+
+def request_tokens(strategy: LLMCallStrategy[Any], estimator: Estimator | None) -> RequestTokens:
     """The estimator of ``strategy``'s requests: ``estimator`` when given, else a tiktoken count for its
-    model when tiktoken is installed and can load the encoding, else the character estimate.
-
-    Loading an encoding may block (an import, perhaps a download attempt), so a model's first load
-    runs in a worker thread; later bindings of the same model use the cached answer.
-    """
+    model when tiktoken is installed and its encoding loaded (:func:`load_tokenizer`), else the
+    character estimate."""
     count = None
     if estimator is None and _TIKTOKEN_INSTALLED:
-        model = strategy.model_name
-        found, count = cached_tiktoken_counter(model)
-        if not found:
-            count = await anyio.to_thread.run_sync(tiktoken_counter, model)
+        count = cached_tiktoken_counter(strategy.model_name)[1]
     return RequestTokens(estimator, system=system_prompt_of(strategy), defaults=default_params(strategy),
                          count=count)
