@@ -153,3 +153,26 @@ def test_the_help_lists_the_request_flags(capsys: pytest.CaptureFixture[str]) ->
         shown = capsys.readouterr().out
         for flag in ("--system", "--temperature", "--max-tokens", "--response-schema"):
             assert flag in shown
+
+
+def test_runs_status_prices_a_live_run_by_its_model(tmp_path: Path) -> None:
+    import dataclasses
+
+    from trio_batch_llm import read_run_snapshot
+    from trio_batch_llm._cli._render import describe
+
+    db = tmp_path / "runs.sqlite"
+
+    async def create() -> None:
+        strategy = OpenAICompatibleStrategy(MODEL, base_url=DEAD_URL)
+        async with await open_run(db, "r", strategy, None):
+            pass
+
+    anyio.run(create)
+    snap = dataclasses.replace(read_run_snapshot(db, "r"), input_tokens=2_000_000, output_tokens=500_000)
+    # gpt-4o-mini: 2,000,000 x $0.15/M + 500,000 x $0.60/M = $0.30 + $0.30
+    assert "  cost: at most $0.6000 estimated (built-in rates of" in "\n".join(describe(snap))
+    other = dataclasses.replace(snap, identity=dataclasses.replace(snap.identity, model="mock-model"))
+    assert not any("cost" in line for line in describe(other))
+    batch = dataclasses.replace(snap, mode="provider-batch")
+    assert not any("cost" in line for line in describe(batch))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trio_batch_llm import (
     DEFAULT_MODEL_RATES,
@@ -91,3 +93,23 @@ def test_built_in_table_is_read_only_and_dated() -> None:
         DEFAULT_MODEL_RATES["gpt-4o"] = ModelRates(0, 0)  # type: ignore[index]
     assert {"gpt-4o", "gpt-4o-mini", "gpt-4.1", "o3", "gpt-5"} <= set(DEFAULT_MODEL_RATES)
     assert len(DEFAULT_MODEL_RATES_AS_OF) == 10 and DEFAULT_MODEL_RATES_AS_OF.startswith("20")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 10**9),
+    st.floats(0, 100), st.floats(0, 100), st.one_of(st.none(), st.floats(0, 100)),
+)
+def test_cost_is_the_hand_formula(
+    input_tokens: int, cached: int, output_tokens: int,
+    rate_in: float, rate_out: float, rate_cached: float | None,
+) -> None:
+    rates = ModelRates(rate_in, rate_out, rate_cached)
+    usage = {"input_tokens": input_tokens, "cached_input_tokens": cached, "output_tokens": output_tokens}
+    # Cached tokens are a part of the input: never more of them than the input holds.
+    part = min(cached, input_tokens)
+    cached_rate = rate_in if rate_cached is None else rate_cached
+    expected = ((input_tokens - part) * rate_in + part * cached_rate + output_tokens * rate_out) / 1e6
+    assert rates.cost(usage) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    batch = BatchResult.from_results([_result("a", "m", **usage), _result("b", "m", **usage)])
+    assert batch.estimated_cost({"m": rates}) == pytest.approx(2 * expected, rel=1e-9, abs=1e-12)

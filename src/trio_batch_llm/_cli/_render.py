@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
+from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF, rates_for
 from .._values._results import BatchResult, BatchTermination
 from .._values._urls import REDACTED, redact_urls
 from ._input_records import InputError
@@ -187,6 +188,19 @@ def print_demo_report(batch: BatchResult[Any], mock: MockServerStats) -> None:
 # --- durable runs --------------------------------------------------------------------------------
 
 
+def _cost_lines(snap: RunSnapshot) -> list[str]:
+    """A live run's cost by the built-in rates of its model, when they have it. The run keeps token
+    totals without the cached part, so cached input is priced as input: an upper bound. A provider
+    batch is billed at its own (discounted) rates, which the table does not hold: no line."""
+    rates = rates_for(snap.identity.model, DEFAULT_MODEL_RATES)
+    if rates is None or snap.mode != "live" or not (snap.input_tokens or snap.output_tokens):
+        return []
+    cost = rates.cost({"input_tokens": snap.input_tokens, "output_tokens": snap.output_tokens})
+    assert cost is not None
+    return [f"  cost: at most ${cost:.4f} estimated (built-in rates of {DEFAULT_MODEL_RATES_AS_OF}; "
+            "cached input priced as input)"]
+
+
 def describe(snap: RunSnapshot) -> list[str]:
     """The snapshot as lines for an operator."""
     status: str = snap.status
@@ -202,6 +216,7 @@ def describe(snap: RunSnapshot) -> list[str]:
         f"  items {snap.items} ({read}): done {snap.done} (succeeded {snap.succeeded}, "
         f"failed {snap.failed}), pending {snap.pending}",
         f"  tokens: input {snap.input_tokens}, output {snap.output_tokens}, total {snap.total_tokens}",
+        *_cost_lines(snap),
         f"  results: {snap.last_sequence} (sequences 1 to {snap.last_sequence})" if snap.last_sequence
         else "  results: none yet",
     ]

@@ -112,7 +112,8 @@ class RunSummary:
                 self.categories[category.value] = self.categories.get(category.value, 0) + 1
                 self.first_failures.setdefault(category, (result.item_id, result.error))
         add_usage(self.tokens, result.token_usage)
-        self.cost.add(result.token_usage, result.metadata.get("model"))
+        model = result.metadata.get("model") if isinstance(result.metadata, dict) else None
+        self.cost.add(result.token_usage, model)
         if result.replayed:
             self.replayed += 1
             return

@@ -267,7 +267,7 @@ class BatchResult(Generic[TOutput]):
         """
         costs = CostSum(rates)
         for r in self.results:
-            costs.add(r.token_usage, r.metadata.get("model"))
+            costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
         return costs.total
 
     def summary(self, *, rates: ModelRates | Mapping[str, ModelRates] | None = None) -> str:
