@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
-from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF, rates_for
+from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF
+from .._values._pricing import price, rates_for
 from .._values._results import BatchResult, BatchTermination
 from .._values._urls import REDACTED, redact_urls
 from ._input_records import InputError
@@ -195,7 +196,7 @@ def _cost_lines(snap: RunSnapshot) -> list[str]:
     rates = rates_for(snap.identity.model, DEFAULT_MODEL_RATES)
     if rates is None or snap.mode != "live" or not (snap.input_tokens or snap.output_tokens):
         return []
-    cost = rates.cost({"input_tokens": snap.input_tokens, "output_tokens": snap.output_tokens})
+    cost = price(rates, {"input_tokens": snap.input_tokens, "output_tokens": snap.output_tokens})
     assert cost is not None
     return [f"  cost: at most ${cost:.4f} estimated (built-in rates of {DEFAULT_MODEL_RATES_AS_OF}; "
             "cached input priced as input)"]

@@ -17,7 +17,8 @@ from array import array
 from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
-from .._values._cost import CostSum, cost_line
+from .._values._cost import DEFAULT_MODEL_RATES
+from .._values._pricing import CostSum, cost_line
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 
 __all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary"]
@@ -85,7 +86,7 @@ class RunSummary:
 
     def __init__(self, total: int, *, model: str | None = None) -> None:
         self.total = total
-        self.cost = CostSum(default_model=model)
+        self.cost = CostSum(None, table=DEFAULT_MODEL_RATES, default_model=model)
         """The estimated dollars, by the built-in rates (results that name no model: ``model``'s)."""
         self.results = 0
         self.succeeded = 0

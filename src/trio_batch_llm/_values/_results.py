@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
-from ._cost import CostSum, ModelRates, cost_line
+from ._pricing import BUILT_IN_RATES, CostSum, Rates, cost_line
 from ._urls import redact_urls
 
 __all__ = [
@@ -24,6 +24,19 @@ __all__ = [
 ]
 
 TOutput = TypeVar("TOutput")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Figures:
+    """A built-in rate, as ``DEFAULT_MODEL_RATES`` holds it (``ModelRates`` is out of reach here)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None
+
+
+_BUILT_IN: Final[Mapping[str, Rates]] = {model: _Figures(*f) for model, f in BUILT_IN_RATES.items()}
 TerminationKind = Literal["completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted"]
 
 
@@ -254,7 +267,7 @@ class BatchResult(Generic[TOutput]):
             add_usage(total, r.token_usage)
         return total
 
-    def estimated_cost(self, rates: ModelRates | Mapping[str, ModelRates] | None = None) -> float | None:
+    def estimated_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
         """Estimated dollars for the tokens of every result (replayed ones and failed attempts included,
         as in :meth:`total_tokens`).
 
@@ -265,12 +278,12 @@ class BatchResult(Generic[TOutput]):
         counts, or when one that has them cannot be priced (no model, or a model not in the table):
         a partial sum would understate the cost.
         """
-        costs = CostSum(rates)
+        costs = CostSum(rates, table=_BUILT_IN)
         for r in self.results:
             costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
         return costs.total
 
-    def summary(self, *, rates: ModelRates | Mapping[str, ModelRates] | None = None) -> str:
+    def summary(self, *, rates: Rates | Mapping[str, Rates] | None = None) -> str:
         """A readable table: items, retries, tokens, cost when known, wall time, latency percentiles.
 
         The cost line shows :meth:`estimated_cost` of ``rates`` (default: the built-in table), and
