@@ -3,6 +3,7 @@
 from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
+from ._artifacts._identity import infer_artifact_identity as infer_artifact_identity
 from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
 from ._compat._classifiers import ErrorClassifier as ErrorClassifier
 from ._compat._classifiers import ErrorInfo as ErrorInfo
@@ -68,6 +69,9 @@ from ._values._config import ProcessorConfig as ProcessorConfig
 from ._values._config import RateLimitConfig as RateLimitConfig
 from ._values._config import ResumePolicy as ResumePolicy
 from ._values._config import RetryConfig as RetryConfig
+from ._values._cost import DEFAULT_MODEL_RATES as DEFAULT_MODEL_RATES
+from ._values._cost import DEFAULT_MODEL_RATES_AS_OF as DEFAULT_MODEL_RATES_AS_OF
+from ._values._cost import ModelRates as ModelRates
 from ._values._details import ResponseDetails as ResponseDetails
 from ._values._details import ToolCall as ToolCall
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
@@ -99,6 +103,7 @@ from ._values._stats import ProcessorStatistics as ProcessorStatistics
 from ._values._structured import StructuredOutputError as StructuredOutputError
 from ._values._timing import AttemptTiming as AttemptTiming
 from ._values._timing import ItemTiming as ItemTiming
+from ._values._tokens import TokenEstimate as TokenEstimate
 from ._version import __version__ as __version__
 
 __all__ = [
@@ -129,6 +134,8 @@ __all__ = [
     "ConfigurationError",
     "CounterSnapshot",
     "DEFAULT_LATENCY_BUCKETS",
+    "DEFAULT_MODEL_RATES",
+    "DEFAULT_MODEL_RATES_AS_OF",
     "DefaultErrorClassifier",
     "ErrorCategory",
     "ErrorClassifier",
@@ -152,6 +159,7 @@ __all__ = [
     "LifecycleEvent",
     "MetricsObserver",
     "Middleware",
+    "ModelRates",
     "Observer",
     "OpenAICompatibleStrategy",
     "OpenAIErrorClassifier",
@@ -187,6 +195,7 @@ __all__ = [
     "StreamFinalizationError",
     "StructuredOutputError",
     "TimeoutCategory",
+    "TokenEstimate",
     "TokenUsage",
     "ToolCall",
     "WORKER_CANCELLATION_TIMEOUT",
@@ -194,6 +203,7 @@ __all__ = [
     "__version__",
     "call",
     "call_result",
+    "infer_artifact_identity",
     "iter_run_results",
     "list_runs",
     "llm",

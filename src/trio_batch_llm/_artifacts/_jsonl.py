@@ -108,13 +108,17 @@ class JsonlArtifactStore(ThreadedStore[bytes]):
     JSON); pass ``output_encoder`` and ``output_decoder`` together to keep any
     other type. A result that cannot be kept raises :class:`ArtifactEncodeError`
     from ``append()`` and writes nothing.
+
+    ``identity=None`` (the default) infers it from the strategy that runs the
+    items (:func:`infer_artifact_identity`: provider, model, fingerprints of
+    the system prompt, params and response schema); an explicit identity wins.
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
-        identity: ArtifactIdentity,
+        identity: ArtifactIdentity | None = None,
         fsync: bool = False,
         store_prompts: bool = False,
         allow_identity_mismatch: bool = False,
@@ -202,7 +206,7 @@ class JsonlArtifactStore(ThreadedStore[bytes]):
             "kind": "header",
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
-            "identity": self._identity.to_dict(),
+            "identity": self._known_identity.to_dict(),
             "identity_fingerprint": self._identity_fp,
             "created_at": datetime.datetime.now(datetime.UTC).isoformat(),
             "library_version": __version__,

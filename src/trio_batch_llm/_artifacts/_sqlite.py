@@ -74,6 +74,9 @@ class SqliteArtifactStore(ThreadedStore[Row]):
 
     ``busy_timeout_seconds``: how long a write waits for another connection's lock
     before it fails; ``read_batch_size``: rows fetched at a time by :meth:`iter_results`.
+    ``identity=None`` (the default) infers it from the strategy that runs the
+    items (:func:`infer_artifact_identity`: provider, model, fingerprints of
+    the system prompt, params and response schema); an explicit identity wins.
     """
 
     _position_name = "row"
@@ -82,7 +85,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
         self,
         path: str | os.PathLike[str],
         *,
-        identity: ArtifactIdentity,
+        identity: ArtifactIdentity | None = None,
         fsync: bool = False,
         store_prompts: bool = False,
         allow_identity_mismatch: bool = False,
@@ -130,7 +133,7 @@ class SqliteArtifactStore(ThreadedStore[Row]):
             conn = self._file.connect()
             try:
                 with self._file.transaction(conn):
-                    header = self._file.initialise(conn, self._identity)
+                    header = self._file.initialise(conn, self._known_identity)
                     if header is not None:
                         self._check_identity(header["identity"])
             except BaseException:

@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -43,8 +43,12 @@ from .._values._results import WorkItemResult
 from ._codec import JSONValue, OutputCodec
 from ._fingerprint import identity_fingerprint
 from ._group_commit import GroupCommitter
+from ._identity import infer_artifact_identity
 from ._protocol import StoredRecord, StoreState, StoreStatistics
 from ._worker_gate import WorkerGate
+
+if TYPE_CHECKING:
+    from .._strategies._base import LLMCallStrategy
 
 __all__ = ["ThreadedStore", "logger"]
 
@@ -64,18 +68,18 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         self,
         path: str | os.PathLike[str],
         *,
-        identity: ArtifactIdentity,
+        identity: ArtifactIdentity | None = None,
         store_prompts: bool = False,
         allow_identity_mismatch: bool = False,
         output_encoder: Callable[[Any], JSONValue] | None = None,
         output_decoder: Callable[[JSONValue], Any] | None = None,
     ) -> None:
-        if not isinstance(identity, ArtifactIdentity):
-            raise ConfigurationError("identity", identity, "must be an ArtifactIdentity")
+        if identity is not None and not isinstance(identity, ArtifactIdentity):
+            raise ConfigurationError("identity", identity, "must be an ArtifactIdentity or None (inferred)")
         self._codec = OutputCodec(output_encoder, output_decoder)
         self._path = Path(path)
         self._identity = identity
-        self._identity_fp = identity_fingerprint(identity)
+        self._identity_fp = "" if identity is None else identity_fingerprint(identity)
         self._store_prompts = bool(store_prompts)
         self._allow_identity_mismatch = bool(allow_identity_mismatch)
         self._state: StoreState = "unopened"
@@ -92,8 +96,35 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         return self._path
 
     @property
-    def identity(self) -> ArtifactIdentity:
+    def identity(self) -> ArtifactIdentity | None:
+        """The identity records are written under; ``None`` until inferred when none was given."""
         return self._identity
+
+    def infer_identity(self, strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
+        """The identity in force: the one given at construction (it wins), else, the first time,
+        ``infer_artifact_identity(strategy)``. ``process_prompts``, ``process_stream`` and
+        ``open_run`` call it before opening the store; call it yourself before handing a store
+        built without an identity to a :class:`ParallelBatchProcessor`."""
+        if self._identity is None:
+            if self._state != "unopened":
+                raise ArtifactStoreError(f"{self._path}: the identity is fixed once the store is opened")
+            self._identity = infer_artifact_identity(strategy)
+            self._identity_fp = identity_fingerprint(self._identity)
+        return self._identity
+
+    @property
+    def _known_identity(self) -> ArtifactIdentity:
+        if self._identity is None:
+            raise self._no_identity()
+        return self._identity
+
+    def _no_identity(self) -> ConfigurationError:
+        return ConfigurationError(
+            "identity", None,
+            f"{self._path} was built without an identity and none was inferred: pass "
+            "identity=ArtifactIdentity(...), or call store.infer_identity(strategy) first "
+            "(process_prompts, process_stream and open_run do that for you)",
+        )
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -113,6 +144,9 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
             raise ArtifactStoreError(
                 f"{self._path}: this store object is {self._state}; create a new one per run"
             )
+        if self._identity is None:  # refused before any file is touched
+            await anyio.lowlevel.checkpoint()
+            raise self._no_identity()
         gate = self._gate = WorkerGate()
         self._state = "opening"
         try:
@@ -262,7 +296,7 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
 
     def _check_identity(self, stored: object) -> None:
         """Refuse a store written under another identity, unless told to allow it."""
-        current = self._identity.to_dict()
+        current = self._known_identity.to_dict()
         if stored == current:
             return
         message = (

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_BATCH_REQUESTS",
     "PROVIDERS",
     "add_model_arguments",
+    "add_request_arguments",
     "batch_size",
     "limit_change",
     "model_spec",
@@ -43,6 +44,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"PROVIDER is one of {', '.join(PROVIDERS)}")
     parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key-env", metavar="NAME", help=KEY_HELP)
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """The request settings ``run`` and ``runs start`` pass to the strategy as defaults (a JSONL row's
+    own ``params`` win). They are part of the checkpoint's identity: a resume with other settings
+    is refused rather than replaying answers to other requests."""
+    group = parser.add_argument_group("request settings (defaults for every item)")
+    group.add_argument("--system", metavar="TEXT", type=non_empty, help="the system prompt")
+    group.add_argument("--temperature", type=non_negative_float, metavar="F", help="the sampling temperature")
+    group.add_argument("--max-tokens", type=positive_int, metavar="N",
+                       help="the most output tokens per answer (also what --tpm reserves for it)")
+    group.add_argument("--response-schema", metavar="FILE.json",
+                       help="a JSON schema (a JSON object) each answer must follow: structured output")
 
 
 def positive_int(text: str) -> int:

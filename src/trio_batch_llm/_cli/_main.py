@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from ._args import (
     BACKENDS,
     add_model_arguments,
+    add_request_arguments,
     limit_change,
     non_negative_float,
     port,
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the calls in flight; twice abandons them.",
     )
     add_model_arguments(run)  # INPUT, --model, --base-url, --api-key-env (shared with `runs start`)
+    add_request_arguments(run)
     run.add_argument("--out", required=True, metavar="CHECKPOINT.jsonl",
                      help="the checkpoint: every result as it finishes, what --resume continues "
                           "(not a flat table: see `trio-batch-llm export`)")

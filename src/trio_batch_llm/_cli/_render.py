@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
+from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF
+from .._values._pricing import price, rates_for
 from .._values._results import BatchResult, BatchTermination
 from .._values._urls import REDACTED, redact_urls
 from ._input_records import InputError
@@ -156,6 +158,10 @@ def identity_mismatch_message(out: Path, provider: str, model: str, error: Excep
     if stored is None:
         return f"--out {out} was written for another model ({error})"
     stored_provider, stored_model = stored
+    if (stored_provider, stored_model) == (provider, model):
+        return (f"--out {out} was written with other request settings (--system, --temperature, "
+                "--max-tokens, --response-schema): pass the same ones to continue it, or choose another "
+                "--out (answers to other requests are never replayed)")
     return (f"--out {out} was written with --model {stored_provider}:{stored_model}, and this run is "
             f"--model {provider}:{model}: pass --model {stored_provider}:{stored_model} to continue it, "
             "or choose another --out for this model (results of one model are never replayed for another)")
@@ -183,6 +189,19 @@ def print_demo_report(batch: BatchResult[Any], mock: MockServerStats) -> None:
 # --- durable runs --------------------------------------------------------------------------------
 
 
+def _cost_lines(snap: RunSnapshot) -> list[str]:
+    """A live run's cost by the built-in rates of its model, when they have it. The run keeps token
+    totals without the cached part, so cached input is priced as input: an upper bound. A provider
+    batch is billed at its own (discounted) rates, which the table does not hold: no line."""
+    rates = rates_for(snap.identity.model, DEFAULT_MODEL_RATES)
+    if rates is None or snap.mode != "live" or not (snap.input_tokens or snap.output_tokens):
+        return []
+    cost = price(rates, {"input_tokens": snap.input_tokens, "output_tokens": snap.output_tokens})
+    assert cost is not None
+    return [f"  cost: at most ${cost:.4f} estimated (built-in rates of {DEFAULT_MODEL_RATES_AS_OF}; "
+            "cached input priced as input)"]
+
+
 def describe(snap: RunSnapshot) -> list[str]:
     """The snapshot as lines for an operator."""
     status: str = snap.status
@@ -198,6 +217,7 @@ def describe(snap: RunSnapshot) -> list[str]:
         f"  items {snap.items} ({read}): done {snap.done} (succeeded {snap.succeeded}, "
         f"failed {snap.failed}), pending {snap.pending}",
         f"  tokens: input {snap.input_tokens}, output {snap.output_tokens}, total {snap.total_tokens}",
+        *_cost_lines(snap),
         f"  results: {snap.last_sequence} (sequences 1 to {snap.last_sequence})" if snap.last_sequence
         else "  results: none yet",
     ]

@@ -6,7 +6,8 @@ is checked whole in a first pass (:func:`scan_input`) that keeps only a hash
 per id, then read again item by item as the run takes them, so neither the
 input nor the results are ever all in memory; the summary is counted as
 results arrive (:class:`RunSummary`). The output file *is* the checkpoint:
-a :class:`JsonlArtifactStore` under the identity ``(provider, model)``, so
+a :class:`JsonlArtifactStore` under the identity ``(provider, model)`` plus
+fingerprints of the request flags (``--system`` and the others), so
 ``--resume`` continues it with ``--resume-policy`` (``successes``, the
 default: stored successes are replayed, everything else runs again; ``all``:
 terminal failures are replayed too), and a later record for an item
@@ -63,6 +64,7 @@ from ._render import (
     say_input_error,
     shown_command,
 )
+from ._request_flags import checkpoint_identity, request_settings
 from ._summary import RunSummary
 
 __all__ = ["RESUME_POLICIES", "RunPlan", "plan_run", "run_command"]
@@ -77,6 +79,7 @@ class RunPlan:
     provider: str
     model: str
     strategy: LLMCallStrategy[str]
+    identity: ArtifactIdentity
     out: Path
     config: ProcessorConfig
     resume: ResumePolicy
@@ -122,7 +125,8 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
         raise UsageError(f"--base-url is required with --model {provider}:{model}")
     # With --api-key-env the key is that variable's, for any endpoint; without it the strategy's own
     # rule applies: OPENAI_API_KEY goes only to OpenAI's API, and another --base-url gets no key.
-    kwargs: dict[str, Any] = {"api_key": api_key_from(args.api_key_env), "concurrency": args.concurrency}
+    kwargs: dict[str, Any] = {"api_key": api_key_from(args.api_key_env), "concurrency": args.concurrency,
+                              **request_settings(args)}
     if args.base_url:
         kwargs["base_url"] = args.base_url
     if provider == "openai" and args.api_key_env is None and args.base_url \
@@ -145,8 +149,13 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     except (ConfigurationError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     policy = RESUME_POLICIES[resume_policy or "successes"] if resume else ResumePolicy.NONE
+    try:
+        identity = checkpoint_identity(provider, model, strategy)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
     return RunPlan(
-        scan=scan, provider=provider, model=model, strategy=strategy, out=out, config=config,
+        scan=scan, provider=provider, model=model, strategy=strategy, identity=identity, out=out,
+        config=config,
         resume=policy, backend=args.backend, progress=progress_mode(args.progress),
         resume_command=_resume_command(argv),
     )
@@ -161,7 +170,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
-    outcome = _RunOutcome(plan.scan.items)
+    outcome = _RunOutcome(plan.scan.items, plan.model)
     try:
         anyio.run(_run_batch, plan, outcome, backend=plan.backend)
     except ArtifactMismatchError as exc:
@@ -192,9 +201,9 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
 class _RunOutcome:
     """What the run produced, and what its signal task decided."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, model: str | None = None) -> None:
         self.opened = False
-        self.summary = RunSummary(total)
+        self.summary = RunSummary(total, model=model)
         self.input_error: InputError | None = None
         self.termination = BatchTermination()
         self.wall_time = 0.0
@@ -271,7 +280,7 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
 
 
 async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
-    store = JsonlArtifactStore(plan.out, identity=ArtifactIdentity(provider=plan.provider, model=plan.model))
+    store = JsonlArtifactStore(plan.out, identity=plan.identity)
     started = anyio.current_time()
     with unwrap_group(), signal_receiver() as signals:
         async with anyio.create_task_group() as run_group:

@@ -27,6 +27,7 @@ from ._args import (
     KEY_HELP,
     MAX_BATCH_REQUESTS,
     add_model_arguments,
+    add_request_arguments,
     batch_size,
     non_empty,
     non_negative_int,
@@ -85,6 +86,7 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                     "(the run goes on at the next start); 128 + the signal number when interrupted.",
     )
     add_model_arguments(start)
+    add_request_arguments(start)
     start.add_argument("--mode", choices=["live", "provider-batch"], default="live",
                        help="live calls, or the provider's Batch API; fixed when the run is created "
                             "(default live)")

@@ -57,6 +57,7 @@ from ._render import (
     say_input_error,
     shown_command,
 )
+from ._request_flags import REQUEST_FLAGS
 from ._run import plan_run
 from ._runs_ops import check_db_path
 
@@ -111,6 +112,10 @@ def _check_matches(snap: RunSnapshot, args: argparse.Namespace, identity: Artifa
                          "(the mode of a run never changes), or choose another RUN_ID")
     if snap.identity != identity:
         stored = f"{snap.identity.provider}:{snap.identity.model}"
+        if (snap.identity.provider, snap.identity.model) == (identity.provider, identity.model):
+            raise UsageError(f"run {snap.run_id!r} was started with other request settings "
+                             f"({REQUEST_FLAGS}); "
+                             "pass the same ones again, or choose another RUN_ID")
         raise UsageError(f"run {snap.run_id!r} was started with --model {stored}; pass that again, "
                          "or choose another RUN_ID")
 
@@ -129,9 +134,10 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         input=args.input, out=str(db), resume=True, model=args.model, base_url=args.base_url,
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
-        progress=False, max_attempts=args.max_attempts,
+        progress=False, max_attempts=args.max_attempts, system=args.system, temperature=args.temperature,
+        max_tokens=args.max_tokens, response_schema=args.response_schema,
     ), argv)
-    identity = ArtifactIdentity(provider=checked.provider, model=checked.model)
+    identity = checked.identity
     existing = _existing(db, args.run_id)
     if existing is not None:
         _check_matches(existing, args, identity)

@@ -17,6 +17,8 @@ from array import array
 from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
+from .._values._cost import DEFAULT_MODEL_RATES
+from .._values._pricing import CostSum, cost_line
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 
 __all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary"]
@@ -82,8 +84,10 @@ class LatencySketch:
 class RunSummary:
     """Counts and times of a run's results, one result at a time; ``total`` is the input's size."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, *, model: str | None = None) -> None:
         self.total = total
+        self.cost = CostSum(None, table=DEFAULT_MODEL_RATES, default_model=model)
+        """The estimated dollars, by the built-in rates (results that name no model: ``model``'s)."""
         self.results = 0
         self.succeeded = 0
         self.failed = 0
@@ -109,6 +113,8 @@ class RunSummary:
                 self.categories[category.value] = self.categories.get(category.value, 0) + 1
                 self.first_failures.setdefault(category, (result.item_id, result.error))
         add_usage(self.tokens, result.token_usage)
+        model = result.metadata.get("model") if isinstance(result.metadata, dict) else None
+        self.cost.add(result.token_usage, model)
         if result.replayed:
             self.replayed += 1
             return
@@ -140,8 +146,10 @@ class RunSummary:
             f"  retries     {self.retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
             f"   out {tokens.get('output_tokens', 0):,}",
-            f"  wall time   {wall_time:>10.3f} s   {rate:,.0f} items/s",
         ]
+        if (cost := self.cost.total) is not None:
+            lines.append(cost_line(cost, built_in=True))
+        lines.append(f"  wall time   {wall_time:>10.3f} s   {rate:,.0f} items/s")
         if self.categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(self.categories.items()))
             lines.append(f"  failures    {detail}")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
 
 import anyio
 
+from .._artifacts._identity import adopt_identity
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
 from .._strategies._base import LLMCallStrategy
@@ -111,6 +112,7 @@ async def process_prompts(
     _check_strategy(strategy)
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
+    adopt_identity(artifact_store, strategy)
     callback = _progress_callback(progress)
     proc: ParallelBatchProcessor[TOutput]
     batch: BatchResult[TOutput] | None = None
@@ -220,6 +222,7 @@ async def _stream_block(
     _check_strategy(strategy)
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
+    adopt_identity(artifact_store, strategy)
     if is_sized_source(prompts):
         prompts = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
     async with ParallelBatchProcessor(

@@ -41,7 +41,16 @@ from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._classify import Classification
-from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, rate_limit_observation, start_deadline
+from ._item_run import (
+    Binding,
+    Failure,
+    ItemRun,
+    Retries,
+    as_triple,
+    rate_limit_observation,
+    start_deadline,
+)
+from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -57,7 +66,6 @@ TOutput = TypeVar("TOutput")
 
 _ITEM_DEADLINE: Final = "total_timeout_per_item"
 """What an item's deadline is called in its error: the setting that set it."""
-_CALL_START: Final = "call_start_deadline"
 
 RETRY: Final = "retry"
 """:meth:`ItemRunner.cut`: the attempt's own deadline fired; drive the run again."""
@@ -140,11 +148,14 @@ class ItemRunner(Generic[TOutput]):
         """
         await self._host.ensure_prepared(strategy)
         config = self._config
+        if tokenizer_unloaded(strategy, config.token_estimator):
+            await load_tokenizer(strategy)
+        tokens = request_tokens(strategy, config.token_estimator)
         binding = Binding(
             strategy,
             self._host.quota_scope(strategy),
-            estimate=config.estimate_tokens if config.max_tokens_per_minute is not None else None,
-            estimator=config.estimate_tokens,
+            estimate=tokens if config.max_tokens_per_minute is not None else None,
+            estimator=tokens,
             user_classifier=self._classifier,
         )
         self._bindings[id(strategy)] = binding
@@ -172,7 +183,7 @@ class ItemRunner(Generic[TOutput]):
                     binding = await self.bind(strategy)
                 self._last = binding
             run.binding = binding
-            tokens = binding.tokens(run.item.prompt_text)
+            tokens = binding.tokens(run.item.prompt, run.item.params)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit: between calls, never the attempt's own deadline
@@ -326,7 +337,7 @@ class ItemRunner(Generic[TOutput]):
             reason = f"{run.limit_name} of {run.limit} s leaves no room for a retry after {wait:.3g} s"
             return run.deadline_exceeded(reason, now)
         if now + wait >= self.start_by:
-            return self._refused(run, now)
+            return run.refused_start(now)
         return float(wait)  # a whole-number wait (initial_wait=0, retry_after=1) is still a wait
 
     async def back_off(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | None:
@@ -364,7 +375,7 @@ class ItemRunner(Generic[TOutput]):
         if now >= run.item_deadline:
             return run.deadline_exceeded(f"{run.limit_name} of {run.limit} s", now)
         if not run.calling and now >= self.start_by:
-            return self._refused(run, now)
+            return run.refused_start(now)
         run.calling = False
         run.switch("backoff", now)
         exc = AttemptTimedOut(f"attempt {run.attempts} timed out after {self._attempt_timeout} s")
@@ -375,13 +386,6 @@ class ItemRunner(Generic[TOutput]):
     def stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str) -> WorkItemResult[TOutput]:
         """The result of an item the batch's stop cut short."""
         return run.stopped(category, reason, self._clock())
-
-    @staticmethod
-    def _refused(run: ItemRun[TOutput], now: float) -> WorkItemResult[TOutput]:
-        # No call starts at or after call_start_deadline: never started, or cut short before a retry.
-        if run.attempts == 0:
-            return run.stopped(ErrorCategory.NOT_EXECUTED, f"not executed: {_CALL_START} reached", now)
-        return run.stopped(ErrorCategory.ABORTED, f"cut short: {_CALL_START} reached before a retry", now)
 
     def _rng(self, item: LLMWorkItem[TOutput]) -> random.Random:
         # Seeded per item, so a seeded run's backoffs do not depend on the

@@ -45,9 +45,9 @@ class Binding:
         strategy: LLMCallStrategy[Any],
         quota: QuotaScope,
         *,
-        estimate: Callable[[str], int] | None,
+        estimate: Callable[[Any, Mapping[str, Any] | None], int] | None,
         user_classifier: UserClassifier | None,
-        estimator: Callable[[str], int] | None = None,
+        estimator: Callable[[Any, Mapping[str, Any] | None], int] | None = None,
     ) -> None:
         self.strategy = strategy
         """Prepared on the owner's host."""
@@ -61,15 +61,16 @@ class Binding:
         self.parses = type(strategy).parse_output is not LLMCallStrategy.parse_output
         """Whether the strategy has a parse stage of its own (``parse_output`` overridden)."""
 
-    def tokens(self, prompt: str) -> int:
-        """The token estimate ``prompt`` is admitted with: 0 unless a TPM limit is set or reported.
+    def tokens(self, prompt: Any, params: Mapping[str, Any] | None = None) -> int:
+        """The tokens a request of ``prompt`` with the item's ``params`` is admitted with (input
+        estimate + output allowance): 0 unless a TPM limit is set or reported.
 
         A scope that learns limits asks for estimates once the provider reports a token budget.
         """
         if self.estimate is not None:
-            return self.estimate(prompt)
+            return self.estimate(prompt, params)
         if self.estimator is not None and self.quota.needs_token_estimate:
-            return self.estimator(prompt)
+            return self.estimator(prompt, params)
         return 0
 
     def classify(self, exc: Exception) -> Classification:
@@ -258,6 +259,13 @@ class ItemRun(Generic[TOutput]):
         if self.last_error is not None:
             exc.__context__ = self.last_error
         return self.failed_with(exc, ErrorCategory.DEADLINE, now)
+
+    def refused_start(self, now: float) -> WorkItemResult[TOutput]:
+        """No call starts at or after ``call_start_deadline``: never started, or cut short before a retry."""
+        if self.attempts == 0:
+            return self.stopped(ErrorCategory.NOT_EXECUTED, "not executed: call_start_deadline reached", now)
+        reason = "cut short: call_start_deadline reached before a retry"
+        return self.stopped(ErrorCategory.ABORTED, reason, now)
 
     def stopped(self, category: ErrorCategory, reason: str, now: float) -> WorkItemResult[TOutput]:
         """A result for an item the batch stopped in flight (or refused to start).

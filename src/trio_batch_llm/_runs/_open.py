@@ -17,6 +17,7 @@ from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
 from .._artifacts._fingerprint import jsonable_or_repr
+from .._artifacts._identity import infer_artifact_identity
 from .._artifacts._sqlite import SqliteArtifactStore
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ArtifactIdentity, ProcessorConfig
@@ -32,10 +33,6 @@ from .repository._client import RepositoryClient
 from .repository._locate import RunStore, repository_at
 
 __all__ = ["open_run"]
-
-
-def _default_identity(strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
-    return ArtifactIdentity(provider=type(strategy).__name__, model=strategy.model_name or "unknown")
 
 
 def _config_summary(config: ProcessorConfig) -> dict[str, Any]:
@@ -72,8 +69,9 @@ async def open_run(
     finishes a run whose ingestion is complete. On reattach the same source
     must be passed again: it is continued from the stored checkpoint.
 
-    ``identity`` (default: from the store, else the strategy's class and model)
-    must match the run's stored identity. Ingestion commits slices of at most
+    ``identity`` (default: the store's, else :func:`infer_artifact_identity` of
+    ``strategy``: its provider, model and fingerprints of its system prompt,
+    params and response schema) must match the run's stored identity. Ingestion commits slices of at most
     ``slice_items`` entries, and waits at most ``slice_seconds`` after a
     slice's first entry. Status polls happen every ``poll_interval`` seconds.
     The handle is an async context manager; or call ``aclose()``.
@@ -116,8 +114,9 @@ async def open_run(
     _positive("poll_interval", poll_interval)
     _positive("slice_items", slice_items, whole=True)
     _positive("slice_seconds", slice_seconds)
-    if identity is None:
-        identity = store.identity if isinstance(store, SqliteArtifactStore) else _default_identity(strategy)
+    if identity is None:  # the store's own, else inferred (the strategy's provider, model and settings)
+        identity = (store.infer_identity(strategy) if isinstance(store, SqliteArtifactStore)
+                    else infer_artifact_identity(strategy))
     repository = repository_at(store, identity=identity)
     run_source = make_source(source, strategy)
     db = RepositoryClient(repository)

@@ -22,6 +22,7 @@ from ._checks import fraction, non_negative, positive, whole
 from ._config_warnings import warn_if_suspicious
 from ._errors import ConfigurationError
 from ._ramp import StartupRampConfig
+from ._tokens import RequestTokens, TokenEstimate
 
 if TYPE_CHECKING:
     from ._results import TokenUsage
@@ -317,7 +318,10 @@ class ProcessorConfig:
     guardrails: GuardrailConfig = field(default_factory=GuardrailConfig)
     max_requests_per_minute: float | None = None
     max_tokens_per_minute: int | None = None
-    token_estimator: Callable[[str], int] | None = None
+    token_estimator: Callable[[str], int | TokenEstimate] | None = None
+    """The input estimate of a prompt's text for TPM admission: an ``int`` (the request's
+    ``max_output_tokens`` is added) or a :class:`TokenEstimate` (used whole). ``None``: tiktoken
+    when installed and it knows the model, else about four characters a token."""
     max_queue_size: int = 0
     max_result_queue_size: int = 0
     max_provider_concurrency: int | None = None
@@ -377,5 +381,7 @@ class ProcessorConfig:
         return self.post_processor_timeout if given is FROM_CONFIG else given
 
     def estimate_tokens(self, prompt: str) -> int:
-        estimator = self.token_estimator or default_token_estimator
-        return estimator(prompt)
+        """The tokens reserved for ``prompt`` with no request parameters and no tokenizer."""
+        if self.token_estimator is None:
+            return default_token_estimator(prompt)
+        return RequestTokens(self.token_estimator)(prompt)

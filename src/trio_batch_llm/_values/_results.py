@@ -11,7 +11,9 @@ from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
 from ._details import DETAILS_METADATA_KEY, ResponseDetails
-from ._models import is_pydantic_model_class, plain_json_of_model
+from ._export_json import export_dict, json_default
+from ._models import is_pydantic_model_class
+from ._pricing import BUILT_IN_RATES, CostSum, Rates, cost_line
 from ._timing import ItemTiming
 from ._urls import redact_urls
 
@@ -26,6 +28,19 @@ __all__ = [
 ]
 
 TOutput = TypeVar("TOutput")
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Figures:
+    """A built-in rate, as ``DEFAULT_MODEL_RATES`` holds it (``ModelRates`` is out of reach here)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None
+
+
+_BUILT_IN: Final[Mapping[str, Rates]] = {model: _Figures(*f) for model, f in BUILT_IN_RATES.items()}
 TerminationKind = Literal["completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted"]
 
 
@@ -265,8 +280,27 @@ class BatchResult(Generic[TOutput]):
             add_usage(total, r.token_usage)
         return total
 
-    def summary(self) -> str:
-        """A readable table: items, retries, tokens, wall time, latency percentiles.
+    def estimated_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
+        """Estimated dollars for the tokens of every result (replayed ones and failed attempts included,
+        as in :meth:`total_tokens`).
+
+        ``rates``: ``None`` prices each result by its model (``metadata["model"]``) in the built-in
+        :data:`DEFAULT_MODEL_RATES`; a mapping model → :class:`ModelRates` does the same in that
+        table (a dated snapshot such as ``gpt-4o-2024-08-06`` falls back to ``gpt-4o``); one
+        :class:`ModelRates` prices every result. ``None`` is returned when no result has token
+        counts, or when one that has them cannot be priced (no model, or a model not in the table):
+        a partial sum would understate the cost.
+        """
+        costs = CostSum(rates, table=_BUILT_IN)
+        for r in self.results:
+            costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
+        return costs.total
+
+    def summary(self, *, rates: Rates | Mapping[str, Rates] | None = None) -> str:
+        """A readable table: items, retries, tokens, cost when known, wall time, latency percentiles.
+
+        The cost line shows :meth:`estimated_cost` of ``rates`` (default: the built-in table), and
+        only when every result with tokens could be priced.
 
         Items that a stop kept from ever starting (``not_executed``, or
         ``budget`` once a budget was spent) are counted as *not run*, apart
@@ -288,6 +322,11 @@ class BatchResult(Generic[TOutput]):
             f"  retries     {retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
             f"   out {tokens.get('output_tokens', 0):,}",
+        ]
+        cost = self.estimated_cost(rates)
+        if cost is not None:
+            lines.append(cost_line(cost, built_in=rates is None))
+        lines += [
             f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s",
         ]
         categories: dict[str, int] = {}
@@ -315,9 +354,9 @@ class BatchResult(Generic[TOutput]):
                 "termination": {"kind": self.termination.kind, "reason": self.termination.reason},
                 "wall_time": self.wall_time,
                 "input_order": self.input_order,
-                "results": [_export_dict(r) for r in self.results],
+                "results": [export_dict(r) for r in self.results],
             },
-            default=_json_default,
+            default=json_default,
             allow_nan=False,
         )
 
@@ -345,47 +384,10 @@ class BatchResult(Generic[TOutput]):
         Every line is encoded before the file is opened, so an output that
         strict JSON cannot hold (ValueError naming the item) leaves no file behind.
         """
-        lines = [json.dumps(_export_dict(r), default=_json_default, allow_nan=False) + "\n"
+        lines = [json.dumps(export_dict(r), default=json_default, allow_nan=False) + "\n"
                  for r in self.results]
         with Path(path).open("w", encoding="utf-8") as f:
             f.writelines(lines)
-
-
-def _json_default(value: Any) -> Any:
-    """What the exports write for a value JSON has no form for: a pydantic model as the stores keep
-    it (``model_dump(mode="json")``), anything else as ``str()``."""
-    is_model, dumped = plain_json_of_model(value)
-    return dumped if is_model else str(value)
-
-
-def _strict_problem(value: Any) -> str | None:
-    try:
-        json.dumps(value, default=_json_default, allow_nan=False)
-    except (ValueError, RecursionError) as exc:
-        return str(exc)
-    return None
-
-
-def _strict(value: Any) -> bool:
-    return _strict_problem(value) is None
-
-
-def _export_dict(result: WorkItemResult[Any]) -> dict[str, Any]:
-    """``result.to_dict()`` that strict JSON can hold: context and metadata values it cannot hold
-    (a ``NaN``) become their ``repr()``, as the stores keep them; such an output is refused."""
-    data = result.to_dict()
-    if _strict(data):
-        return data
-    problem = _strict_problem(data["output"])
-    if problem is not None:
-        raise ValueError(
-            f"item {result.item_id!r}: its output cannot be written as strict JSON ({problem}; "
-            "JSON has no NaN or Infinity): replace such values (for example with None) before exporting"
-        )
-    if not _strict(data["context"]):
-        data["context"] = repr(data["context"])
-    data["metadata"] = {str(k): v if _strict(v) else repr(v) for k, v in data["metadata"].items()}
-    return data
 
 
 def mean(values: list[float]) -> float:

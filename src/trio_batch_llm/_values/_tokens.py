@@ -1,0 +1,180 @@
+"""Token estimates for TPM admission: the public :class:`TokenEstimate` and the estimator used per request.
+
+A request is admitted with ``input estimate + output allowance`` tokens. The
+input estimate is a tiktoken count when tiktoken is installed and knows the
+strategy's model, else about four characters a token; the output allowance is
+the request's ``max_output_tokens`` (item params over strategy params) when one
+is set, else :data:`DEFAULT_OUTPUT_ALLOWANCE`. A user ``token_estimator`` may
+return an ``int`` (the input estimate: the request's max output is added) or a
+:class:`TokenEstimate` (used whole: its output part is the allowance).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+from ._errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_OUTPUT_ALLOWANCE",
+    "RequestTokens",
+    "TokenEstimate",
+    "cached_tiktoken_counter",
+    "character_tokens",
+    "max_output_tokens",
+    "prompt_text",
+    "tiktoken_counter",
+]
+
+DEFAULT_OUTPUT_ALLOWANCE: Final = 256
+"""Tokens reserved for the answer of a request that sets no ``max_output_tokens``."""
+
+MAX_OUTPUT_KEYS: Final = ("max_output_tokens", "max_completion_tokens", "max_tokens")
+"""The request parameters that bound the answer, in the order they are looked up."""
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(name, value, "must be a whole number >= 0")
+    return value
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class TokenEstimate:
+    """Estimated input and expected output tokens of one request (as in async-batch-llm).
+
+    A ``ProcessorConfig.token_estimator`` may return one: the TPM reservation is
+    :attr:`total_tokens`, so its ``output_tokens`` stand in for the request's
+    ``max_output_tokens``.
+    """
+
+    input_tokens: int
+    output_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _count("input_tokens", self.input_tokens)
+        _count("output_tokens", self.output_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        """The tokens the quota gate reserves for the request."""
+        return self.input_tokens + self.output_tokens
+
+
+def character_tokens(text: str) -> int:
+    """About four characters a token: generous for English, cheap to compute."""
+    return len(text) // 4
+
+
+def prompt_text(prompt: object) -> str:
+    """The text of a prompt for counting: a ``str``, or the text parts of chat messages joined."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Mapping):
+        prompt = [prompt]
+    if not isinstance(prompt, (list, tuple)):
+        return str(prompt)
+    parts: list[str] = []
+    for message in prompt:
+        content = message.get("content") if isinstance(message, Mapping) else message
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, (list, tuple)):
+            for part in content:
+                text = part.get("text") if isinstance(part, Mapping) else None
+                if isinstance(text, str):
+                    parts.append(text)
+    return "\n".join(parts)
+
+
+def max_output_tokens(*layers: Mapping[str, Any] | None) -> int | None:
+    """The first answer bound set in ``layers`` (most specific first), or ``None``."""
+    for params in layers:
+        if not params:
+            continue
+        for key in MAX_OUTPUT_KEYS:
+            value = params.get(key)
+            if value is not None:
+                return _count(f"params[{key!r}]", value)
+    return None
+
+
+_encoders: dict[str, Callable[[str], int] | None] = {}
+_encoders_lock = threading.Lock()
+
+
+def cached_tiktoken_counter(model: str | None) -> tuple[bool, Callable[[str], int] | None]:
+    """``(True, counter)`` when :func:`tiktoken_counter` has answered for ``model`` already (or
+    there is no model), else ``(False, None)``: a first load, which may block."""
+    if not model:
+        return True, None
+    with _encoders_lock:
+        if model in _encoders:
+            return True, _encoders[model]
+    return False, None
+
+
+def tiktoken_counter(model: str | None) -> Callable[[str], int] | None:
+    """A tiktoken token count for ``model``, or ``None``: tiktoken absent, model unknown to it,
+    or its encoding not loadable (tiktoken downloads encodings on first use; offline that fails).
+
+    Blocking on a first call per model (import, perhaps a download attempt): call it in a
+    worker thread. The answer, ``None`` included, is cached per model for the process.
+    """
+    if not model:
+        return None
+    with _encoders_lock:
+        if model in _encoders:
+            return _encoders[model]
+    counter: Callable[[str], int] | None
+    try:
+        tiktoken = importlib.import_module("tiktoken")  # optional (the [tiktoken] extra), imported late
+        encoding = tiktoken.encoding_for_model(model)
+        encoding.encode("probe")  # surfaces a broken download now, not on the hot path
+
+        def counter(text: str) -> int:
+            return len(encoding.encode(text, disallowed_special=()))
+    except Exception:  # noqa: BLE001 - no tiktoken, unknown model, no network: use the character estimate
+        counter = None
+    with _encoders_lock:
+        return _encoders.setdefault(model, counter)
+
+
+@final
+class RequestTokens:
+    """How the requests of one strategy are estimated for the TPM reservation (one per binding)."""
+
+    __slots__ = ("_count", "_defaults", "_estimator", "_system")
+
+    def __init__(
+        self,
+        estimator: Callable[[str], int | TokenEstimate] | None,
+        *,
+        system: str | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        count: Callable[[str], int] | None = None,
+    ) -> None:
+        self._estimator = estimator
+        self._system = system
+        self._defaults = defaults
+        self._count = count or character_tokens
+
+    def __call__(self, prompt: object, params: Mapping[str, Any] | None = None) -> int:
+        """The tokens to reserve for one request of ``prompt`` with the item's ``params``."""
+        text = prompt_text(prompt)
+        bound = max_output_tokens(params, self._defaults)
+        if self._estimator is not None:
+            value = self._estimator(text)
+            if isinstance(value, TokenEstimate):
+                return value.total_tokens
+            return _count("token_estimator()", value) + (bound or 0)
+        system = params.get("system", self._system) if params else self._system
+        tokens = self._count(text)
+        if isinstance(system, str) and system:
+            tokens += self._count(system)
+        return tokens + (DEFAULT_OUTPUT_ALLOWANCE if bound is None else bound)
