@@ -58,10 +58,12 @@ from ._values._config import AbortMode as AbortMode
 from ._values._config import ArtifactIdentity as ArtifactIdentity
 from ._values._config import GuardrailConfig as GuardrailConfig
 from ._values._config import ProcessorConfig as ProcessorConfig
+from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._config import RateLimitConfig as RateLimitConfig
 from ._values._config import ResumePolicy as ResumePolicy
 from ._values._config import RetryConfig as RetryConfig
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
+from ._values._errors import QuotaBackendError as QuotaBackendError
 from ._values._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._values._errors import ArtifactMismatchError as ArtifactMismatchError
 from ._values._errors import ArtifactStoreError as ArtifactStoreError
@@ -145,7 +147,9 @@ __all__ = [
     "ProviderBatchConfig",
     "ProviderError",
     "QueueFullError",
+    "QuotaBackendError",
     "RateLimitConfig",
+    "RedisQuotaBackend",
     "ResultChannelStatistics",
     "ResultStream",
     "ResumePolicy",
