@@ -16,7 +16,14 @@ from typing import Any
 import anyio
 import pytest
 
-from trio_batch_llm import ConfigurationError, ProcessorConfig, QuotaBackendError, RedisQuotaBackend
+from trio_batch_llm import (
+    ConfigurationError,
+    FakeStrategy,
+    ProcessorConfig,
+    QuotaBackendError,
+    RedisQuotaBackend,
+    process_prompts,
+)
 from trio_batch_llm._admission import QuotaRegistry, QuotaScope
 
 from ._servers.redis import PASSWORD, start_redis
@@ -39,7 +46,7 @@ async def flushed(scope: QuotaScope) -> None:
     shared = scope._shared
     assert shared is not None
     with anyio.fail_after(5):
-        while shared.pending:
+        while shared.pending:  # noqa: ASYNC110 - the flusher signals nobody; this is a test's probe
             await anyio.sleep(0.001)
 
 
@@ -64,7 +71,8 @@ def test_backend_hides_the_password_and_validates() -> None:
 
 
 async def test_two_processes_share_one_rpm_limit(redis_url: str) -> None:
-    config = ProcessorConfig(concurrency=10, max_requests_per_minute=5, quota_backend=RedisQuotaBackend(redis_url))
+    config = ProcessorConfig(concurrency=10, max_requests_per_minute=5,
+                             quota_backend=RedisQuotaBackend(redis_url))
     async with registries(config) as made:
         a, b = scopes(made, config)
         held = [await a.admit() for _ in range(3)] + [await b.admit() for _ in range(2)]
@@ -155,7 +163,8 @@ async def test_an_unreachable_redis_admits_nothing_then_fails_clearly() -> None:
 async def _unreachable_redis() -> None:
     server = start_redis()
     try:
-        backend = RedisQuotaBackend(server.url, unreachable_timeout=0.5, connect_timeout=0.2, command_timeout=0.5)
+        backend = RedisQuotaBackend(server.url, unreachable_timeout=0.5, connect_timeout=0.2,
+                                    command_timeout=0.5)
         config = ProcessorConfig(concurrency=4, max_requests_per_minute=1000, quota_backend=backend)
         async with registries(config, count=1) as made:
             (scope,) = scopes(made, config)
@@ -169,6 +178,42 @@ async def _unreachable_redis() -> None:
             message = str(caught.value)
             assert f"127.0.0.1:{server.port}" in message and PASSWORD not in message
             assert "unreachable_timeout" in message
+    finally:
+        server.close()
+
+
+async def test_redis_killed_mid_run_stops_the_batch_with_nothing_over_admitted() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # coredis's leak, as above
+        try:
+            await _killed_mid_run()
+        finally:
+            gc.collect()
+
+
+async def _killed_mid_run() -> None:
+    server = start_redis()
+    try:
+        strategy = FakeStrategy(latency=0.001)
+        backend = RedisQuotaBackend(server.url, unreachable_timeout=0.5, connect_timeout=0.2,
+                                    command_timeout=0.5)
+        config = ProcessorConfig(concurrency=8, max_requests_per_minute=20, quota_backend=backend)
+
+        async def kill_when_the_window_is_full() -> None:
+            while len(strategy.calls) < 20:  # noqa: ASYNC110 - FakeStrategy has no event to wait on
+                await anyio.sleep(0.005)
+            server.kill()
+
+        errors: list[BaseException] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_when_the_window_is_full)
+                await process_prompts(strategy, [f"p{i}" for i in range(60)], config=config)
+        except* QuotaBackendError as group:
+            errors.extend(group.exceptions)
+        assert len(errors) == 1  # the batch stopped with the clear error
+        assert len(strategy.calls) == 20  # the window's 20, and not one more while Redis was gone
+        assert PASSWORD not in str(errors[0]) and f"127.0.0.1:{server.port}" in str(errors[0])
     finally:
         server.close()
 

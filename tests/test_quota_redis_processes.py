@@ -44,7 +44,8 @@ async def test_three_processes_never_exceed_one_shared_rpm(redis_url: str, tmp_p
             commands.append([
                 sys.executable, "-m", "trio_batch_llm", "run", str(source), "--model",
                 "openai-compatible:mock-model", "--base-url", server.base_url, "--out",
-                str(tmp_path / f"out{n}.jsonl"), "--backend", backend, "--rpm", str(RPM), "--quota", redis_url,
+                str(tmp_path / f"out{n}.jsonl"), "--backend", backend, "--rpm", str(RPM),
+                "--quota", redis_url,
                 "--batch-timeout", "6", "--max-attempts", "1", "--no-progress",
             ])
         outputs: list[str] = []

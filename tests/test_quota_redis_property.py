@@ -45,7 +45,7 @@ async def _play(url: str, ops: list[tuple[str, int, int]]) -> None:
         quotas = [RedisSharedQuota(link, "prop", requests_per_minute=LIMIT, tokens_per_minute=TPM)
                   for link in links]
         open_calls: list[list[SharedTicket]] = [[] for _ in range(CLIENTS)]
-        counted: list[tuple[float, float, int]] = []  # (admitted, stops counting, tokens) as the model sees it
+        counted: list[tuple[float, float, int]] = []  # (admitted, stops counting, tokens): the model
         hold = backend.max_call_seconds
         for op, client, value in ops:
             quota = quotas[client]

@@ -58,12 +58,10 @@ from ._values._config import AbortMode as AbortMode
 from ._values._config import ArtifactIdentity as ArtifactIdentity
 from ._values._config import GuardrailConfig as GuardrailConfig
 from ._values._config import ProcessorConfig as ProcessorConfig
-from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._config import RateLimitConfig as RateLimitConfig
 from ._values._config import ResumePolicy as ResumePolicy
 from ._values._config import RetryConfig as RetryConfig
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
-from ._values._errors import QuotaBackendError as QuotaBackendError
 from ._values._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._values._errors import ArtifactMismatchError as ArtifactMismatchError
 from ._values._errors import ArtifactStoreError as ArtifactStoreError
@@ -76,9 +74,11 @@ from ._values._errors import ItemDeadlineExceeded as ItemDeadlineExceeded
 from ._values._errors import LLMCallError as LLMCallError
 from ._values._errors import ProviderError as ProviderError
 from ._values._errors import QueueFullError as QueueFullError
+from ._values._errors import QuotaBackendError as QuotaBackendError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
 from ._values._results import BatchTermination as BatchTermination

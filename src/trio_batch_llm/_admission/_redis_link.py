@@ -99,7 +99,8 @@ class RedisLink:
                 self._ready.set()
                 while not self._closing:
                     # Spares held by an idle process must go back after lease_seconds: wake for them too.
-                    idle = backend.lease_seconds if any(quota.holds_spares for quota in self._quotas) else math.inf
+                    holding = any(quota.holds_spares for quota in self._quotas)
+                    idle = backend.lease_seconds if holding else math.inf
                     with anyio.move_on_after(idle):
                         await self._flush_wanted.wait()
                     self._flush_wanted = anyio.Event()

@@ -85,8 +85,9 @@ class RedisSharedQuota:
     """The shared RPM/TPM of one scope (see the module docstring)."""
 
     __slots__ = (
-        "_admitted", "_cool", "_ends", "_keys", "_leader", "_link", "_queue", "_refunds",
-        "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit", "name", "on_cooldown", "requests_per_minute",
+        "_admitted", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue", "_refunds",
+        "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit", "name", "on_cooldown",
+        "requests_per_minute",
         "round_trips", "tpm", "window",
     )
 
@@ -117,6 +118,7 @@ class RedisSharedQuota:
         self._refunds: list[str] = []
         self._settles: list[tuple[str, int, int]] = []  # (unit, reserved, actual)
         self._cool: float | None = None
+        self._carrying = 0  # round trips under way that carry releases
         self.closed = False
         link.add(self)
 
@@ -233,7 +235,8 @@ class RedisSharedQuota:
         self._ends, self._refunds, self._settles, self._cool = [], [], [], None
         script_clock = self._link.script_clock
         args: list[str | int | float] = [
-            "" if script_clock is None else repr(script_clock()), self.limit, repr(self.window), repr(self.hold), self.tpm, spare,
+            "" if script_clock is None else repr(script_clock()), self.limit, repr(self.window),
+            repr(self.hold), self.tpm, spare,
             "" if cool is None else repr(cool), len(ends), *ends, len(refunds), *refunds, len(settles),
         ]
         for unit, reserved, actual in settles:
@@ -241,6 +244,8 @@ class RedisSharedQuota:
         args.append(len(wants))
         args += [want.tokens for want in wants]
         self.round_trips += 1
+        carrying = bool(ends or refunds or settles or cool is not None)
+        self._carrying += carrying
         try:
             return await self._link.run_script(self._keys, args)
         except BaseException:
@@ -252,6 +257,8 @@ class RedisSharedQuota:
             if cool is not None:
                 self._cool = cool if self._cool is None else max(cool, self._cool)
             raise
+        finally:
+            self._carrying -= carrying
 
     # -- settling (synchronous: called from Admission's release methods) ----------
 
@@ -293,23 +300,28 @@ class RedisSharedQuota:
         return bool(self._spares)
 
     @property
-    def pending(self) -> bool:
+    def buffered(self) -> bool:
         return bool(self._ends or self._refunds or self._settles or self._cool is not None)
+
+    @property
+    def pending(self) -> bool:
+        """Whether releases reported here have not yet all reached Redis (buffered, or on their way)."""
+        return self.buffered or self._carrying > 0
 
     async def flush_idle(self) -> None:
         """Send buffered releases if no leader is about to (the link's flusher calls this)."""
-        if self.pending and not self._leader:
+        if self.buffered and not self._leader:
             await self._round_trip([])
-        elif self._spares and not self._queue:
-            if self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock():
-                await self._round_trip([])
+        elif (self._spares and not self._queue
+              and self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock()):
+            await self._round_trip([])
 
     async def hand_back(self) -> None:
         """At close: return every spare unit and send what is buffered."""
         self.closed = True
         while self._spares:
             self._refunds.append(self._spares.popleft()[0])
-        if self.pending:
+        if self.buffered:
             await self._round_trip([])
 
     def close(self) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, final
 
 import anyio.lowlevel
-from typing import TYPE_CHECKING, final
 
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
@@ -104,7 +104,8 @@ class QuotaRegistry:
             self._spawn(link.serve)
         shared = RedisSharedQuota(
             link, scope_key(backend.namespace, name),
-            requests_per_minute=config.max_requests_per_minute, tokens_per_minute=config.max_tokens_per_minute,
+            requests_per_minute=config.max_requests_per_minute,
+            tokens_per_minute=config.max_tokens_per_minute,
         )
         scope = QuotaScope.from_config(config, clock=self._clock, name=f"{name!r}", shared=shared)
         shared.on_cooldown = scope.join_cooldown

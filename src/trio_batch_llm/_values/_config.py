@@ -310,11 +310,12 @@ class ProcessorConfig:
     max_provider_concurrency: int | None = None
     progress_interval: float = 0.5
     quota_backend: RedisQuotaBackend | None = None
-    """Where quota scopes keep their shared state: ``None`` in this process, or a :class:`RedisQuotaBackend`."""
+    """Where quota scopes keep shared state: ``None`` (in this process) or a :class:`RedisQuotaBackend`."""
 
     def __post_init__(self) -> None:
         if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
-            raise ConfigurationError("quota_backend", self.quota_backend, "must be a RedisQuotaBackend or None")
+            raise ConfigurationError("quota_backend", self.quota_backend,
+                                     "must be a RedisQuotaBackend or None")
         whole("concurrency", self.concurrency, minimum=1)
         whole("max_workers", self.max_workers, minimum=1)
         if (

@@ -23,7 +23,9 @@ _SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(name, value, "must be a finite number > 0")
+    if not math.isfinite(value) or value <= 0:
         raise ConfigurationError(name, value, "must be a finite number > 0")
     return float(value)
 
