@@ -310,10 +310,10 @@ class RedisSharedQuota:
 
     async def flush_idle(self) -> None:
         """Send buffered releases if no leader is about to (the link's flusher calls this)."""
-        if self.buffered and not self._leader:
-            await self._round_trip([])
-        elif (self._spares and not self._queue
-              and self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock()):
+        releases = self.buffered and not self._leader
+        stale_spares = bool(self._spares) and not self._queue and (
+            self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock())
+        if releases or stale_spares:
             await self._round_trip([])
 
     async def hand_back(self) -> None:
