@@ -106,7 +106,8 @@ class RedisLink:
                     self._flush_wanted = anyio.Event()
                     if self.closing:
                         break
-                    await anyio.sleep(_FLUSH_DELAY)
+                    if not any(quota.wants_refill for quota in self._quotas):
+                        await anyio.sleep(_FLUSH_DELAY)  # releases only: let a few more share the trip
                     for quota in list(self._quotas):
                         try:
                             await quota.flush_idle()

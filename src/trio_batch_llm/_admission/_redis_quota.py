@@ -85,7 +85,7 @@ class RedisSharedQuota:
     """The shared RPM/TPM of one scope (see the module docstring)."""
 
     __slots__ = (
-        "_admitted", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue", "_refunds",
+        "_admitted", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue", "_refilling", "_refunds",
         "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit", "name", "on_cooldown",
         "requests_per_minute",
         "round_trips", "tpm", "window",
@@ -119,6 +119,7 @@ class RedisSharedQuota:
         self._settles: list[tuple[str, int, int]] = []  # (unit, reserved, actual)
         self._cool: float | None = None
         self._carrying = 0  # round trips under way that carry releases
+        self._refilling = False
         self.closed = False
         link.add(self)
 
@@ -142,6 +143,8 @@ class RedisSharedQuota:
             return None
         unit, _ = self._spares.popleft()
         self._admitted += 1
+        if self.wants_refill:
+            self._link.want_flush()  # the link's task tops the lease up before it runs out
         return SharedTicket(unit, 0)
 
     async def take(self, tokens: int) -> SharedTicket:
@@ -208,8 +211,9 @@ class RedisSharedQuota:
         now = self._link.clock()
         for want, unit in zip(wants[:granted], reply.units[:granted], strict=True):
             ticket = SharedTicket(unit, want.tokens)
-            if want.gone:
-                self.settle_unused(ticket)  # withdrawn while we asked: the share goes back
+            if want.gone or want.ticket is not None:
+                # Withdrawn while we asked, or served from spares meanwhile: the share goes back.
+                self.settle_unused(ticket)
                 continue
             want.ticket = ticket
             self._admitted += 1
@@ -221,16 +225,36 @@ class RedisSharedQuota:
                 want.event.set()
         for unit in reply.units[granted:]:
             self._spares.append((unit, now))
+        self._serve_from_spares()
         if reply.cooldown_remaining > 0 and self.on_cooldown is not None:
             self.on_cooldown(reply.cooldown_remaining)
 
-    async def _round_trip(self, wants: list[_Want]) -> AcquireReply:
+    @property
+    def wants_refill(self) -> bool:
+        """Spares are running low while they are in use: top them up ahead of demand."""
+        return (self._spare_cap > 0 and self._admitted > 0 and not self._refilling
+                and len(self._spares) <= self._spare_cap // 2)
+
+    def _serve_from_spares(self) -> None:
+        # Waiters that queued during a round trip take the spares it brought, in order.
+        queue, spares = self._queue, self._spares
+        while queue and spares and not self.tpm:
+            want = queue.popleft()
+            want.ticket = SharedTicket(spares.popleft()[0], 0)
+            self._admitted += 1
+            if want.event is not None:
+                want.event.set()
+
+    async def _round_trip(self, wants: list[_Want], *, refill: bool = False) -> AcquireReply:
         now = self._link.clock()
         spares = self._spares
         while spares and spares[0][1] + self._link.backend.lease_seconds <= now:
             self._refunds.append(spares.popleft()[0])
-        spare = min(self._spare_cap, self._admitted) if wants and not spares else 0
-        self._admitted = 0
+        # Spares cover the demand seen since the last round trip, never more than the cap in all.
+        spare = 0
+        if wants or refill:
+            spare = max(0, min(self._spare_cap - len(spares), self._admitted))
+            self._admitted = 0
         ends, refunds, settles, cool = self._ends, self._refunds, self._settles, self._cool
         self._ends, self._refunds, self._settles, self._cool = [], [], [], None
         script_clock = self._link.script_clock
@@ -310,10 +334,18 @@ class RedisSharedQuota:
 
     async def flush_idle(self) -> None:
         """Send buffered releases if no leader is about to (the link's flusher calls this)."""
-        releases = self.buffered and not self._leader
+        if self._leader:
+            return  # the leader's next round trip carries everything
+        if self.wants_refill:
+            self._refilling = True
+            try:
+                self._admit([], await self._round_trip([], refill=True))
+            finally:
+                self._refilling = False
+            return
         stale_spares = bool(self._spares) and not self._queue and (
             self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock())
-        if releases or stale_spares:
+        if self.buffered or stale_spares:
             await self._round_trip([])
 
     async def hand_back(self) -> None:
