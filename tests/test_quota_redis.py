@@ -7,10 +7,12 @@ two processes would have; they share only the Redis server.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import gc
 import pickle
 import warnings
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -228,3 +230,18 @@ async def test_a_scope_without_rpm_or_tpm_needs_no_round_trip(redis_url: str) ->
         for admission in held:
             admission.release()
         assert scope.statistics().backend_round_trips == 0
+
+
+async def test_the_docs_example_shares_one_limit(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    path = Path(__file__).parents[1] / "docs" / "examples" / "shared_quota_redis.py"
+    spec = importlib.util.spec_from_file_location("docs_example_shared_quota_redis", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    await module.main()
+    printed = capsys.readouterr().out
+    assert "50 prompts wanted to go; 30 calls went (limit: 30 a minute)" in printed
+    assert printed.strip() in (Path(__file__).parents[1] / "docs" / "guides" / "shared-quotas.md").read_text()

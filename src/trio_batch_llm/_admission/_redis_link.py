@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import Any, Final, Protocol, final
 
 import anyio
 import anyio.lowlevel
@@ -27,8 +27,20 @@ from .._values._errors import QuotaBackendError
 from .._values._quota_backend import RedisQuotaBackend
 from ._redis_lua import ACQUIRE_SCRIPT, AcquireReply, parse_reply
 
-if TYPE_CHECKING:
-    from ._redis_quota import RedisSharedQuota
+
+
+class SharedQuota(Protocol):
+    """What the link's task asks of each scope's share (:class:`~._redis_quota.RedisSharedQuota`)."""
+
+    @property
+    def holds_spares(self) -> bool: ...
+
+    @property
+    def wants_refill(self) -> bool: ...
+
+    async def flush_idle(self) -> None: ...
+
+    async def hand_back(self) -> None: ...
 
 __all__ = ["RedisLink"]
 
@@ -64,7 +76,7 @@ class RedisLink:
         self.script_clock = script_clock
         self._client: Any = None
         self._script: Any = None
-        self._quotas: list[RedisSharedQuota] = []
+        self._quotas: list[SharedQuota] = []
         self._ready = anyio.Event()
         self._stopped = anyio.Event()
         self._flush_wanted = anyio.Event()
@@ -76,7 +88,7 @@ class RedisLink:
     def __repr__(self) -> str:
         return f"<RedisLink {self.backend.display_url} round_trips={self.round_trips}>"
 
-    def add(self, quota: RedisSharedQuota) -> None:
+    def add(self, quota: SharedQuota) -> None:
         self._quotas.append(quota)
 
     # -- the serving task ----------------------------------------------------
