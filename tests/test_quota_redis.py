@@ -26,7 +26,8 @@ from trio_batch_llm import (
     RedisQuotaBackend,
     process_prompts,
 )
-from trio_batch_llm._admission import QuotaRegistry, QuotaScope
+from trio_batch_llm._admission import QuotaRegistry, QuotaScope, RateLimitObservation
+from trio_batch_llm._admission._headers import Dialect
 
 from ._servers.redis import PASSWORD, start_redis
 
@@ -127,6 +128,25 @@ async def test_a_429_pauses_every_process(redis_url: str) -> None:
                 if b.statistics().cooldown_remaining > 0:
                     break
         assert 25 < b.statistics().cooldown_remaining <= 30
+
+
+async def test_the_providers_reported_budget_binds_every_process(redis_url: str) -> None:
+    config = ProcessorConfig(concurrency=10, max_requests_per_minute=1000,
+                             quota_backend=RedisQuotaBackend(redis_url, max_lease=0))
+    async with registries(config) as made:
+        a, b = scopes(made, config)
+        first = await a.admit()
+        # The provider says 3 requests remain for the next 30 s (the margin keeps one back).
+        said = RateLimitObservation(dialect=next(iter(Dialect)), at=first.now(), requests_limit=100,
+                                    requests_remaining=3, requests_reset_at=first.now() + 30.0)
+        first.release(observation=said)
+        await flushed(a)
+        held = [await b.admit(), await a.admit()]  # 3 - 1 (margin) = 2 more, across both processes
+        with anyio.move_on_after(0.3) as waited:
+            await b.admit()
+        assert waited.cancelled_caught  # the ceiling holds until the reported reset
+        for admission in held:
+            admission.release_unused()
 
 
 async def test_local_waiters_keep_their_fifo(redis_url: str) -> None:

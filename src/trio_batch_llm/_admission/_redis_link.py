@@ -28,7 +28,6 @@ from .._values._quota_backend import RedisQuotaBackend
 from ._redis_lua import ACQUIRE_SCRIPT, AcquireReply, parse_reply
 
 
-
 class SharedQuota(Protocol):
     """What the link's task asks of each scope's share (:class:`~._redis_quota.RedisSharedQuota`)."""
 

@@ -7,7 +7,14 @@ in one slot (a script may touch only keys of one slot):
     {P}:tok   ZSET  token entries: member = entry id, score = when it leaves the window
     {P}:amt   HASH  token entry id -> tokens it charges now
     {P}:st    HASH  ``id`` (unit counter), ``tok`` (tokens charged in the window), ``cool``
-                    (the shared cooldown's end), ``gen`` (cooldowns started)
+                    (the shared cooldown's end), ``gen`` (cooldowns started), ``rc``/``rm``/``rr``
+                    (the provider's reported request budget: ceiling, its answer's mark, reset)
+
+**Reported budgets.** A unit's id is the scope's grant counter just after it
+(its *mark*, as in :mod:`._pacing`). An answer to the call with mark ``m``
+saying ``left`` requests remain until ``reset`` lets the counter reach
+``m + left - margin`` until then, whichever process sent the calls: calls
+granted after that one, anywhere, are already counted.
 
 A request unit counts as :class:`~._limits.RequestRateCore` counts it: from its
 admission until a window after its call *ended*. A call still open counts
@@ -77,6 +84,20 @@ for _ = 1, n do
   end
 end
 
+-- the provider's reported request budget, as a ceiling on the grant counter (see _pacing)
+local rc = tonumber(redis.call('HGET', st, 'rc') or '-1')
+local rm = tonumber(redis.call('HGET', st, 'rm') or '-1')
+local rr = tonumber(redis.call('HGET', st, 'rr') or '0')
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
+    tonumber(ARGV[i + 3]); i = i + 4
+  local ceiling = mark + left - margin
+  if mark > rm then rc, rm, rr = ceiling, mark, now + after
+  elseif ceiling < rc then rc = ceiling end
+end
+if n > 0 then redis.call('HSET', st, 'rc', rc, 'rm', rm, 'rr', rr) end
+
 local until_ = tonumber(redis.call('HGET', st, 'cool') or '0')
 if cool ~= '' and now + tonumber(cool) > until_ then
   until_ = now + tonumber(cool)
@@ -91,6 +112,7 @@ local ids = {}
 local ready = ''
 local function blocked(tokens)
   if now < until_ then return until_ end
+  if rc >= 0 and now < rr and tonumber(redis.call('HGET', st, 'id') or '0') + 1 > rc then return rr end
   if limit > 0 then
     local excess = redis.call('ZCARD', req) + 1 - limit
     if excess > 0 then

@@ -37,6 +37,7 @@ import anyio
 import anyio.lowlevel
 
 from .._values._errors import AdmissionClosedError
+from ._headers import RateLimitObservation
 from ._limits import WINDOW_SECONDS
 from ._redis_link import RedisLink
 from ._redis_lua import AcquireReply
@@ -85,10 +86,9 @@ class RedisSharedQuota:
     """The shared RPM/TPM of one scope (see the module docstring)."""
 
     __slots__ = (
-        "_admitted", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue", "_refilling", "_refunds",
-        "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit", "name", "on_cooldown",
-        "requests_per_minute",
-        "round_trips", "tpm", "window",
+        "_admitted", "_budgets", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue",
+        "_refilling", "_refunds", "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit",
+        "name", "on_cooldown", "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
     )
 
     def __init__(
@@ -106,6 +106,7 @@ class RedisSharedQuota:
         self.requests_per_minute = requests_per_minute
         self.tpm = tokens_per_minute or 0
         self.round_trips = 0
+        self.pacing_margin = 0.005  # the scope's RateLimitConfig.pacing_margin (set by the registry)
         self.hold = link.backend.max_call_seconds
         self._spare_cap = 0 if self.tpm else min(link.backend.max_lease, self.limit // 20)
         self.on_cooldown: Callable[[float], None] | None = None  # the scope's join_cooldown
@@ -117,6 +118,7 @@ class RedisSharedQuota:
         self._ends: list[str] = []
         self._refunds: list[str] = []
         self._settles: list[tuple[str, int, int]] = []  # (unit, reserved, actual)
+        self._budgets: list[tuple[str, int, float, int]] = []  # (mark, remaining, reset after, margin)
         self._cool: float | None = None
         self._carrying = 0  # round trips under way that carry releases
         self._refilling = False
@@ -256,7 +258,8 @@ class RedisSharedQuota:
             spare = max(0, min(self._spare_cap - len(spares), self._admitted))
             self._admitted = 0
         ends, refunds, settles, cool = self._ends, self._refunds, self._settles, self._cool
-        self._ends, self._refunds, self._settles, self._cool = [], [], [], None
+        budgets = self._budgets
+        self._ends, self._refunds, self._settles, self._cool, self._budgets = [], [], [], None, []
         script_clock = self._link.script_clock
         args: list[str | int | float] = [
             "" if script_clock is None else repr(script_clock()), self.limit, repr(self.window),
@@ -265,10 +268,13 @@ class RedisSharedQuota:
         ]
         for unit, reserved, actual in settles:
             args += [unit, reserved, actual]
+        args.append(len(budgets))
+        for mark, remaining, after, margin in budgets:
+            args += [mark, remaining, repr(after), margin]
         args.append(len(wants))
         args += [want.tokens for want in wants]
         self.round_trips += 1
-        carrying = bool(ends or refunds or settles or cool is not None)
+        carrying = bool(ends or refunds or settles or budgets or cool is not None)
         self._carrying += carrying
         try:
             return await self._link.run_script(self._keys, args)
@@ -278,6 +284,7 @@ class RedisSharedQuota:
             self._ends[:0] = ends
             self._refunds[:0] = refunds
             self._settles[:0] = settles
+            self._budgets[:0] = budgets  # a ceiling applied twice is the same ceiling
             if cool is not None:
                 self._cool = cool if self._cool is None else max(cool, self._cool)
             raise
@@ -293,10 +300,25 @@ class RedisSharedQuota:
         else:
             self._link.want_flush()
 
-    def settle_ended(self, ticket: SharedTicket, actual_tokens: int | None) -> None:
-        """The call reached the provider: its unit counts a window from now; tokens settle to real usage."""
+    def settle_ended(
+        self, ticket: SharedTicket, actual_tokens: int | None,
+        observation: RateLimitObservation | None = None,
+    ) -> None:
+        """The call reached the provider: its unit counts a window from now; tokens settle to real usage.
+
+        ``observation`` (the answer's rate-limit headers, read on the link's clock) shares the
+        provider's reported request budget with every process (only with an RPM limit: units
+        and their marks exist only then).
+        """
         if not ticket.unit:
             return
+        if observation is not None and self.limit:
+            remaining, reset_at = observation.requests_remaining, observation.requests_reset_at
+            if remaining is not None and reset_at is not None:
+                limit = observation.requests_limit or self.limit
+                margin = max(1, math.ceil(self.pacing_margin * limit))
+                after = max(0.0, reset_at - self._link.clock())
+                self._budgets.append((ticket.unit, max(0, remaining), after, margin))
         if self.limit:
             self._ends.append(ticket.unit)
         if self.tpm and actual_tokens is not None and actual_tokens != ticket.tokens:
@@ -325,7 +347,7 @@ class RedisSharedQuota:
 
     @property
     def buffered(self) -> bool:
-        return bool(self._ends or self._refunds or self._settles or self._cool is not None)
+        return bool(self._ends or self._refunds or self._settles or self._budgets or self._cool is not None)
 
     @property
     def pending(self) -> bool:

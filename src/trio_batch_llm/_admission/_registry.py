@@ -107,6 +107,7 @@ class QuotaRegistry:
             requests_per_minute=config.max_requests_per_minute,
             tokens_per_minute=config.max_tokens_per_minute,
         )
+        shared.pacing_margin = config.rate_limit.pacing_margin
         scope = QuotaScope.from_config(config, clock=self._clock, name=f"{name!r}", shared=shared)
         shared.on_cooldown = scope.join_cooldown
         return scope

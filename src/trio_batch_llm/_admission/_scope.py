@@ -128,7 +128,7 @@ class Admission:
             ticket = self._shared
             if ticket is not None:
                 assert scope._shared is not None
-                scope._shared.settle_ended(ticket, actual_tokens)
+                scope._shared.settle_ended(ticket, actual_tokens, observation)
 
     def release_rate_limited(
         self, retry_after: float | None = None, actual_tokens: int | None = None,
@@ -153,7 +153,7 @@ class Admission:
         if shared is not None:
             ticket = self._shared
             if ticket is not None:
-                shared.settle_ended(ticket, actual_tokens)
+                shared.settle_ended(ticket, actual_tokens, observation)
             shared.publish_cooldown(core.cooldown.remaining(now))  # every process pauses, not just this one
         return wait
 
