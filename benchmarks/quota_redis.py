@@ -32,18 +32,17 @@ import anyio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from _common import machine, table, write_json  # noqa: E402
-from _mock_process import MockServerProcess  # noqa: E402
-from _servers.redis import RedisServer  # noqa: E402
-
-from trio_batch_llm import (  # noqa: E402
+from _common import machine, table, write_json
+from _mock_process import MockServerProcess
+from _servers.redis import RedisServer
+from trio_batch_llm import (
     ExecutorHost,
     OpenAICompatibleStrategy,
     ProcessorConfig,
     RedisQuotaBackend,
     process_prompts,
 )
-from trio_batch_llm._admission import QuotaRegistry  # noqa: E402
+from trio_batch_llm._admission import QuotaRegistry
 
 RPM = 10_000_000  # far above any rate reached here: the limit is checked, never binding
 

@@ -7,8 +7,8 @@ two processes would have; they share only the Redis server.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import gc
+import importlib.util
 import pickle
 import warnings
 from collections.abc import AsyncIterator
