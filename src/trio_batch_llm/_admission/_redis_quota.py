@@ -192,6 +192,7 @@ class RedisSharedQuota:
         self._leader = True
         pause = _POLL_FIRST
         try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
             while own.ticket is None and not self.closed:
                 wants = [want for want in self._queue]
                 reply = await self._round_trip(wants)
@@ -357,6 +358,7 @@ class RedisSharedQuota:
     async def flush_idle(self) -> None:
         """Send buffered releases if no leader is about to (the link's flusher calls this)."""
         if self._leader:
+            await anyio.lowlevel.checkpoint()
             return  # the leader's next round trip carries everything
         if self.wants_refill:
             self._refilling = True
@@ -369,6 +371,8 @@ class RedisSharedQuota:
             self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock())
         if self.buffered or stale_spares:
             await self._round_trip([])
+        else:
+            await anyio.lowlevel.checkpoint()
 
     async def hand_back(self) -> None:
         """At close: return every spare unit and send what is buffered."""
@@ -377,6 +381,8 @@ class RedisSharedQuota:
             self._refunds.append(self._spares.popleft()[0])
         if self.buffered:
             await self._round_trip([])
+        else:
+            await anyio.lowlevel.checkpoint()
 
     def close(self) -> None:
         self.closed = True
