@@ -11,10 +11,13 @@ missing or cannot start, and skips locally with the reason.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,6 +32,12 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # A session killed by its timeout skips every teardown: the server must not outlive it.
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class RedisServer:
@@ -51,7 +60,8 @@ class RedisServer:
         return f"redis://:{PASSWORD}@127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self._process = subprocess.Popen(self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._process = subprocess.Popen(self._argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 10
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2) as s:
