@@ -84,3 +84,6 @@ def clock_waits_for_threads() -> Iterator[None]:
         yield
     finally:
         clock.autojump_threshold = before
+
+
+from ._servers.redis import redis_server, redis_url  # noqa: E402, F401

@@ -140,8 +140,8 @@ EXAMPLES = [
     )),
 ]
 # Files under docs/examples that are not run as programs: the pipeline and its
-# pytest module (run by test_the_example_test_module_passes).
-SUPPORT_FILES = {"my_pipeline", "test_my_pipeline"}
+# pytest module (run by test_the_example_test_module_passes); examples that need a server.
+SUPPORT_FILES = {"my_pipeline", "test_my_pipeline", "shared_quota_redis"}  # last: test_quota_redis.py
 
 
 def _load(example: Example, backend: str) -> ModuleType:

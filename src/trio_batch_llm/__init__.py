@@ -87,10 +87,12 @@ from ._values._errors import ItemDeadlineExceeded as ItemDeadlineExceeded
 from ._values._errors import LLMCallError as LLMCallError
 from ._values._errors import ProviderError as ProviderError
 from ._values._errors import QueueFullError as QueueFullError
+from ._values._errors import QuotaBackendError as QuotaBackendError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
 from ._values._prompts import LLMRequest as LLMRequest
+from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._ramp import StartupRampConfig as StartupRampConfig
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._results import BatchResult as BatchResult
@@ -174,7 +176,9 @@ __all__ = [
     "ProviderBatchConfig",
     "ProviderError",
     "QueueFullError",
+    "QuotaBackendError",
     "RateLimitConfig",
+    "RedisQuotaBackend",
     "ResponseDetails",
     "ResultChannelStatistics",
     "ResultStream",

@@ -317,6 +317,10 @@ class QuotaCore:
         self.fast = False
         return started
 
+    def pause(self, seconds: float, now: float) -> bool:
+        """Join a cooldown reported from elsewhere (another process): pause until ``now + seconds``."""
+        return self._cool_down(seconds, now, None)
+
     def report_rate_limit(
         self, retry_after: float | None, now: float, *, admitted_generation: int | None = None
     ) -> bool:

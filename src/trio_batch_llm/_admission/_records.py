@@ -79,6 +79,12 @@ class QuotaScopeStatistics:
     """The tokens the provider last said were left (``None``: never said)."""
     rate_limit_blips: int = 0
     """429s whose headers said capacity remained: retried by their call alone, no scope-wide effect."""
+    backend: str = "local"
+    """Where the RPM/TPM limits are kept: ``"local"`` (this process) or ``"redis"`` (shared)."""
+    backend_round_trips: int = 0
+    """Round trips to the shared backend on behalf of this scope (admissions and releases)."""
+    backend_spares: int = 0
+    """Spare request units this process holds from the shared backend, ready to admit without a round trip."""
 
 
 def check_tokens(tokens: int) -> None:

@@ -35,9 +35,10 @@ The engine's calling pattern, per attempt::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import final
+from typing import TYPE_CHECKING, final
 
 import anyio
 import anyio.lowlevel
@@ -48,6 +49,9 @@ from .._values._errors import AdmissionClosedError
 from ._core import QuotaCore
 from ._headers import RateLimitObservation
 from ._records import Grant, QuotaScopeStatistics, Ticket
+
+if TYPE_CHECKING:
+    from ._redis_quota import RedisSharedQuota, SharedTicket
 
 __all__ = ["Admission", "QuotaScope"]
 
@@ -85,11 +89,12 @@ class Admission:
       reserved token are refunded at once.
     """
 
-    __slots__ = ("_grant", "_scope")
+    __slots__ = ("_grant", "_scope", "_shared")
 
-    def __init__(self, scope: QuotaScope, grant: Grant) -> None:
+    def __init__(self, scope: QuotaScope, grant: Grant, shared: SharedTicket | None = None) -> None:
         self._scope = scope
         self._grant: Grant | None = grant  # None once released
+        self._shared = shared  # the call's share of a Redis-backed limit, if the scope has one
 
     @property
     def released(self) -> bool:
@@ -124,6 +129,10 @@ class Admission:
                     before.log_changes(scope.name, core, now)
                 if woken:
                     _wake(woken)
+            ticket = self._shared
+            if ticket is not None:
+                assert scope._shared is not None
+                scope._shared.settle_ended(ticket, actual_tokens, observation)
 
     def release_rate_limited(
         self, retry_after: float | None = None, actual_tokens: int | None = None,
@@ -142,9 +151,16 @@ class Admission:
         scope = self._scope
         before = PaceWatch.of(scope._core)
         now = scope._clock()
-        wait, woken = scope._core.release_rate_limited(grant, retry_after, actual_tokens, now, observation)
-        before.log_changes(scope.name, scope._core, now, retry_after)
+        core = scope._core
+        wait, woken = core.release_rate_limited(grant, retry_after, actual_tokens, now, observation)
+        before.log_changes(scope.name, core, now, retry_after)
         _wake(woken)
+        shared = scope._shared
+        if shared is not None:
+            ticket = self._shared
+            if ticket is not None:
+                shared.settle_ended(ticket, actual_tokens, observation)
+            shared.publish_cooldown(core.cooldown.remaining(now))  # every process pauses, not just this one
         return wait
 
     def release_unused(self) -> None:
@@ -154,6 +170,10 @@ class Admission:
             self._grant = None
             scope = self._scope
             _wake(scope._core.release_unused(grant, scope._clock()))
+            ticket = self._shared
+            if ticket is not None:
+                assert scope._shared is not None
+                scope._shared.settle_unused(ticket)
 
 
 @final
@@ -162,9 +182,14 @@ class QuotaScope:
 
     ``clock`` defaults to :func:`anyio.current_time` (so it follows a test's
     virtual clock); any monotonic ``() -> float`` works for the sync methods.
+
+    With ``shared`` (a Redis-backed limit, :mod:`._redis_quota`), the RPM and
+    TPM limits live there instead of in this process: a call is admitted here
+    first (FIFO, concurrency, cooldown, pacing), then takes its share there;
+    its cooldowns are published there, and the ones it reports are joined here.
     """
 
-    __slots__ = ("_clock", "_core", "name")
+    __slots__ = ("_clock", "_core", "_shared", "name")
 
     def __init__(
         self,
@@ -176,20 +201,24 @@ class QuotaScope:
         request_burst: int | None = None,
         clock: Callable[[], float] | None = None,
         name: str | None = None,
+        shared: RedisSharedQuota | None = None,
     ) -> None:
+        local = shared is None
         self._core = QuotaCore(
             concurrency=concurrency,
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
+            requests_per_minute=requests_per_minute if local else None,
+            tokens_per_minute=tokens_per_minute if local else None,
             rate_limit=rate_limit,
             request_burst=request_burst,
         )
         self._clock = clock or anyio.current_time
         self.name = name
+        self._shared = shared
 
     @classmethod
     def from_config(
-        cls, config: ProcessorConfig, *, clock: Callable[[], float] | None = None, name: str | None = None
+        cls, config: ProcessorConfig, *, clock: Callable[[], float] | None = None, name: str | None = None,
+        shared: RedisSharedQuota | None = None,
     ) -> QuotaScope:
         return cls(
             concurrency=config.provider_concurrency,
@@ -198,7 +227,12 @@ class QuotaScope:
             rate_limit=config.rate_limit,
             clock=clock,
             name=name,
+            shared=shared,
         )
+
+    def join_cooldown(self, seconds: float) -> None:
+        """Another process sharing this scope's limit is cooling down: pause here as long (no new storm)."""
+        self._core.pause(seconds, self._clock())
 
     def __repr__(self) -> str:
         core = self._core
@@ -212,7 +246,8 @@ class QuotaScope:
         It can turn true during a run, when the provider first reports a token budget.
         """
         core = self._core
-        return core.tokens is not None or (core.pacing is not None and core.pacing.tokens.reported)
+        return (core.tokens is not None or (self._shared is not None and self._shared.tpm > 0)
+                or (core.pacing is not None and core.pacing.tokens.reported))
 
     @property
     def closed(self) -> bool:
@@ -230,7 +265,14 @@ class QuotaScope:
         grant = core.try_admit_uncontended()
         if grant is None:
             grant = core.try_admit_nowait(tokens, self._clock())
-        return Admission(self, grant)
+        shared = self._shared
+        if shared is None:
+            return Admission(self, grant)
+        ticket = shared.try_take_nowait(tokens)
+        if ticket is None:
+            _wake(core.release_unused(grant, self._clock()))  # the shared part needs a round trip
+            raise anyio.WouldBlock
+        return Admission(self, grant, ticket)
 
     async def admit(self, tokens: int = 0) -> Admission:
         """Wait for a slot, an RPM unit, ``tokens`` of TPM and the end of any cooldown, in FIFO order.
@@ -239,12 +281,32 @@ class QuotaScope:
         queue entry, and the next waiter is woken if it was first in line.
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
+        shared = self._shared
+        if shared is not None:
+            return await self._admit_shared(shared, tokens)
         try:
             admission = self.try_admit_nowait(tokens)
         except anyio.WouldBlock:
             return Admission(self, await self._wait(tokens))
         await anyio.lowlevel.cancel_shielded_checkpoint()
         return admission
+
+    async def _admit_shared(self, shared: RedisSharedQuota, tokens: int) -> Admission:
+        # Local first (FIFO, concurrency, cooldown), then the share: a slot held while Redis is asked
+        # costs this process a slot; a share held while waiting for a slot would cost every process.
+        core = self._core
+        grant = core.try_admit_uncontended()
+        if grant is None:
+            try:
+                grant = core.try_admit_nowait(tokens, self._clock())
+            except anyio.WouldBlock:
+                grant = await self._wait(tokens)
+        try:
+            ticket = await shared.take(tokens)
+        except BaseException:
+            _wake(core.release_unused(grant, self._clock()))
+            raise
+        return Admission(self, grant, ticket)
 
     async def _wait(self, tokens: int) -> Grant:
         core = self._core
@@ -307,6 +369,18 @@ class QuotaScope:
         Idempotent, synchronous, and owns no task: nothing to cancel or await.
         """
         _wake(self._core.close())
+        if self._shared is not None:
+            self._shared.close()
 
     def statistics(self) -> QuotaScopeStatistics:
-        return self._core.statistics(self._clock())
+        stats = self._core.statistics(self._clock())
+        shared = self._shared
+        if shared is None:
+            return stats
+        waiting, spares = shared.statistics()
+        return dataclasses.replace(
+            stats, waiting=stats.waiting + waiting, backend="redis", backend_spares=spares,
+            backend_round_trips=shared.round_trips,
+            requests_per_minute=stats.requests_per_minute if not shared.limit else shared.requests_per_minute,
+            tokens_per_minute=shared.tpm or None,
+        )

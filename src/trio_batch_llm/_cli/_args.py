@@ -11,6 +11,9 @@ import argparse
 import math
 from typing import Final
 
+from .._values._errors import ConfigurationError
+from .._values._quota_backend import RedisQuotaBackend
+
 __all__ = [
     "BACKENDS",
     "KEY_HELP",
@@ -163,3 +166,11 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
     return value
+
+
+def quota_backend(text: str) -> RedisQuotaBackend:
+    """``--quota redis://...``: a shared quota backend (a bad URL is reported without its password)."""
+    try:
+        return RedisQuotaBackend(text)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

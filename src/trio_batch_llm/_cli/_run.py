@@ -141,6 +141,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
             attempt_timeout=args.attempt_timeout,
             max_requests_per_minute=args.rpm,
             max_tokens_per_minute=args.tpm,
+            quota_backend=getattr(args, "quota", None),
             # Bounded, so a huge input is read only as fast as it runs and a stop leaves few queued items.
             max_queue_size=max(2 * args.concurrency, 64),
             guardrails=GuardrailConfig(batch_timeout=args.batch_timeout),

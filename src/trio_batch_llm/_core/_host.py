@@ -175,7 +175,10 @@ class ExecutorHost:
         self._state = _State.UNOPENED
         self._tg: anyio.abc.TaskGroup | None = None
         self._runtime: RuntimeTasks | None = None
-        self._quotas = QuotaRegistry()
+        self._quotas = QuotaRegistry(
+            backend=self.config.quota_backend,
+            spawn=lambda serve: self.runtime.start_soon(serve, name="quota backend link"),
+        )
         self._scope_cache: dict[int, tuple[LLMCallStrategy[Any], QuotaScope]] = {}
         self._ready: dict[int, LLMCallStrategy[Any]] = {}
         self._leases: dict[object, Lease] = {}
@@ -283,8 +286,7 @@ class ExecutorHost:
         self._scope_cache[id(strategy)] = (strategy, scope)
 
     async def _close_quotas(self) -> None:
-        self._quotas.close()
-        await anyio.lowlevel.checkpoint()
+        await self._quotas.aclose()
 
     # --- strategy leases -----------------------------------------------
 

@@ -21,6 +21,7 @@ from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
 from ._config_warnings import warn_if_suspicious
 from ._errors import ConfigurationError
+from ._quota_backend import RedisQuotaBackend
 from ._ramp import StartupRampConfig
 from ._tokens import RequestTokens, TokenEstimate
 
@@ -328,8 +329,13 @@ class ProcessorConfig:
     progress_interval: float = 0.5
     post_processor_timeout: float | None = 30.0
     startup_ramp: StartupRampConfig | None = None
+    quota_backend: RedisQuotaBackend | None = None
+    """Where quota scopes keep shared state: ``None`` (in this process) or a :class:`RedisQuotaBackend`."""
 
     def __post_init__(self) -> None:
+        if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
+            raise ConfigurationError("quota_backend", self.quota_backend,
+                                     "must be a RedisQuotaBackend or None")
         whole("concurrency", self.concurrency, minimum=1)
         whole("max_workers", self.max_workers, minimum=1)
         if (

@@ -13,6 +13,7 @@ built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
         ├── ItemDeadlineExceeded           (also TimeoutError) item total deadline
         ├── QueueFullError                 (also RuntimeError) pool past max_pending
         ├── AdmissionClosedError           (also RuntimeError) owner no longer admits
+        ├── QuotaBackendError              (also RuntimeError) shared quota store unreachable
         ├── BatchInterruptedError          (also RuntimeError) workers cancelled early
         ├── CleanupInterruptedError        (also RuntimeError) a close was interrupted
         ├── StreamFinalizationError        (also RuntimeError) stream finalizer cancelled
@@ -51,6 +52,7 @@ __all__ = [
     "LLMCallError",
     "ProviderError",
     "QueueFullError",
+    "QuotaBackendError",
     "RunSourceError",
     "RunStateError",
     "StreamFinalizationError",
@@ -123,6 +125,13 @@ class QueueFullError(BatchLLMError, RuntimeError):
 
 class AdmissionClosedError(BatchLLMError, RuntimeError):
     """The owner is closing or closed and admits no new work."""
+
+
+class QuotaBackendError(BatchLLMError, RuntimeError):
+    """The shared quota store (Redis) stayed unreachable past its bound; nothing was admitted meanwhile.
+
+    The message names the store by its URL without the password.
+    """
 
 
 class BatchInterruptedError(BatchLLMError, RuntimeError):

@@ -1,0 +1,194 @@
+"""The one atomic Lua script behind a Redis-backed quota scope, and how its reply is read.
+
+Each scope keeps four keys, all under one hash tag so a Redis Cluster puts them
+in one slot (a script may touch only keys of one slot):
+
+    {P}:req   ZSET  request units: member = unit id, score = when it stops counting
+    {P}:tok   ZSET  token entries: member = entry id, score = when it leaves the window
+    {P}:amt   HASH  token entry id -> tokens it charges now
+    {P}:st    HASH  ``id`` (unit counter), ``tok`` (tokens charged in the window), ``cool``
+                    (the shared cooldown's end), ``gen`` (cooldowns started), ``rc``/``rm``/``rr``
+                    (the provider's reported request budget: ceiling, its answer's mark, reset)
+
+**Reported budgets.** A unit's id is the scope's grant counter just after it
+(its *mark*, as in :mod:`._pacing`). An answer to the call with mark ``m``
+saying ``left`` requests remain until ``reset`` lets the counter reach
+``m + left - margin`` until then, whichever process sent the calls: calls
+granted after that one, anywhere, are already counted.
+
+A request unit counts as :class:`~._limits.RequestRateCore` counts it: from its
+admission until a window after its call *ended*. A call still open counts
+until ``admitted + hold + window`` (``hold``: the backend's ``max_call_seconds``),
+so a process that dies with calls in flight frees their units after that, not never.
+
+**Time** is the Redis server's (``TIME``), read once per script run: every
+process on every machine then agrees on one clock and no skew between hosts
+can open a window early. ``ARGV[1]`` may pass ``now`` instead; only the tests'
+fake clocks use that, and a deployment must not mix the two.
+
+**Idempotent settlement.** A round trip that fails after Redis ran it leaves us
+not knowing whether it applied, so what is re-sent must not loosen anything when
+applied twice: an end re-stamps the unit (``ZADD`` at now + window, later and so
+stricter), a refund removes it (``ZREM``), a token settlement *sets* the entry to
+``min(current, actual)`` and a debt is an entry named after its reservation (``NX``).
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+__all__ = ["ACQUIRE_SCRIPT", "AcquireReply", "parse_reply"]
+
+ACQUIRE_SCRIPT: Final = r"""
+local req, tok, amt, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now
+if ARGV[1] ~= '' then
+  now = tonumber(ARGV[1])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local limit, window, hold = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local tpm, spare, cool = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local i = 8
+
+-- 1. settle what this process reported since its last round trip
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('ZADD', req, now + window, ARGV[i]); i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('ZREM', req, ARGV[i]); i = i + 1 end
+
+local total = tonumber(redis.call('HGET', st, 'tok') or '0')
+if tpm > 0 then
+  local gone = redis.call('ZRANGEBYSCORE', tok, '-inf', now)
+  for _, id in ipairs(gone) do
+    total = total - tonumber(redis.call('HGET', amt, id) or '0')
+    redis.call('HDEL', amt, id)
+  end
+  if #gone > 0 then redis.call('ZREMRANGEBYSCORE', tok, '-inf', now) end
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local id, reserved, actual = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]); i = i + 3
+  if actual < reserved then
+    local current = tonumber(redis.call('HGET', amt, id) or '-1')
+    if current > actual then
+      redis.call('HSET', amt, id, actual)
+      total = total - (current - actual)
+    end
+  elseif actual > reserved and tpm > 0 then
+    if redis.call('ZADD', tok, 'NX', now + 60, 'd' .. id) == 1 then
+      redis.call('HSET', amt, 'd' .. id, actual - reserved)
+      total = total + actual - reserved
+    end
+  end
+end
+
+-- the provider's reported request budget, as a ceiling on the grant counter (see _pacing)
+local rc = tonumber(redis.call('HGET', st, 'rc') or '-1')
+local rm = tonumber(redis.call('HGET', st, 'rm') or '-1')
+local rr = tonumber(redis.call('HGET', st, 'rr') or '0')
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
+    tonumber(ARGV[i + 3]); i = i + 4
+  local ceiling = mark + left - margin
+  if mark > rm then rc, rm, rr = ceiling, mark, now + after
+  elseif ceiling < rc then rc = ceiling end
+end
+if n > 0 then redis.call('HSET', st, 'rc', rc, 'rm', rm, 'rr', rr) end
+
+local until_ = tonumber(redis.call('HGET', st, 'cool') or '0')
+if cool ~= '' and now + tonumber(cool) > until_ then
+  until_ = now + tonumber(cool)
+  redis.call('HSET', st, 'cool', until_)
+  redis.call('HINCRBY', st, 'gen', 1)
+end
+
+-- 2. admit the waiters, in order, while everything fits; then spare units
+if limit > 0 then redis.call('ZREMRANGEBYSCORE', req, '-inf', now) end
+n = tonumber(ARGV[i]); i = i + 1
+local ids = {}
+local ready = ''
+local function blocked(tokens)
+  if now < until_ then return until_ end
+  if rc >= 0 and now < rr and tonumber(redis.call('HGET', st, 'id') or '0') + 1 > rc then return rr end
+  if limit > 0 then
+    local excess = redis.call('ZCARD', req) + 1 - limit
+    if excess > 0 then
+      local at = redis.call('ZRANGE', req, excess - 1, excess - 1, 'WITHSCORES')
+      return tonumber(at[2])
+    end
+  end
+  if tpm > 0 and tokens > 0 and total + tokens > tpm then
+    local excess, freed = total + tokens - tpm, 0
+    local entries = redis.call('ZRANGE', tok, 0, -1, 'WITHSCORES')
+    for k = 1, #entries, 2 do
+      freed = freed + tonumber(redis.call('HGET', amt, entries[k]) or '0')
+      if freed >= excess then return tonumber(entries[k + 1]) end
+    end
+  end
+  return nil
+end
+local function grant(tokens)
+  local id = tostring(redis.call('HINCRBY', st, 'id', 1))
+  if limit > 0 then redis.call('ZADD', req, now + hold + window, id) end
+  if tpm > 0 and tokens > 0 then
+    redis.call('ZADD', tok, now + 60, id)
+    redis.call('HSET', amt, id, tokens)
+    total = total + tokens
+  end
+  ids[#ids + 1] = id
+end
+local wanted = n
+for _ = 1, n do
+  local tokens = tonumber(ARGV[i]); i = i + 1
+  if ready == '' then
+    local at = blocked(tokens)
+    if at then ready = string.format('%.6f', at) else grant(tokens) end
+  end
+end
+local spares = 0
+if ready == '' and limit > 0 then
+  while spares < spare and not blocked(0) do grant(0); spares = spares + 1 end
+end
+
+redis.call('HSET', st, 'tok', total)
+local ttl = math.ceil((window + hold + 120) * 1000)
+for _, key in ipairs({req, tok, amt, st}) do redis.call('PEXPIRE', key, ttl) end
+local cooling = ''
+if until_ > now then cooling = string.format('%.6f', until_ - now) end
+local reply = {string.format('%.6f', now), ready, cooling, tostring(spares)}
+for k = 1, #ids do reply[#reply + 1] = ids[k] end
+return reply
+"""
+
+
+class AcquireReply(NamedTuple):
+    """What one round trip answered: times on the Redis server's clock, seconds."""
+
+    now: float
+    ready_at: float | None
+    """When the first waiter not admitted could be (``None``: every waiter was admitted)."""
+    cooldown_remaining: float
+    units: list[str]
+    """Unit ids granted, in waiter order; the last ``spares`` of them are spare units."""
+    spares: int
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def parse_reply(raw: object) -> AcquireReply:
+    if not isinstance(raw, list) or len(raw) < 4:
+        raise ValueError(f"unexpected reply from the quota script: {raw!r}")
+    fields = [_text(value) for value in raw]
+    now, ready, cooling, spares = fields[:4]
+    return AcquireReply(
+        now=float(now),
+        ready_at=float(ready) if ready else None,
+        cooldown_remaining=float(cooling) if cooling else 0.0,
+        units=fields[4:],
+        spares=int(spares),
+    )

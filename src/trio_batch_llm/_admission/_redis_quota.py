@@ -1,0 +1,398 @@
+"""One quota scope's share of a Redis-backed limit: RPM units and TPM reservations held in Redis.
+
+:class:`~._scope.QuotaScope` keeps what is local to the process (the
+concurrency bound, the FIFO queue, the cooldown's ramp, learned pacing) and
+asks a :class:`RedisSharedQuota` for the shared part once its local admission
+succeeded: :meth:`~RedisSharedQuota.try_take_nowait` (no round trip: a spare
+unit) or :meth:`~RedisSharedQuota.take` (waits in a local FIFO).
+
+**One round trip for many waiters.** Waiters queue here in order; the first
+becomes the *leader* and asks Redis for everyone queued at once (the script
+admits the longest prefix that fits, in order, so FIFO holds across the
+batch). The leader sleeps until the reported ready time, or until a local
+release gives it something new to say, and asks again; when its own request is
+granted it hands the lead to the next waiter. No task is spawned for this.
+
+**Releases ride along.** A call's end, a refund, a token settlement or a
+cooldown are buffered (the release methods are synchronous) and sent with the
+next round trip: the leader's, or the link's flusher a few milliseconds later.
+Late is always the strict side: an end stamped later counts longer, a refund
+sent later frees later.
+
+**Spares.** With an RPM limit and no TPM limit, a round trip also leases up to
+``min(max_lease, limit // 20, admissions since the last round trip)`` spare
+units, counted in Redis like any admitted call; the next admissions take them
+without a round trip. Unused spares go back after ``lease_seconds``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Final, final
+
+import anyio
+import anyio.lowlevel
+
+from .._values._errors import AdmissionClosedError
+from ._headers import RateLimitObservation
+from ._limits import WINDOW_SECONDS
+from ._redis_link import RedisLink
+from ._redis_lua import AcquireReply
+
+__all__ = ["RedisSharedQuota", "SharedTicket", "scope_key"]
+
+_POLL_FIRST: Final = 0.02  # seconds: how soon a blocked leader asks again when nothing local changed
+_POLL_MAX: Final = 0.5
+
+
+def scope_key(namespace: str, key: object) -> str:
+    """The Redis hash tag of a quota scope: equal ``quota_scope()`` keys give equal tags in every process."""
+    digest = hashlib.sha256(repr(key).encode("utf-8", "backslashreplace")).hexdigest()[:24]
+    return f"{namespace}:{digest}"
+
+
+@final
+class SharedTicket:
+    """What one admitted call holds in Redis: its unit id and the tokens it reserved there."""
+
+    __slots__ = ("tokens", "unit")
+
+    def __init__(self, unit: str, tokens: int) -> None:
+        self.unit = unit
+        self.tokens = tokens
+
+
+@final
+class _Want:
+    __slots__ = ("event", "gone", "ticket", "tokens")
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.ticket: SharedTicket | None = None
+        self.event: anyio.Event | None = None
+        self.gone = False
+
+
+def _granted(want: _Want) -> bool:
+    # A call, so that type checkers do not carry a narrowed `want.ticket` across the round trip.
+    return want.ticket is not None
+
+
+@final
+class RedisSharedQuota:
+    """The shared RPM/TPM of one scope (see the module docstring)."""
+
+    __slots__ = (
+        "_admitted", "_budgets", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue",
+        "_refilling", "_refunds", "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit",
+        "name", "on_cooldown", "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
+    )
+
+    def __init__(
+        self, link: RedisLink, name: str, *, requests_per_minute: float | None, tokens_per_minute: int | None,
+    ) -> None:
+        self._link = link
+        self.name = name
+        tag = "{" + name + "}"
+        self._keys = [f"{tag}:req", f"{tag}:tok", f"{tag}:amt", f"{tag}:st"]
+        if requests_per_minute is None:
+            self.limit, self.window = 0, WINDOW_SECONDS
+        else:  # the same reading of a fractional RPM as RequestRateCore's
+            self.limit = max(1, math.floor(requests_per_minute))
+            self.window = max(WINDOW_SECONDS, WINDOW_SECONDS * self.limit / requests_per_minute)
+        self.requests_per_minute = requests_per_minute
+        self.tpm = tokens_per_minute or 0
+        self.round_trips = 0
+        self.pacing_margin = 0.005  # the scope's RateLimitConfig.pacing_margin (set by the registry)
+        self.hold = link.backend.max_call_seconds
+        self._spare_cap = 0 if self.tpm else min(link.backend.max_lease, self.limit // 20)
+        self.on_cooldown: Callable[[float], None] | None = None  # the scope's join_cooldown
+        self._queue: deque[_Want] = deque()
+        self._leader = False
+        self._wake: anyio.Event | None = None
+        self._spares: deque[tuple[str, float]] = deque()  # (unit, leased at, on the link's clock)
+        self._admitted = 0  # admissions since the last round trip: the demand a lease may cover
+        self._ends: list[str] = []
+        self._refunds: list[str] = []
+        self._settles: list[tuple[str, int, int]] = []  # (unit, reserved, actual)
+        self._budgets: list[tuple[str, int, float, int]] = []  # (mark, remaining, reset after, margin)
+        self._cool: float | None = None
+        self._carrying = 0  # round trips under way that carry releases
+        self._refilling = False
+        self.closed = False
+        link.add(self)
+
+    def __repr__(self) -> str:
+        return f"<RedisSharedQuota {self.name} waiting={len(self._queue)} spares={len(self._spares)}>"
+
+    @property
+    def has_limits(self) -> bool:
+        return self.limit > 0 or self.tpm > 0
+
+    def clamp(self, tokens: int) -> int:
+        return min(tokens, self.tpm) if self.tpm else 0
+
+    # -- taking a share ------------------------------------------------------------
+
+    def try_take_nowait(self, tokens: int) -> SharedTicket | None:
+        """A spare unit at once, or ``None`` (then :meth:`take`)."""
+        if not self.has_limits:
+            return SharedTicket("", 0)
+        if self._queue or self.tpm or not self._spares:
+            return None
+        unit, _ = self._spares.popleft()
+        self._admitted += 1
+        if self.wants_refill:
+            self._link.want_flush()  # the link's task tops the lease up before it runs out
+        return SharedTicket(unit, 0)
+
+    async def take(self, tokens: int) -> SharedTicket:
+        """Wait, in FIFO order with this process's other waiters, until Redis grants the share."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if not self.has_limits:
+            return SharedTicket("", 0)
+        if not self._queue and not self.tpm and self._spares:
+            ticket = self.try_take_nowait(tokens)
+            assert ticket is not None
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+            return ticket
+        want = _Want(self.clamp(tokens))
+        self._queue.append(want)
+        try:
+            while want.ticket is None:
+                if self.closed:
+                    raise AdmissionClosedError("quota scope is closed")
+                if not self._leader:
+                    await self._lead(want)
+                else:
+                    want.event = anyio.Event()
+                    await want.event.wait()
+        except BaseException:
+            want.gone = True
+            try:
+                self._queue.remove(want)
+            except ValueError:
+                pass
+            if want.ticket is not None:
+                self.settle_unused(want.ticket)
+            self._pass_lead()
+            raise
+        return want.ticket
+
+    def _pass_lead(self) -> None:
+        if not self._leader and self._queue:
+            event = self._queue[0].event
+            if event is not None:
+                event.set()
+
+    async def _lead(self, own: _Want) -> None:
+        self._leader = True
+        pause = _POLL_FIRST
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            while own.ticket is None and not self.closed:
+                wants = [want for want in self._queue]
+                reply = await self._round_trip(wants)
+                self._admit(wants, reply)
+                if _granted(own):
+                    break
+                wait = _POLL_MAX if reply.ready_at is None else max(0.0, reply.ready_at - reply.now)
+                wake = self._wake = anyio.Event()
+                with anyio.move_on_after(min(wait, pause)):
+                    await wake.wait()
+                pause = _POLL_FIRST if wake.is_set() else min(pause * 2, _POLL_MAX)
+        finally:
+            self._leader = False
+            self._wake = None
+            self._pass_lead()
+
+    def _admit(self, wants: list[_Want], reply: AcquireReply) -> None:
+        granted = len(reply.units) - reply.spares
+        now = self._link.clock()
+        for want, unit in zip(wants[:granted], reply.units[:granted], strict=True):
+            ticket = SharedTicket(unit, want.tokens)
+            if want.gone or want.ticket is not None:
+                # Withdrawn while we asked, or served from spares meanwhile: the share goes back.
+                self.settle_unused(ticket)
+                continue
+            want.ticket = ticket
+            self._admitted += 1
+            try:
+                self._queue.remove(want)
+            except ValueError:
+                pass
+            if want.event is not None:
+                want.event.set()
+        for unit in reply.units[granted:]:
+            self._spares.append((unit, now))
+        self._serve_from_spares()
+        if reply.cooldown_remaining > 0 and self.on_cooldown is not None:
+            self.on_cooldown(reply.cooldown_remaining)
+
+    @property
+    def wants_refill(self) -> bool:
+        """Spares are running low while they are in use: top them up ahead of demand."""
+        return (self._spare_cap > 0 and self._admitted > 0 and not self._refilling
+                and len(self._spares) <= self._spare_cap // 2)
+
+    def _serve_from_spares(self) -> None:
+        # Waiters that queued during a round trip take the spares it brought, in order.
+        queue, spares = self._queue, self._spares
+        while queue and spares and not self.tpm:
+            want = queue.popleft()
+            want.ticket = SharedTicket(spares.popleft()[0], 0)
+            self._admitted += 1
+            if want.event is not None:
+                want.event.set()
+
+    async def _round_trip(self, wants: list[_Want], *, refill: bool = False) -> AcquireReply:
+        now = self._link.clock()
+        spares = self._spares
+        while spares and spares[0][1] + self._link.backend.lease_seconds <= now:
+            self._refunds.append(spares.popleft()[0])
+        # Spares cover the demand seen since the last round trip, never more than the cap in all.
+        spare = 0
+        if wants or refill:
+            spare = max(0, min(self._spare_cap - len(spares), self._admitted))
+            self._admitted = 0
+        ends, refunds, settles, cool = self._ends, self._refunds, self._settles, self._cool
+        budgets = self._budgets
+        self._ends, self._refunds, self._settles, self._cool, self._budgets = [], [], [], None, []
+        script_clock = self._link.script_clock
+        args: list[str | int | float] = [
+            "" if script_clock is None else repr(script_clock()), self.limit, repr(self.window),
+            repr(self.hold), self.tpm, spare,
+            "" if cool is None else repr(cool), len(ends), *ends, len(refunds), *refunds, len(settles),
+        ]
+        for unit, reserved, actual in settles:
+            args += [unit, reserved, actual]
+        args.append(len(budgets))
+        for mark, remaining, after, margin in budgets:
+            args += [mark, remaining, repr(after), margin]
+        args.append(len(wants))
+        args += [want.tokens for want in wants]
+        self.round_trips += 1
+        carrying = bool(ends or refunds or settles or budgets or cool is not None)
+        self._carrying += carrying
+        try:
+            return await self._link.run_script(self._keys, args)
+        except BaseException:
+            # Not known to have applied: keep it all for the next round trip. Each item is
+            # idempotent (see _redis_lua), so sending it twice loosens nothing.
+            self._ends[:0] = ends
+            self._refunds[:0] = refunds
+            self._settles[:0] = settles
+            self._budgets[:0] = budgets  # a ceiling applied twice is the same ceiling
+            if cool is not None:
+                self._cool = cool if self._cool is None else max(cool, self._cool)
+            raise
+        finally:
+            self._carrying -= carrying
+
+    # -- settling (synchronous: called from Admission's release methods) ----------
+
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None:
+            wake.set()  # the leader carries it, and may now be admitted too
+        else:
+            self._link.want_flush()
+
+    def settle_ended(
+        self, ticket: SharedTicket, actual_tokens: int | None,
+        observation: RateLimitObservation | None = None,
+    ) -> None:
+        """The call reached the provider: its unit counts a window from now; tokens settle to real usage.
+
+        ``observation`` (the answer's rate-limit headers, read on the link's clock) shares the
+        provider's reported request budget with every process (only with an RPM limit: units
+        and their marks exist only then).
+        """
+        if not ticket.unit:
+            return
+        if observation is not None and self.limit:
+            remaining, reset_at = observation.requests_remaining, observation.requests_reset_at
+            if remaining is not None and reset_at is not None:
+                limit = observation.requests_limit or self.limit
+                margin = max(1, math.ceil(self.pacing_margin * limit))
+                after = max(0.0, reset_at - self._link.clock())
+                self._budgets.append((ticket.unit, max(0, remaining), after, margin))
+        if self.limit:
+            self._ends.append(ticket.unit)
+        if self.tpm and actual_tokens is not None and actual_tokens != ticket.tokens:
+            self._settles.append((ticket.unit, ticket.tokens, max(0, actual_tokens)))
+        self._kick()
+
+    def settle_unused(self, ticket: SharedTicket) -> None:
+        """The call never reached the provider: its unit and every reserved token come back."""
+        if not ticket.unit:
+            return
+        if self.limit:
+            self._refunds.append(ticket.unit)
+        if self.tpm and ticket.tokens:
+            self._settles.append((ticket.unit, ticket.tokens, 0))
+        self._kick()
+
+    def publish_cooldown(self, seconds: float) -> None:
+        """A 429 here started a cooldown: every process sharing the scope pauses as long."""
+        if seconds > 0 and math.isfinite(seconds):
+            self._cool = seconds if self._cool is None else max(seconds, self._cool)
+            self._kick()
+
+    @property
+    def holds_spares(self) -> bool:
+        return bool(self._spares)
+
+    @property
+    def buffered(self) -> bool:
+        return bool(self._ends or self._refunds or self._settles or self._budgets or self._cool is not None)
+
+    @property
+    def pending(self) -> bool:
+        """Whether releases reported here have not yet all reached Redis (buffered, or on their way)."""
+        return self.buffered or self._carrying > 0
+
+    async def flush_idle(self) -> None:
+        """Send buffered releases if no leader is about to (the link's flusher calls this)."""
+        if self._leader:
+            await anyio.lowlevel.checkpoint()
+            return  # the leader's next round trip carries everything
+        if self.wants_refill:
+            self._refilling = True
+            try:
+                self._admit([], await self._round_trip([], refill=True))
+            finally:
+                self._refilling = False
+            return
+        stale_spares = bool(self._spares) and not self._queue and (
+            self._spares[0][1] + self._link.backend.lease_seconds <= self._link.clock())
+        if self.buffered or stale_spares:
+            await self._round_trip([])
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    async def hand_back(self) -> None:
+        """At close: return every spare unit and send what is buffered."""
+        self.closed = True
+        while self._spares:
+            self._refunds.append(self._spares.popleft()[0])
+        if self.buffered:
+            await self._round_trip([])
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        self.closed = True
+        for want in self._queue:
+            if want.event is not None:
+                want.event.set()
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+
+    def statistics(self) -> tuple[int, int]:
+        """``(waiting, spares)``."""
+        return len(self._queue), len(self._spares)

@@ -1,0 +1,128 @@
+"""``RedisQuotaBackend``: the configuration value that makes quota scopes shared through Redis.
+
+A value, like the rest of :class:`ProcessorConfig`: it holds a URL and knobs,
+never a connection. Each :class:`~trio_batch_llm.ExecutorHost` that uses it opens
+its own connection (see ``_admission/_redis_link.py``) in a task it owns, so one
+backend object may serve many processors, hosts and event loops.
+
+The URL's password is kept out of every repr, log line and error
+(:attr:`RedisQuotaBackend.display_url`); only the client sees it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import final
+
+from ._errors import ConfigurationError
+from ._urls import redact_url
+
+__all__ = ["RedisQuotaBackend"]
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(name, value, "must be a finite number > 0")
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(name, value, "must be a finite number > 0")
+    return float(value)
+
+
+@final
+class RedisQuotaBackend:
+    """Share every quota scope's RPM, TPM, cooldown through one Redis server (or cluster).
+
+    Processes whose configs name the same Redis and whose strategies return
+    equal ``quota_scope()`` keys admit against one limit::
+
+        config = ProcessorConfig(max_requests_per_minute=500,
+                                 quota_backend=RedisQuotaBackend("redis://redis.internal:6379/0"))
+
+    Knobs (keyword-only):
+
+    - ``namespace``: the prefix of every key (two deployments on one Redis keep apart).
+    - ``unreachable_timeout``: how long an admission waits for an unreachable
+      Redis (retrying) before it raises :class:`QuotaBackendError`. Nothing is
+      admitted meanwhile: no shared quota, no call.
+    - ``connect_timeout`` / ``command_timeout``: one connection attempt / one round trip.
+    - ``max_call_seconds``: how long a call still in flight keeps counting
+      against the RPM limit before Redis assumes its process died (its unit is
+      then freed a window later). Set it above your longest call.
+    - ``max_lease``: spare request units a busy process may hold ahead of
+      demand, so most admissions need no round trip (only when there is an RPM
+      limit and no TPM limit; at most a twentieth of the limit; spares count
+      against the limit while held and go back after ``lease_seconds``).
+    - ``cluster``: connect with ``coredis.RedisCluster`` (the URL names one seed node).
+    """
+
+    __slots__ = (
+        "_url", "cluster", "command_timeout", "connect_timeout", "lease_seconds", "max_call_seconds",
+        "max_lease", "namespace", "unreachable_timeout",
+    )
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "trio-batch-llm",
+        unreachable_timeout: float = 30.0,
+        connect_timeout: float = 2.0,
+        command_timeout: float = 5.0,
+        max_call_seconds: float = 600.0,
+        max_lease: int = 256,
+        lease_seconds: float = 1.0,
+        cluster: bool = False,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(_SCHEMES):
+            shown = redact_url(url) if isinstance(url, str) else url
+            raise ConfigurationError("quota_backend", shown, "must be a redis://, rediss:// or unix:// URL")
+        if not isinstance(namespace, str) or not namespace or "{" in namespace or "}" in namespace:
+            raise ConfigurationError("namespace", namespace, "must be a non-empty string without braces")
+        if isinstance(max_lease, bool) or not isinstance(max_lease, int) or max_lease < 0:
+            raise ConfigurationError("max_lease", max_lease, "must be a whole number >= 0")
+        self._url = url
+        self.namespace = namespace
+        self.unreachable_timeout = _positive("unreachable_timeout", unreachable_timeout)
+        self.connect_timeout = _positive("connect_timeout", connect_timeout)
+        self.command_timeout = _positive("command_timeout", command_timeout)
+        self.max_call_seconds = _positive("max_call_seconds", max_call_seconds)
+        self.lease_seconds = _positive("lease_seconds", lease_seconds)
+        self.max_lease = max_lease
+        self.cluster = bool(cluster)
+
+    @property
+    def display_url(self) -> str:
+        """The URL with any password replaced by ``<redacted>``: the only form ever shown."""
+        return redact_url(self._url)
+
+    def connection_url(self) -> str:
+        """The URL as given, password included: for the Redis client only, never for display."""
+        return self._url
+
+    def __repr__(self) -> str:
+        return f"RedisQuotaBackend({self.display_url!r}, namespace={self.namespace!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RedisQuotaBackend) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[object, ...]:
+        return (self._url, self.namespace, self.unreachable_timeout, self.connect_timeout,
+                self.command_timeout, self.max_call_seconds, self.max_lease, self.lease_seconds, self.cluster)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Picklable for multiprocessing; the URL travels as given (the child needs the password).
+        return (_rebuild, (self._url, self.namespace, self.unreachable_timeout, self.connect_timeout,
+                           self.command_timeout, self.max_call_seconds, self.max_lease, self.lease_seconds,
+                           self.cluster))
+
+
+def _rebuild(url: str, namespace: str, unreachable: float, connect: float, command: float, hold: float,
+             lease: int, lease_seconds: float, cluster: bool) -> RedisQuotaBackend:
+    return RedisQuotaBackend(url, namespace=namespace, unreachable_timeout=unreachable,
+                             connect_timeout=connect, command_timeout=command, max_call_seconds=hold,
+                             max_lease=lease, lease_seconds=lease_seconds, cluster=cluster)
