@@ -222,7 +222,7 @@ def run_list_line(snap: RunSnapshot) -> str:
             f"\t{snap.failed} failed" + ("" if snap.ingestion_complete else "\tingesting"))
 
 
-def resolve_hint(snap: RunSnapshot, db: Path) -> str:
+def resolve_hint(snap: RunSnapshot, db: object) -> str:
     """How to settle the run's batch create whose outcome is unknown."""
     base = shlex.join([PROG, "runs", "resolve", str(db), snap.run_id])
     return (f"a batch create's outcome is unknown: look for a batch whose metadata "
@@ -236,7 +236,7 @@ def drive_progress_line(snap: RunSnapshot) -> str:
             f"({snap.succeeded} succeeded, {snap.failed} failed)")
 
 
-def announce_drive(run_id: str, db: Path, mode: str, existing: RunSnapshot | None,
+def announce_drive(run_id: str, db: object, mode: str, existing: RunSnapshot | None,
                    timeout: float | None) -> None:
     """What ``runs start`` is about to do: start the run, or continue it (and what it waits for)."""
     if existing is None:

@@ -64,7 +64,7 @@ def _control(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """``DB RUN_ID`` (every subcommand) and ``--backend`` (those that run an event loop)."""
     target = argparse.ArgumentParser(add_help=False)
-    target.add_argument("db", metavar="DB", help="the SQLite database holding the run")
+    target.add_argument("db", metavar="DB", help="the run database: a SQLite file, or a postgresql:// URL")
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
@@ -124,7 +124,7 @@ def add_runs_parser(sub: Any) -> None:
     _add_start(group, target, backend)
 
     listing = group.add_parser("list", help="one line per run in DB (read-only; works while runs are driven)")
-    listing.add_argument("db", metavar="DB", help="the SQLite database holding the runs")
+    listing.add_argument("db", metavar="DB", help="the run database: a SQLite file, or a postgresql:// URL")
     listing.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
     listing.set_defaults(handler=_list)
 

@@ -58,7 +58,11 @@ from ._render import (
     shown_command,
 )
 from ._run import plan_run
+from ._runs_db import RunDb
 from ._runs_ops import check_db_path
+
+# Stands in for --out when the database is a PostgreSQL URL: plan_run checks it and never opens it.
+_NO_OUT_FILE: Final = "/nonexistent-out-of-a-postgresql-run"
 
 __all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
 
@@ -73,7 +77,7 @@ _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--
 @final
 @dataclass(frozen=True, slots=True)
 class StartPlan:
-    db: Path
+    db: RunDb
     run_id: str
     source: list[tuple[str, str, Any]]
     strategy: LLMCallStrategy[str]
@@ -88,12 +92,12 @@ class StartPlan:
     """This command line again: what continues the run."""
 
 
-def _existing(db: Path, run_id: str) -> RunSnapshot | None:
+def _existing(db: RunDb, run_id: str) -> RunSnapshot | None:
     """The stored run, or ``None`` if there is none yet (or the file cannot tell: open_run will)."""
     if not db.exists():
         return None
     try:
-        return read_run_snapshot(db, run_id)
+        return read_run_snapshot(db.target, run_id)
     except (RunStateError, ArtifactStoreError):
         return None
 
@@ -117,16 +121,17 @@ def _check_matches(snap: RunSnapshot, args: argparse.Namespace, identity: Artifa
 
 def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
     """Everything ``start`` needs, checked; :class:`UsageError` or :class:`InputError` otherwise."""
-    db, source = Path(args.db), Path(args.input)
+    db, source = RunDb.of(args.db), Path(args.input)
     check_db_path(db)
-    if db.exists() and source.exists() and db.samefile(source):
+    if db.samefile(source):
         raise UsageError(f"{db} is the input file; the database needs a path of its own")
     _refuse_other_mode_flags(args)
     # `run`'s checks and construction, reused as they are: the database stands where `run`'s
     # --out would, with resume=True so an existing file is accepted; check_db_path above has
     # already refused every path plan_run's --out checks would.
     checked = plan_run(argparse.Namespace(
-        input=args.input, out=str(db), resume=True, model=args.model, base_url=args.base_url,
+        input=args.input, out=str(db.path or _NO_OUT_FILE), resume=True, model=args.model,
+        base_url=args.base_url,
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
         progress=False, max_attempts=args.max_attempts,
@@ -188,7 +193,7 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
         async with anyio.create_task_group() as group:
             if signals is not None:
                 group.start_soon(outcome.watch_signals, signals, drive, name="signal watcher")
-            run = await open_run(plan.db, plan.run_id, plan.strategy, plan.source, config=plan.config,
+            run = await open_run(plan.db.target, plan.run_id, plan.strategy, plan.source, config=plan.config,
                                  mode=plan.mode, identity=plan.identity, batch=plan.batch)
             async with run:
                 outcome.opened = True
@@ -250,7 +255,7 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return EXIT_USAGE
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
         try:
-            outcome.snapshot = read_run_snapshot(plan.db, plan.run_id)
+            outcome.snapshot = read_run_snapshot(plan.db.target, plan.run_id)
         except BatchLLMError:
             return EXIT_FAILED
     return _report(plan, outcome)

@@ -1,0 +1,1 @@
+"""Real servers the test session starts on loopback (one module per server)."""
