@@ -103,7 +103,7 @@ def repo(store: str) -> Iterator[RunRepository]:
 
 def test_the_repository_provides_the_protocol(repo: RunRepository) -> None:
     assert isinstance(repo, RunRepository)
-    assert RUNS_SCHEMA_VERSION == 2
+    assert RUNS_SCHEMA_VERSION == 3
     snap = repo.snapshot("r")
     assert (snap.batched, snap.open_submissions, snap.unresolved_submission) == (0, 0, None)
     assert [p.attempts for p in repo.pending("r", after_ingest_seq=0, limit=10)] == [0] * 6
@@ -406,7 +406,7 @@ def test_a_version_1_file_is_readable_read_only_and_migrated_in_place_by_a_write
     repo = SqliteRunRepository(db)
     repo.open()
     try:
-        assert _stored_version(db) == 2
+        assert _stored_version(db) == RUNS_SCHEMA_VERSION
         snap = repo.snapshot("old")
         assert (snap.items, snap.done, snap.last_sequence, snap.total_tokens, snap.batched) == (4, 1, 1, 5, 0)
         assert [p.attempts for p in repo.pending("old", after_ingest_seq=0, limit=9)] == [0, 0, 0]

@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal, final
 from urllib.parse import unquote, urlsplit
 
@@ -47,7 +48,9 @@ from .._schema import (
     SubmissionRecord,
     SubmissionState,
 )
+from . import _leases as leases
 from . import _postgres_writes as writes
+from ._leases import POSTGRES, LeaseReport
 from ._postgres_tables import (
     MIGRATION_LOCK,
     MIGRATIONS,
@@ -108,6 +111,7 @@ class PostgresRunRepository:
         read_only: bool = False,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         statement_timeout: float | None = 60.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not is_postgres_url(url):
             raise ConfigurationError("url", redact_url(str(url)), "must start with postgresql://")
@@ -123,6 +127,7 @@ class PostgresRunRepository:
         self._conn: Any = None
         self._opened = False
         self._claims: set[str] = set()
+        self._clock = clock  # seconds; every lease expiry is decided by it (a test injects a fake)
 
     @property
     def location(self) -> str:
@@ -341,10 +346,39 @@ class PostgresRunRepository:
             ).fetchall()
         return [PendingItem(*row) for row in rows]
 
-    def record(self, run_id: str, results: Sequence[NewResult]) -> RunSnapshot:
+    def record(self, run_id: str, results: Sequence[NewResult], *, lease: int | None = None) -> RunSnapshot:
         with self._write(f"recording {len(results)} result(s) of run {run_id!r}") as conn:
-            writes.mark_done(conn, self._location, run_id, results, submission=None)
+            if lease is not None:
+                writes.lock_run(conn, self._location, run_id)  # lock order: the run, then its lease
+                leases.check_lease(conn, POSTGRES, run_id, lease, now=self._clock())
+            recorded = writes.mark_done(conn, self._location, run_id, results, submission=None, lease=lease)
+            if lease is not None and recorded:
+                leases.count_done(conn, POSTGRES, run_id, lease, recorded)
             return self._row(conn, run_id)
+
+    # -- leases (many drivers per run: :mod:`._leases`) ---------------------------
+
+    def open_lease(self, run_id: str, driver_id: str, *, lease_seconds: float) -> int:
+        with self._write(f"opening a lease on run {run_id!r}") as conn:
+            return leases.open_lease(conn, POSTGRES, self._location, run_id, driver_id,
+                                     lease_seconds=lease_seconds, now=self._clock())
+
+    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
+        with self._write(f"leasing items of run {run_id!r}") as conn:
+            return leases.lease_items(conn, POSTGRES, self._location, run_id, lease, limit=limit,
+                                      now=self._clock())
+
+    def renew_lease(self, run_id: str, lease: int) -> bool:
+        with self._write(f"renewing a lease on run {run_id!r}") as conn:
+            return leases.renew_lease(conn, POSTGRES, run_id, lease, now=self._clock())
+
+    def close_lease(self, run_id: str, lease: int) -> int:
+        with self._write(f"closing a lease on run {run_id!r}") as conn:
+            return leases.close_lease(conn, POSTGRES, self._location, run_id, lease)
+
+    def lease_report(self, run_id: str) -> LeaseReport:
+        with self._read(f"reading the drivers of run {run_id!r}") as conn:
+            return leases.report(conn, POSTGRES, run_id)
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
         with self._read(f"reading the results of run {run_id!r}") as conn:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Final
 
 from .._schema import LIVE_SUBMISSION_STATES, UNRESOLVED_SUBMISSION_STATES
+from ._leases import DRIVERS_TABLE_SQL
 
 __all__ = [
     "LIVE", "MIGRATIONS", "MIGRATION_LOCK", "SCHEMA_TABLE", "SCHEMA_VERSION", "SNAPSHOT",
@@ -95,8 +96,16 @@ _V1: Final = (
     "CREATE INDEX IF NOT EXISTS run_submissions_by_run ON run_submissions (run_id, state)",
 )
 
+# Version 2: leases, for many drivers per run (:mod:`._leases`).
+_V2: Final = (
+    "ALTER TABLE run_items ADD COLUMN IF NOT EXISTS lease_token BIGINT",
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS lease_counter BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS expired_lease_items BIGINT NOT NULL DEFAULT 0",
+    DRIVERS_TABLE_SQL,
+)
+
 # (version, statements): applied in order above the stored version, in one transaction.
-MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1),)
+MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1), (2, _V2))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
 
 _LIVE: Final = ", ".join(f"'{state}'" for state in sorted(LIVE_SUBMISSION_STATES))

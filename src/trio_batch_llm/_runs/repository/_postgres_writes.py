@@ -72,7 +72,7 @@ def insert_items(conn: Conn, location: str, run_id: str, items: Sequence[NewItem
 
 
 def mark_done(conn: Conn, location: str, run_id: str, results: Sequence[NewResult], *,
-              submission: str | None) -> int:
+              submission: str | None, lease: int | None = None) -> int:
     """Mark items done and append their results with the next sequences; how many were recorded.
 
     ``submission`` None: only pending items; else only items still batched in that submission.
@@ -83,6 +83,8 @@ def mark_done(conn: Conn, location: str, run_id: str, results: Sequence[NewResul
     where, extra = "state = 'pending'", list[Any]()
     if submission is not None:
         where, extra = "state = 'batched' AND submission = %s", [submission]
+    elif lease is not None:
+        where, extra = "state = 'leased' AND lease_token = %s", [lease]
     wanted = list(dict.fromkeys(result.item_id for result in results))
     rows = conn.execute(
         f"SELECT item_id FROM run_items WHERE run_id = %s AND item_id = ANY(%s) AND {where} FOR UPDATE",
@@ -99,7 +101,7 @@ def mark_done(conn: Conn, location: str, run_id: str, results: Sequence[NewResul
         return 0
     conn.execute(
         "UPDATE run_items AS i SET state = 'done', result_sequence = u.seq, prompt = NULL, context = NULL,"
-        " submission = NULL FROM unnest(%s::text[], %s::bigint[]) AS u(item_id, seq)"
+        " submission = NULL, lease_token = NULL FROM unnest(%s::text[], %s::bigint[]) AS u(item_id, seq)"
         " WHERE i.run_id = %s AND i.item_id = u.item_id",
         ([r.item_id for _, r in chosen], [seq for seq, _ in chosen], run_id),
     )
