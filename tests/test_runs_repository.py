@@ -424,7 +424,7 @@ def test_a_version_1_file_is_readable_read_only_and_migrated_in_place_by_a_write
     again = SqliteRunRepository(db)  # reopening a migrated file is a no-op
     again.open()
     try:
-        assert again.snapshot("old").done == 2 and _stored_version(db) == 2
+        assert again.snapshot("old").done == 2 and _stored_version(db) == RUNS_SCHEMA_VERSION
     finally:
         again.close()
 
@@ -433,10 +433,11 @@ def test_a_file_from_a_newer_runs_schema_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "new.sqlite"
     SqliteRunRepository(db).open()
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("""UPDATE meta SET value = '{"runs_schema_version": 3}' WHERE key = 'runs'""")
+    newer = RUNS_SCHEMA_VERSION + 1
+    conn.execute(f"""UPDATE meta SET value = '{{"runs_schema_version": {newer}}}' WHERE key = 'runs'""")
     conn.close()
     for read_only in (False, True):
-        with pytest.raises(ArtifactStoreError, match="runs schema version 3 is newer"):
+        with pytest.raises(ArtifactStoreError, match=f"runs schema version {newer} is newer"):
             SqliteRunRepository(db, read_only=read_only).open()
 
 
