@@ -8,19 +8,25 @@ one store stand for two driver processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 
-from trio_batch_llm import ArtifactIdentity
-from trio_batch_llm._runs import RunRepository
+from trio_batch_llm import ArtifactIdentity, ProcessorConfig
+from trio_batch_llm._runs import RunRepository, iter_run_results, open_run
 from trio_batch_llm._runs._schema import LeaseLostError, NewItem, NewResult, RunSpec, SourceCheckpoint
 from trio_batch_llm._runs.repository._postgres import PostgresRunRepository
 from trio_batch_llm._runs.repository._sqlite import SqliteRunRepository
+
+from ._runs_child import IDENTITY, CountingStrategy, prompts
 
 LEASE = 30.0
 
@@ -195,3 +201,89 @@ def test_drivers_leasing_at_once_never_share_an_item(store: str, clock: FakeCloc
         assert [r.sequence for r in check.results("r", after_sequence=0, limit=None)] == list(range(1, 201))
     finally:
         check.close()
+
+
+# --- drivers: several handles (as several processes would) on one run ---------------------------
+
+
+async def _drive_together(store: str, n_handles: int, n_items: int, strategy: CountingStrategy) -> list[Any]:
+    config = ProcessorConfig(concurrency=3)
+    async with contextlib.AsyncExitStack() as stack:
+        runs = [
+            await stack.enter_async_context(await open_run(
+                store, "run", strategy, prompts(n_items), identity=IDENTITY, config=config,
+                lease_seconds=LEASE, slice_items=8, poll_interval=0.02,
+            ))
+            for _ in range(n_handles)
+        ]
+        snaps: list[Any] = [None] * n_handles
+
+        async def drive(k: int) -> None:
+            snaps[k] = await runs[k].wait(timeout=60)
+
+        async with anyio.create_task_group() as tg:
+            for k in range(n_handles):
+                tg.start_soon(drive, k)
+    return snaps
+
+
+@pytest.mark.anyio
+async def test_three_handles_drive_one_run_to_exactly_one_result_per_item(store: str) -> None:
+    strategy = CountingStrategy()
+    snaps = await _drive_together(store, 3, 90, strategy)
+    assert [s.status for s in snaps] == ["completed"] * 3
+    assert strategy.calls == Counter(prompts(90))  # no lease expired: every call exactly once
+    results = list(iter_run_results(store, "run"))
+    assert [r.sequence for r in results] == list(range(1, 91))
+    assert Counter(r.item_id for r in results) == Counter(f"item-{i}" for i in range(90))
+    repo = _repo(store, FakeClock())
+    try:
+        report = repo.lease_report("run")
+    finally:
+        repo.close()
+    assert sum(d.items_done for d in report.drivers) == 90
+    assert {d.state for d in report.drivers} == {"stopped"}  # each gave its lease back
+    assert (report.expired_lease_items, report.leased) == (0, 0)
+
+
+@pytest.mark.anyio
+async def test_a_pause_from_one_handle_stops_every_driver_and_a_resume_finishes(store: str) -> None:
+    strategy = CountingStrategy(signal_at_call=20, latency=0.005)
+    config = ProcessorConfig(concurrency=2)
+    async with contextlib.AsyncExitStack() as stack:
+        runs = [
+            await stack.enter_async_context(await open_run(
+                store, "run", strategy, prompts(60), identity=IDENTITY, config=config,
+                lease_seconds=LEASE, slice_items=8, poll_interval=0.02,
+            ))
+            for _ in range(2)
+        ]
+        controller = await stack.enter_async_context(
+            await open_run(store, "run", strategy, None, identity=IDENTITY))
+        async with anyio.create_task_group() as tg:
+            for run in runs:
+                tg.start_soon(run.wait, 60)
+            await strategy.reached.wait()
+            await controller.pause()
+            with anyio.fail_after(30):
+                while (await anyio.to_thread.run_sync(_report, store)).leased:  # noqa: ASYNC110 - another store
+                    await anyio.sleep(0.02)
+            calls_at_pause = strategy.total
+            assert calls_at_pause < 60
+            await anyio.sleep(0.2)
+            assert strategy.total == calls_at_pause  # nobody starts a call while paused
+            await controller.resume()
+    async with await open_run(store, "run", strategy, prompts(60), identity=IDENTITY,
+                              lease_seconds=LEASE, poll_interval=0.02) as run:
+        snap = await run.wait(timeout=60)
+    assert (snap.status, snap.done) == ("completed", 60)
+    stored = Counter(r.item_id for r in iter_run_results(store, "run"))
+    assert stored == Counter(f"item-{i}" for i in range(60))
+
+
+def _report(store: str) -> Any:
+    repo = _repo(store, FakeClock())
+    try:
+        return repo.lease_report("run")
+    finally:
+        repo.close()

@@ -158,9 +158,13 @@ def check_lease(conn: Any, d: Dialect, run_id: str, token: int, *, now: float) -
 
 def lease_items(conn: Any, d: Dialect, location: str, run_id: str, token: int, *, limit: int,
                 now: float) -> list[PendingItem]:
-    """Expire dead leases, then lease up to ``limit`` pending items (ingestion order) under ``token``."""
+    """Expire dead leases, then lease up to ``limit`` pending items (ingestion order) under ``token``;
+    none unless the run is ``running``."""
     expire_leases(conn, d, location, run_id, now=now)
     check_lease(conn, d, run_id, token, now=now)
+    (status,) = conn.execute(d.sql("SELECT status FROM runs WHERE run_id = ?"), (run_id,)).fetchone()
+    if status != "running":
+        return []  # paused or ended: no driver takes new work, whenever it last looked at the status
     rows = conn.execute(
         d.sql("SELECT ingest_seq, item_id, prompt, context, attempts FROM run_items"
               f" WHERE run_id = ? AND state = 'pending' ORDER BY ingest_seq LIMIT ?{d.skip_locked}"),
