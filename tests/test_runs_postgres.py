@@ -184,15 +184,19 @@ async def test_the_runs_commands_take_a_url_and_never_print_its_password(
     write_items(source, [f"prompt {n}" for n in range(6)])
     async with serve_mock(MockServerConfig(model=MODEL)) as server:
         db: Any = postgres_url
-        code, out, err = await cli(*start_args(server, db, source, anyio_backend, "--concurrency", "3"))
+        code, out, err = await cli(*start_args(server, db, source, anyio_backend, "--concurrency", "3",
+                                               "--lease-seconds", "30"))
         assert code == 0, out + err
         assert f"run {RUN}: completed" in out and server.stats.requests == 6
         outputs = [out + err]
         code, out, err = await cli("runs", "status", postgres_url, RUN, "--json")
         assert code == 0, err
         snap = json.loads(out)
-        assert (snap["status"], snap["total"] if "total" in snap else snap["items"], snap["done"]) == (
-            "completed", 6, 6)
+        assert (snap["status"], snap["total"], snap["done"], snap["pending"]) == ("completed", 6, 6, 0)
+        assert snap["reexecuted_after_lease_expiry"] == 0
+        [driver] = snap["drivers"]
+        assert (driver["items_done"], driver["state"]) == (6, "stopped")
+        assert driver["driver_id"].count(":") == 2 and driver["last_heartbeat"].endswith("+00:00")
         outputs.append(out + err)
         code, out, err = await cli("runs", "list", postgres_url)
         assert code == 0 and RUN in out, err

@@ -27,10 +27,11 @@ from typing import Final
 import anyio
 
 from .._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
+from .._runs._reader import read_lease_report
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._errors import ArtifactStoreError, BatchLLMError, RunStateError
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
-from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json
+from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json, status_json
 from ._runs_db import RunDb
 
 __all__ = ["check_db_path", "control_command", "list_command", "status_command", "stored_snapshot"]
@@ -86,10 +87,20 @@ def status_command(args: argparse.Namespace) -> int:
     except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
+    try:
+        report = read_lease_report(db.target, args.run_id)
+    except (ArtifactStoreError, RunStateError) as exc:
+        say(f"error: cannot read the drivers of run {args.run_id!r}: {exc}")
+        return EXIT_FAILED
     if args.json:
-        print(json.dumps(snapshot_json(snap), sort_keys=True), flush=True)
+        print(json.dumps(status_json(snap, report), sort_keys=True), flush=True)
         return EXIT_OK
     print("\n".join(describe(snap)), flush=True)
+    active = [d for d in report.drivers if d.state == "active"]
+    if active or report.expired_lease_items:
+        print(f"drivers: {len(active)} active ({', '.join(d.driver_id for d in active) or 'none'}); "
+              f"{report.leased} item(s) leased; {report.expired_lease_items} re-leased after a lease "
+              "expired (each may have been called twice)", flush=True)
     if snap.unresolved_submission is not None:
         say(resolve_hint(snap, db) + " (while a create is in flight it is named here too: resolve only "
             "one that stays unresolved)")

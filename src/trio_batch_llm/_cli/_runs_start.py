@@ -69,6 +69,7 @@ __all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
 EXIT_TIMED_OUT: Final = 3
 _PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is not terminal
 _LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
+                      "lease_seconds": "--lease-seconds",
                       "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts"}
 _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--enqueued-token-limit",
                        "poll_interval": "--poll-interval", "request_timeout": "--request-timeout"}
@@ -86,6 +87,7 @@ class StartPlan:
     mode: str
     batch: ProviderBatchConfig | None
     timeout: float | None
+    lease_seconds: float | None
     backend: str
     existing: RunSnapshot | None
     command: str
@@ -152,7 +154,8 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         db=db, run_id=args.run_id,
         source=[(record.item_id, record.prompt, record.context) for record in iter_input(checked.source)],
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
-        timeout=args.timeout, backend=args.backend, existing=existing, command=shown_command(argv),
+        timeout=args.timeout, lease_seconds=args.lease_seconds, backend=args.backend, existing=existing,
+        command=shown_command(argv),
     )
 
 
@@ -194,7 +197,8 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
             if signals is not None:
                 group.start_soon(outcome.watch_signals, signals, drive, name="signal watcher")
             run = await open_run(plan.db.target, plan.run_id, plan.strategy, plan.source, config=plan.config,
-                                 mode=plan.mode, identity=plan.identity, batch=plan.batch)
+                                 mode=plan.mode, identity=plan.identity, batch=plan.batch,
+                                 lease_seconds=plan.lease_seconds)
             async with run:
                 outcome.opened = True
                 group.start_soon(_report_progress, run, name="progress lines")
