@@ -221,8 +221,15 @@ class SegmentDriver(DriverBase):
                         await self._record(seg, proc, lease)
                         tg.cancel_scope.cancel("segment finished")
         except Exception as exc:
+            lost = _lost_database(exc) if lease is not None else None
+            if lost is not None:
+                # Shared run: this driver lost the database (down, cut off). The run is not
+                # failed: other drivers go on, and wait() may be called again.
+                raise lost from None if lost is not exc else exc.__cause__
             await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
             raise
+        if lease is not None and isinstance(seg.failure, ArtifactStoreError):
+            raise seg.failure
         await self._conclude(seg, proc.termination, shared=lease is not None)
 
     def _segment_config(self, snap: RunSnapshot) -> ProcessorConfig | None:
@@ -330,6 +337,11 @@ class SegmentDriver(DriverBase):
                 seg.request("detached", str(exc))
                 await anyio.lowlevel.checkpoint()
                 return
+            except ArtifactStoreError as exc:  # the database is unreachable: drive() raises it
+                seg.fail(exc, "error")
+                seg.request("detached", str(exc))
+                await anyio.lowlevel.checkpoint()
+                return
         seg.progress += len(group)
         seg.observe(snapshot)
 
@@ -370,8 +382,9 @@ class SegmentDriver(DriverBase):
             pass  # a stop was requested; what was not fed goes back when the lease closes
         except LeaseLostError as exc:
             seg.request("detached", str(exc))
-        except ArtifactStoreError as exc:
+        except ArtifactStoreError as exc:  # the database is unreachable: raised by drive(), not stored
             seg.fail(exc, "error")
+            seg.request("detached", str(exc))
         await proc.finish()
 
     async def _ingest_only(self, seg: Segment, ingestor: Ingestor, wake: _Wake) -> None:
@@ -399,9 +412,26 @@ class SegmentDriver(DriverBase):
         assert self.lease_seconds is not None
         while True:
             await anyio.sleep(self.lease_seconds / 3)
-            if not await self._db.call(self._repo.renew_lease, self._run_id, lease):
-                seg.request("detached", f"run {self._run_id!r}: lease {lease} expired")
+            try:
+                alive = await self._db.call(self._repo.renew_lease, self._run_id, lease)
+            except ArtifactStoreError as exc:  # the database is unreachable: drive() raises it
+                seg.fail(exc, "error")
+                alive = False
+            if not alive:
+                seg.request("detached", f"run {self._run_id!r}: lease {lease} could not be renewed")
                 return
+
+
+def _lost_database(exc: Exception) -> ArtifactStoreError | None:
+    """``exc`` if it (or every exception of its group) is an ArtifactStoreError: the first one."""
+    if isinstance(exc, ArtifactStoreError):
+        return exc
+    if isinstance(exc, ExceptionGroup):
+        matched, rest = exc.split(ArtifactStoreError)
+        if matched is not None and rest is None:
+            first = matched.exceptions[0]
+            return _lost_database(first) if isinstance(first, Exception) else None
+    return None
 
 
 @final

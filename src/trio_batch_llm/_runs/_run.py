@@ -279,14 +279,14 @@ class Run:
             await self._close_lease()
         raise TimeoutError(f"run {self._run_id!r} was not terminal after {timeout} s")
 
-    async def _close_lease(self) -> None:
+    async def _close_lease(self, *, count_returned: bool = False) -> None:
         """Give back this handle's lease (its unrecorded items go back to pending)."""
         lease, self._lease = self._lease, None
         if lease is None or self._db.closed:
             await anyio.lowlevel.checkpoint()
             return
         with anyio.CancelScope(shield=True):  # bounded: one repository call
-            await self._db.call(self._repo.close_lease, self._run_id, lease)
+            await self._db.call(self._repo.close_lease, self._run_id, lease, count_returned=count_returned)
 
     async def _wait_terminal(self, deadline: float) -> RunSnapshot:
         while True:
@@ -338,18 +338,21 @@ class Run:
                 )
             # The claim, held by one process at a time, is now the right to ingest the source.
             ingest = await self._db.call(self._repo.try_claim, self._run_id)
+            clean = False
             try:
                 snap = await self._db.call(self._repo.snapshot, self._run_id)
                 if snap.status == "running":
                     await driver.drive(segment, snap, deadline, lease=self._lease, ingest=ingest)
+                clean = segment.stop in (None, "paused")
             finally:
                 with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor or lock
                     if ingest and not self._db.closed:
                         await self._db.call(self._repo.release, self._run_id)
-            if segment.leased:
-                # Whatever it leased and did not record (a pause, a stop, a lost lease) goes back
-                # now; the next segment opens a new lease. (Idle segments lease nothing and keep it.)
-                await self._close_lease()
+                if segment.leased:
+                    # What it leased and did not record goes back now; the next segment opens a new
+                    # lease (idle segments lease nothing and keep theirs). After a pause or a normal
+                    # end those items were never called; after anything else they may have been.
+                    await self._close_lease(count_returned=not clean)
             return segment.progress > 0
         finally:
             self._segment = None

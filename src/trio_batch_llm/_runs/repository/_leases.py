@@ -190,18 +190,26 @@ def renew_lease(conn: Any, d: Dialect, run_id: str, token: int, *, now: float) -
     ).rowcount == 1)
 
 
-def close_lease(conn: Any, d: Dialect, location: str, run_id: str, token: int) -> int:
-    """End the lease (its driver stops); its unrecorded items back to pending. How many."""
+def close_lease(conn: Any, d: Dialect, location: str, run_id: str, token: int, *,
+                count_returned: bool = False) -> int:
+    """End the lease (its driver stops); its unrecorded items back to pending. How many.
+
+    ``count_returned``: the driver cannot vouch that none of them was called (its segment
+    was cut short), so they count in ``expired_lease_items`` like an expired lease's."""
     _lock_run(conn, d, run_id, location)
     conn.execute(
         d.sql("UPDATE run_drivers SET state = 'stopped' WHERE run_id = ? AND token = ? AND state = 'active'"),
         (run_id, token),
     )
-    return int(conn.execute(
+    returned = int(conn.execute(
         d.sql("UPDATE run_items SET state = 'pending', lease_token = NULL"
               " WHERE run_id = ? AND state = 'leased' AND lease_token = ?"),
         (run_id, token),
     ).rowcount)
+    if returned and count_returned:
+        conn.execute(d.sql("UPDATE runs SET expired_lease_items = expired_lease_items + ? WHERE run_id = ?"),
+                     (returned, run_id))
+    return returned
 
 
 def count_done(conn: Any, d: Dialect, run_id: str, token: int, n: int) -> None:

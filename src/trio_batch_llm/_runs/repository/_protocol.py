@@ -124,8 +124,9 @@ class RunRepository(Protocol):
     def renew_lease(self, run_id: str, lease: int) -> bool:
         """The heartbeat: extend a live lease; False if it is dead (it never comes back)."""
 
-    def close_lease(self, run_id: str, lease: int) -> int:
-        """End the lease; its items without a result go back to pending. How many."""
+    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
+        """End the lease; its items without a result go back to pending. How many.
+        ``count_returned``: they may have been called (counted as after an expiry)."""
 
     def lease_report(self, run_id: str) -> LeaseReport:
         """The run's drivers (newest 100 leases), its count of items re-leased after an expiry."""

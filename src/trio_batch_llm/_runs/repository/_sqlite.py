@@ -292,9 +292,10 @@ class SqliteRunRepository:
         with self._write(f"renewing a lease on run {run_id!r}") as conn:
             return leases.renew_lease(conn, SQLITE, run_id, lease, now=self._clock())
 
-    def close_lease(self, run_id: str, lease: int) -> int:
+    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
         with self._write(f"closing a lease on run {run_id!r}") as conn:
-            return leases.close_lease(conn, SQLITE, str(self._path), run_id, lease)
+            return leases.close_lease(conn, SQLITE, str(self._path), run_id, lease,
+                                      count_returned=count_returned)
 
     def lease_report(self, run_id: str) -> LeaseReport:
         conn = self._require()
