@@ -71,7 +71,7 @@ async def fuzz(server: PostgresServer, url: str, tmp: Path, *, items: int, lease
     source = tmp / "in.jsonl"
     source.write_text("".join(json.dumps({"id": f"i{n}", "prompt": f"prompt {n}"}) + "\n"
                               for n in range(items)), encoding="utf-8")
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 90 + items * 0.05
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     async with serve_mock(MockServerConfig(model="mock-model", latency=(0.02, 0.06))) as mock:
         procs: list[anyio.abc.Process] = []

@@ -206,3 +206,21 @@ async def test_the_runs_commands_take_a_url_and_never_print_its_password(
         outputs.append(out + err)
     for text in outputs:
         assert PASSWORD not in text
+
+
+@pytest.mark.anyio
+async def test_the_scaling_out_example_runs_on_postgresql(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "docs" / "examples" / "scaling_out.py"
+    spec = importlib.util.spec_from_file_location("docs_example_scaling_out_pg", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("RUNS_DB", postgres_url)
+    await module.main()
+    printed = capsys.readouterr().out
+    assert "60 results from 3 drivers; re-executed after a lease expiry: 0" in printed
+    assert "the mock answered 60 requests" in printed
