@@ -1,7 +1,8 @@
 """One run, several drivers: every wait() with lease_seconds drives beside the others.
 
-Against PostgreSQL set RUNS_DB=postgresql://user:password@host/db (the drivers may then be
-processes on many machines); without it the run lives in a SQLite file (one machine).
+Against PostgreSQL set RUNS_DB=postgresql://user:password@host/db (the drivers
+may then be processes on many machines); without it the run lives in a SQLite
+file (one machine).
 Here three drivers share one process, as three processes would share the run.
 """
 
