@@ -1,5 +1,8 @@
 """One *drive segment* of a live run: a streaming ParallelBatchProcessor fed from the run.
 
+Over 400 lines because one segment has two feeders (alone, and beside other drivers under a
+lease) that share its recorder, watcher and stop handling; split apart they would drift.
+
 A segment runs while its process holds the run's claim, inside the caller's
 ``wait()`` (which owns every task here). Three tasks:
 

@@ -1,5 +1,7 @@
 """``PostgresRunRepository``: run state in a PostgreSQL database (psycopg 3, synchronous).
 
+Over 400 lines because it implements the whole RunRepository protocol, one short method per call.
+
 The same tables and behaviour as :class:`SqliteRunRepository`
 (:mod:`._postgres_tables`), for runs that many processes on many machines
 drive. Synchronous and blocking like SQLite: the async side calls it from its

@@ -1,6 +1,8 @@
 """``SqliteRunRepository``: run state in the tables ``runs``, ``run_items``, ``run_results``
 and ``run_submissions`` (:mod:`._sqlite_tables`), one file per store.
 
+Over 400 lines because it implements the whole RunRepository protocol, one short method per call.
+
 The tables live in the same database file as a :class:`SqliteArtifactStore`
 (the file keeps the artifact store's ``application_id`` and header, so either
 can be opened first). Synchronous and blocking: the async side calls it from
