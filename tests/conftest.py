@@ -86,4 +86,9 @@ def clock_waits_for_threads() -> Iterator[None]:
         clock.autojump_threshold = before
 
 
+from ._servers.postgres import postgres_server, postgres_url, stop_shared_server  # noqa: E402, F401
 from ._servers.redis import redis_server, redis_url  # noqa: E402, F401
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    stop_shared_server()

@@ -115,6 +115,9 @@ EXAMPLES = [
     Example("structured_output", BOTH, needs=(*SERVER, "pydantic")),
     Example("durable_run", BOTH, needs=SERVER),
     Example("batch_run", BOTH, needs=SERVER),
+    Example("scaling_out", BOTH, (
+        "60 results from 3 drivers; re-executed after a lease expiry: 0", "the mock answered 60 requests",
+    ), needs=SERVER),
     Example("streaming", BOTH, ("consumed 200 results; read ", "calls still running: 0")),
     Example("processor_streaming", BOTH, ("20 results; first few in completion order",)),
     Example("observability", BOTH),

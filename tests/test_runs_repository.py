@@ -39,13 +39,14 @@ from trio_batch_llm._runs._schema import (
     RunSpec,
     SourceCheckpoint,
 )
+from trio_batch_llm._runs.repository._locate import repository_at
 from trio_batch_llm._runs.repository._sqlite_tables import RUNS_SCHEMA_VERSION
 
 IDENTITY = ArtifactIdentity("test-model", "batch-prompts")
 SCOPE = "batch|https://api.example|key|model"
 
 
-def _ingest(repo: SqliteRunRepository, run_id: str, item_ids: list[str]) -> None:
+def _ingest(repo: RunRepository, run_id: str, item_ids: list[str]) -> None:
     repo.attach(RunSpec(run_id, "provider-batch", IDENTITY, {}))
     items = [NewItem(i, f"prompt of {i}", json.dumps({"id": i}), f"fp-{i}") for i in item_ids]
     repo.ingest(run_id, items, SourceCheckpoint(position=len(items), exhausted=True))
@@ -63,20 +64,32 @@ def _sub(sid: str, item_ids: list[str], tokens: int = 10, scope: str = SCOPE) ->
     return NewSubmission(sid, scope, tuple(item_ids), tokens)
 
 
-def _to_submitted(repo: SqliteRunRepository, run_id: str, sid: str) -> None:
+def _to_submitted(repo: RunRepository, run_id: str, sid: str) -> None:
     assert repo.update_submission(run_id, sid, from_states=frozenset({"reserved"}), to="creating")
     assert repo.update_submission(
         run_id, sid, from_states=frozenset({"creating", "unknown"}), to="submitted", batch_id=f"batch_{sid}"
     )
 
 
-def _pending_ids(repo: SqliteRunRepository, run_id: str) -> list[str]:
+def _pending_ids(repo: RunRepository, run_id: str) -> list[str]:
     return [p.item_id for p in repo.pending(run_id, after_ingest_seq=0, limit=1000)]
 
 
+STORES = [pytest.param("sqlite", id="sqlite"), pytest.param("postgres", id="postgres")]
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the repository under test keeps its runs: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "postgres":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
+    return str(tmp_path / "runs.sqlite")
+
+
 @pytest.fixture
-def repo(tmp_path: Path) -> Iterator[SqliteRunRepository]:
-    repository = SqliteRunRepository(tmp_path / "runs.sqlite")
+def repo(store: str) -> Iterator[RunRepository]:
+    repository = repository_at(store)
     repository.open()
     _ingest(repository, "r", _items("r", 6))
     try:
@@ -88,9 +101,9 @@ def repo(tmp_path: Path) -> Iterator[SqliteRunRepository]:
 # --- shape ------------------------------------------------------------------------------
 
 
-def test_the_sqlite_repository_provides_the_protocol_at_schema_version_2(repo: SqliteRunRepository) -> None:
+def test_the_repository_provides_the_protocol(repo: RunRepository) -> None:
     assert isinstance(repo, RunRepository)
-    assert RUNS_SCHEMA_VERSION == 2
+    assert RUNS_SCHEMA_VERSION == 3
     snap = repo.snapshot("r")
     assert (snap.batched, snap.open_submissions, snap.unresolved_submission) == (0, 0, None)
     assert [p.attempts for p in repo.pending("r", after_ingest_seq=0, limit=10)] == [0] * 6
@@ -99,7 +112,7 @@ def test_the_sqlite_repository_provides_the_protocol_at_schema_version_2(repo: S
 # --- reserve ----------------------------------------------------------------------------
 
 
-def test_reserve_takes_the_items_and_holds_the_tokens(repo: SqliteRunRepository) -> None:
+def test_reserve_takes_the_items_and_holds_the_tokens(repo: RunRepository) -> None:
     assert repo.reserve_submission("r", _sub("s1", ["r-3", "r-1"], tokens=40), capacity_limit=100)
     assert _pending_ids(repo, "r") == ["r-0", "r-2", "r-4", "r-5"]
     items = repo.submission_items("r", "s1")
@@ -126,7 +139,7 @@ def test_reserve_takes_the_items_and_holds_the_tokens(repo: SqliteRunRepository)
     ],
 )
 def test_reserve_refuses_an_item_that_is_not_pending_naming_it_and_writes_nothing(
-    repo: SqliteRunRepository, bad: str, named: str
+    repo: RunRepository, bad: str, named: str
 ) -> None:
     repo.record("r", [_result("r-4")])
     assert repo.reserve_submission("r", _sub("first", ["r-2"], tokens=5), capacity_limit=None)
@@ -138,7 +151,7 @@ def test_reserve_refuses_an_item_that_is_not_pending_naming_it_and_writes_nothin
     assert repo.reserve_submission("r", _sub("second", ["r-0", "r-1"], tokens=5), capacity_limit=None)
 
 
-def test_reserve_rejects_bad_arguments_and_unknown_runs(repo: SqliteRunRepository) -> None:
+def test_reserve_rejects_bad_arguments_and_unknown_runs(repo: RunRepository) -> None:
     cases = [
         (_sub("s", [], tokens=1), None, "lists no items"),
         (_sub("s", ["r-0", "r-1", "r-0"]), None, "lists item 'r-0' twice"),
@@ -156,7 +169,7 @@ def test_reserve_rejects_bad_arguments_and_unknown_runs(repo: SqliteRunRepositor
     assert repo.submissions("r")[0].items == 1 and _pending_ids(repo, "r") == _items("r", 6)[1:]
 
 
-def test_capacity_is_per_scope_shared_by_runs_and_refusal_writes_nothing(repo: SqliteRunRepository) -> None:
+def test_capacity_is_per_scope_shared_by_runs_and_refusal_writes_nothing(repo: RunRepository) -> None:
     _ingest(repo, "q", _items("q", 3))
     assert repo.reserve_submission("r", _sub("a", ["r-0"], tokens=60), capacity_limit=100)
     assert not repo.reserve_submission("q", _sub("b", ["q-0"], tokens=41), capacity_limit=100)
@@ -175,7 +188,7 @@ def test_capacity_is_per_scope_shared_by_runs_and_refusal_writes_nothing(repo: S
 # --- update -----------------------------------------------------------------------------
 
 
-def test_update_is_a_compare_and_set_that_keeps_fields_it_is_not_given(repo: SqliteRunRepository) -> None:
+def test_update_is_a_compare_and_set_that_keeps_fields_it_is_not_given(repo: RunRepository) -> None:
     repo.reserve_submission("r", _sub("s", ["r-0", "r-1"]), capacity_limit=None)
     reserved = frozenset({"reserved"})
     assert repo.update_submission("r", "s", from_states=reserved, to="reserved", input_file_id="file-1")
@@ -198,7 +211,7 @@ def test_update_is_a_compare_and_set_that_keeps_fields_it_is_not_given(repo: Sql
     assert repo.submissions("r")[0] == record and repo.held_tokens(SCOPE) == 10
 
 
-def test_snapshot_names_the_oldest_submission_whose_create_is_unresolved(repo: SqliteRunRepository) -> None:
+def test_snapshot_names_the_oldest_submission_whose_create_is_unresolved(repo: RunRepository) -> None:
     for n, sid in enumerate(["s1", "s2", "s3"]):
         repo.reserve_submission("r", _sub(sid, [f"r-{n}"]), capacity_limit=None)
     assert repo.snapshot("r").unresolved_submission is None  # 'reserved' sent nothing yet
@@ -224,7 +237,7 @@ def test_snapshot_names_the_oldest_submission_whose_create_is_unresolved(repo: S
 
 @pytest.mark.parametrize("state", ["reserved", "creating", "unknown", "submitted"])
 def test_abandon_returns_the_items_and_releases_the_capacity_once(
-    repo: SqliteRunRepository, state: str
+    repo: RunRepository, state: str
 ) -> None:
     repo.reserve_submission("r", _sub("s", ["r-4", "r-1"], tokens=30), capacity_limit=None)
     order = ["reserved", "creating", "unknown", "submitted"]
@@ -251,7 +264,7 @@ def test_abandon_returns_the_items_and_releases_the_capacity_once(
 # --- finish -----------------------------------------------------------------------------
 
 
-def test_finish_records_results_retries_the_rest_and_is_exactly_once(repo: SqliteRunRepository) -> None:
+def test_finish_records_results_retries_the_rest_and_is_exactly_once(repo: RunRepository) -> None:
     _ingest(repo, "q", _items("q", 2))
     repo.record("r", [_result("r-0")])  # sequence 1, from live-style recording
     repo.reserve_submission("r", _sub("other", ["r-5"]), capacity_limit=None)
@@ -295,7 +308,7 @@ def test_finish_records_results_retries_the_rest_and_is_exactly_once(repo: Sqlit
     assert repo.snapshot("r").last_sequence == 4
 
 
-def test_a_run_with_open_submissions_is_never_complete(repo: SqliteRunRepository) -> None:
+def test_a_run_with_open_submissions_is_never_complete(repo: RunRepository) -> None:
     repo.record("r", [_result(i) for i in _items("r", 6)[:4]])
     repo.reserve_submission("r", _sub("s", ["r-4", "r-5"]), capacity_limit=None)
     assert repo.complete("r")[0] is False
@@ -393,7 +406,7 @@ def test_a_version_1_file_is_readable_read_only_and_migrated_in_place_by_a_write
     repo = SqliteRunRepository(db)
     repo.open()
     try:
-        assert _stored_version(db) == 2
+        assert _stored_version(db) == RUNS_SCHEMA_VERSION
         snap = repo.snapshot("old")
         assert (snap.items, snap.done, snap.last_sequence, snap.total_tokens, snap.batched) == (4, 1, 1, 5, 0)
         assert [p.attempts for p in repo.pending("old", after_ingest_seq=0, limit=9)] == [0, 0, 0]
@@ -411,7 +424,7 @@ def test_a_version_1_file_is_readable_read_only_and_migrated_in_place_by_a_write
     again = SqliteRunRepository(db)  # reopening a migrated file is a no-op
     again.open()
     try:
-        assert again.snapshot("old").done == 2 and _stored_version(db) == 2
+        assert again.snapshot("old").done == 2 and _stored_version(db) == RUNS_SCHEMA_VERSION
     finally:
         again.close()
 
@@ -420,10 +433,11 @@ def test_a_file_from_a_newer_runs_schema_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "new.sqlite"
     SqliteRunRepository(db).open()
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("""UPDATE meta SET value = '{"runs_schema_version": 3}' WHERE key = 'runs'""")
+    newer = RUNS_SCHEMA_VERSION + 1
+    conn.execute(f"""UPDATE meta SET value = '{{"runs_schema_version": {newer}}}' WHERE key = 'runs'""")
     conn.close()
     for read_only in (False, True):
-        with pytest.raises(ArtifactStoreError, match="runs schema version 3 is newer"):
+        with pytest.raises(ArtifactStoreError, match=f"runs schema version {newer} is newer"):
             SqliteRunRepository(db, read_only=read_only).open()
 
 
@@ -584,8 +598,8 @@ TOKENS = 10
 LIMIT = 35  # admits exactly 3 of the racers
 
 
-def _prepare_racers(db: Path) -> None:
-    setup = SqliteRunRepository(db)
+def _prepare_racers(db: str | Path) -> None:
+    setup = repository_at(db)
     setup.open()
     try:
         for n in range(RACERS):
@@ -597,8 +611,8 @@ def _prepare_racers(db: Path) -> None:
 class _HeldWatcher:
     """Reads held_tokens from its own repository object, in a thread, until stopped."""
 
-    def __init__(self, db: Path) -> None:
-        self.repo = SqliteRunRepository(db)
+    def __init__(self, db: str | Path) -> None:
+        self.repo = repository_at(db)
         self.stop = threading.Event()
         self.seen: list[int] = []
         self.thread = threading.Thread(target=self._watch)
@@ -620,8 +634,8 @@ class _HeldWatcher:
         self.thread.join()
 
 
-def test_reservations_racing_in_threads_never_exceed_the_limit(tmp_path: Path) -> None:
-    db = tmp_path / "race.sqlite"
+def test_reservations_racing_in_threads_never_exceed_the_limit(store: str) -> None:
+    db = store
     _prepare_racers(db)
     for round_ in range(4):
         barrier = threading.Barrier(RACERS)
@@ -630,7 +644,7 @@ def test_reservations_racing_in_threads_never_exceed_the_limit(tmp_path: Path) -
 
         def racer(n: int, barrier: threading.Barrier = barrier, outcomes: dict[int, bool] = outcomes,
                   errors: list[BaseException] = errors, round_: int = round_) -> None:
-            repo = SqliteRunRepository(db)
+            repo = repository_at(db)
             repo.open()
             try:
                 barrier.wait()
@@ -652,7 +666,7 @@ def test_reservations_racing_in_threads_never_exceed_the_limit(tmp_path: Path) -
         assert errors == []
         assert sorted(outcomes.values()) == [False] * (RACERS - 3) + [True] * 3
         assert watcher.seen and max(watcher.seen) <= LIMIT
-        check = SqliteRunRepository(db)
+        check = repository_at(db)
         check.open()
         try:
             assert check.held_tokens(SCOPE) == 3 * TOKENS

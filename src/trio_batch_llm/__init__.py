@@ -42,6 +42,7 @@ from ._observe._metrics import DEFAULT_LATENCY_BUCKETS as DEFAULT_LATENCY_BUCKET
 from ._observe._metrics import MetricsObserver as MetricsObserver
 from ._observe._otel import OpenTelemetryObserver as OpenTelemetryObserver
 from ._observe._prometheus import PrometheusCollector as PrometheusCollector
+from ._runs import PostgresRunRepository as PostgresRunRepository
 from ._runs import ProviderBatchConfig as ProviderBatchConfig
 from ._runs import Run as Run
 from ._runs import RunRepository as RunRepository
@@ -170,6 +171,7 @@ __all__ = [
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
     "ParallelBatchProcessor",
     "PoolStatistics",
+    "PostgresRunRepository",
     "ProcessorConfig",
     "ProcessorStatistics",
     "PrometheusCollector",

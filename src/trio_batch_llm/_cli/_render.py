@@ -15,6 +15,7 @@ input's total, which a streaming run does not know.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import shlex
 import sys
@@ -32,6 +33,7 @@ from ._input_records import InputError
 
 if TYPE_CHECKING:  # only named in annotations: rendering loads neither the runs nor the mock
     from .._runs import RunSnapshot
+    from .._runs.repository._leases import LeaseReport
     from ..mock import MockServerStats
     from ._summary import RunSummary
 
@@ -53,6 +55,7 @@ __all__ = [
     "say_input_error",
     "shown_command",
     "snapshot_json",
+    "status_json",
 ]
 
 PROG: Final = "trio-batch-llm"
@@ -236,13 +239,38 @@ def snapshot_json(snap: RunSnapshot) -> dict[str, Any]:
     return data
 
 
+def status_json(snap: RunSnapshot, report: LeaseReport) -> dict[str, Any]:
+    """``runs status --json``: the snapshot's fields, plus ``total`` and who drives the run.
+
+    ``drivers`` lists the run's leases (newest 100), each with ``driver_id`` (host:pid:tag),
+    ``items_done``, ``last_heartbeat`` (ISO 8601, UTC) and ``state`` (active, expired, stopped);
+    ``reexecuted_after_lease_expiry`` counts items whose lease expired before their result was
+    recorded: each may have been called twice (the only at-least-once case)."""
+    data = snapshot_json(snap)
+    data.update(
+        total=snap.items,
+        leased=report.leased,
+        reexecuted_after_lease_expiry=report.expired_lease_items,
+        drivers=[
+            {"driver_id": d.driver_id, "items_done": d.items_done, "last_heartbeat": _iso(d.last_heartbeat),
+             "state": d.state, "lease": d.token}
+            for d in report.drivers
+        ],
+    )
+    return data
+
+
+def _iso(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
+
+
 def run_list_line(snap: RunSnapshot) -> str:
     """One tab-separated line of ``runs list``."""
     return (f"{snap.run_id}\t{snap.status}\t{snap.mode}\t{snap.done}/{snap.items} done"
             f"\t{snap.failed} failed" + ("" if snap.ingestion_complete else "\tingesting"))
 
 
-def resolve_hint(snap: RunSnapshot, db: Path) -> str:
+def resolve_hint(snap: RunSnapshot, db: object) -> str:
     """How to settle the run's batch create whose outcome is unknown."""
     base = shlex.join([PROG, "runs", "resolve", str(db), snap.run_id])
     return (f"a batch create's outcome is unknown: look for a batch whose metadata "
@@ -256,7 +284,7 @@ def drive_progress_line(snap: RunSnapshot) -> str:
             f"({snap.succeeded} succeeded, {snap.failed} failed)")
 
 
-def announce_drive(run_id: str, db: Path, mode: str, existing: RunSnapshot | None,
+def announce_drive(run_id: str, db: object, mode: str, existing: RunSnapshot | None,
                    timeout: float | None) -> None:
     """What ``runs start`` is about to do: start the run, or continue it (and what it waits for)."""
     if existing is None:

@@ -27,10 +27,12 @@ from typing import Final
 import anyio
 
 from .._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
+from .._runs._reader import read_lease_report
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._errors import ArtifactStoreError, BatchLLMError, RunStateError
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
-from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json
+from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json, status_json
+from ._runs_db import RunDb
 
 __all__ = ["check_db_path", "control_command", "list_command", "status_command", "stored_snapshot"]
 
@@ -42,20 +44,17 @@ _NEVER_CALLED: Final = "http://127.0.0.1:9/v1"
 # --- reading ------------------------------------------------------------------------------------
 
 
-def check_db_path(db: Path) -> None:
-    if db.exists() and not db.is_file():
-        raise UsageError(f"{db}: not a regular file")
-    if not db.parent.is_dir():
-        raise UsageError(f"{db}: the directory {db.parent} does not exist")
+def check_db_path(db: RunDb) -> None:
+    db.check()
 
 
-def stored_snapshot(db: Path, run_id: str) -> RunSnapshot:
+def stored_snapshot(db: RunDb, run_id: str) -> RunSnapshot:
     """The run as stored; :class:`UsageError` if there is no such database or run."""
-    check_db_path(db)
+    db.check()
     if not db.exists():
         raise UsageError(f"{db}: no such run database")
     try:
-        return read_run_snapshot(db, run_id)
+        return read_run_snapshot(db.target, run_id)
     except RunStateError as exc:  # "no run named ..."
         raise UsageError(str(exc)) from None
     except ArtifactStoreError as exc:  # not a run database (or not SQLite at all)
@@ -63,12 +62,12 @@ def stored_snapshot(db: Path, run_id: str) -> RunSnapshot:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    db = Path(args.db)
-    if not db.is_file():
+    db = RunDb.of(args.db)
+    if db.path is not None and not db.path.is_file():
         say(f"error: {db}: no such run database")
         return EXIT_USAGE
     try:
-        snaps = list_runs(db)
+        snaps = list_runs(db.target)
     except (ArtifactStoreError, RunStateError) as exc:
         say(f"error: cannot list the runs of {db}: {exc}")
         return EXIT_USAGE
@@ -82,16 +81,26 @@ def list_command(args: argparse.Namespace) -> int:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    db = Path(args.db)
+    db = RunDb.of(args.db)
     try:
         snap = stored_snapshot(db, args.run_id)
     except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
+    try:
+        report = read_lease_report(db.target, args.run_id)
+    except (ArtifactStoreError, RunStateError) as exc:
+        say(f"error: cannot read the drivers of run {args.run_id!r}: {exc}")
+        return EXIT_FAILED
     if args.json:
-        print(json.dumps(snapshot_json(snap), sort_keys=True), flush=True)
+        print(json.dumps(status_json(snap, report), sort_keys=True), flush=True)
         return EXIT_OK
     print("\n".join(describe(snap)), flush=True)
+    active = [d for d in report.drivers if d.state == "active"]
+    if active or report.expired_lease_items:
+        print(f"drivers: {len(active)} active ({', '.join(d.driver_id for d in active) or 'none'}); "
+              f"{report.leased} item(s) leased; {report.expired_lease_items} re-leased after a lease "
+              "expired (each may have been called twice)", flush=True)
     if snap.unresolved_submission is not None:
         say(resolve_hint(snap, db) + " (while a create is in flight it is named here too: resolve only "
             "one that stays unresolved)")
@@ -101,16 +110,16 @@ def status_command(args: argparse.Namespace) -> int:
 # --- control -----------------------------------------------------------------------------
 
 
-def _check_out(out: Path, db: Path) -> None:
+def _check_out(out: Path, db: RunDb) -> None:
     if out.exists() and not out.is_file():
         raise UsageError(f"{out}: not a regular file")
     if not out.parent.is_dir():
         raise UsageError(f"{out}: the directory {out.parent} does not exist")
-    if out.exists() and out.samefile(db):
+    if db.samefile(out):
         raise UsageError(f"{out} is the run database; choose another path")
 
 
-def _plan_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> None:
+def _plan_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> None:
     """The checks that need the stored run; :class:`UsageError` otherwise."""
     if args.runs_command == "export":
         _check_out(Path(args.out), db)
@@ -123,7 +132,7 @@ def _plan_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> None
         )
 
 
-async def _open_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> Run:
+async def _open_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> Run:
     base_url: str | None = getattr(args, "base_url", None)  # only `cancel` has the endpoint flags
     # The key --api-key-env names, for any endpoint; without it only OpenAI's API gets OPENAI_API_KEY.
     key = api_key_from(args.api_key_env) if base_url is not None else None
@@ -132,11 +141,11 @@ async def _open_control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -
     if snap.mode == "provider-batch":
         batch = ProviderBatchConfig(request_timeout=getattr(args, "request_timeout", None) or 120.0)
     # The stored identity and mode: open_run refuses any other. The run exists (stored_snapshot).
-    return await open_run(db, snap.run_id, strategy, None, mode=snap.mode, identity=snap.identity,
+    return await open_run(db.target, snap.run_id, strategy, None, mode=snap.mode, identity=snap.identity,
                           batch=batch)
 
 
-async def _control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> list[str]:
+async def _control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> list[str]:
     """Do it; the lines to print."""
     command = args.runs_command
     async with await _open_control(args, db, snap) as run:
@@ -166,7 +175,7 @@ async def _control(args: argparse.Namespace, db: Path, snap: RunSnapshot) -> lis
 
 
 def control_command(args: argparse.Namespace) -> int:
-    db = Path(args.db)
+    db = RunDb.of(args.db)
     try:
         snap = stored_snapshot(db, args.run_id)
         _plan_control(args, db, snap)

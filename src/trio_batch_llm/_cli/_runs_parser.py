@@ -65,7 +65,7 @@ def _control(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """``DB RUN_ID`` (every subcommand) and ``--backend`` (those that run an event loop)."""
     target = argparse.ArgumentParser(add_help=False)
-    target.add_argument("db", metavar="DB", help="the SQLite database holding the run")
+    target.add_argument("db", metavar="DB", help="the run database: a SQLite file, or a postgresql:// URL")
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
@@ -78,8 +78,9 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
         help="create the run from INPUT, or continue it, and drive it",
         description="Create the run RUN_ID in DB from INPUT (.jsonl or .csv, as for `run`), or reattach "
                     "to it if DB already holds it (pass the same INPUT and --model again), and drive it "
-                    "until it ends, or for --timeout seconds. Only one process drives a run at a time; "
-                    "a start elsewhere watches and takes over if the driver dies. Ctrl+C or SIGTERM "
+                    "until it ends, or for --timeout seconds. Only one process drives a run at a time "
+                    "(a start elsewhere watches and takes over if the driver dies), unless every start "
+                    "passes --lease-seconds: then they all drive it together. Ctrl+C or SIGTERM "
                     "stops driving at once, as --timeout does: the run stays as it was, and the next "
                     "start continues it. Exit status: 0 completed and every item succeeded; 1 completed "
                     "with failed items, failed or cancelled; 2 bad usage or input; 3 --timeout reached "
@@ -98,6 +99,10 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
     live.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
     live.add_argument("--attempt-timeout", type=positive_float, metavar="S",
                       help="seconds one attempt may take (default 120)")
+    live.add_argument("--lease-seconds", type=positive_float, metavar="S",
+                      help="drive beside other processes: lease slices of items, renewed every S/3 s; "
+                           "a driver silent for S s loses its items to the others (its calls in flight "
+                           "may run twice; results stay exactly-once). 30 is a sound start")
     live.add_argument("--max-attempts", type=positive_int, metavar="N",
                       help="attempts per item before it fails, rate-limit retries not counted (default 3)")
     batch = start.add_argument_group("provider-batch mode")
@@ -126,7 +131,7 @@ def add_runs_parser(sub: Any) -> None:
     _add_start(group, target, backend)
 
     listing = group.add_parser("list", help="one line per run in DB (read-only; works while runs are driven)")
-    listing.add_argument("db", metavar="DB", help="the SQLite database holding the runs")
+    listing.add_argument("db", metavar="DB", help="the run database: a SQLite file, or a postgresql:// URL")
     listing.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
     listing.set_defaults(handler=_list)
 

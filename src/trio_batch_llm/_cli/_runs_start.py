@@ -59,13 +59,18 @@ from ._render import (
 )
 from ._request_flags import REQUEST_FLAGS
 from ._run import plan_run
+from ._runs_db import RunDb
 from ._runs_ops import check_db_path
+
+# Stands in for --out when the database is a PostgreSQL URL: plan_run checks it and never opens it.
+_NO_OUT_FILE: Final = "/nonexistent-out-of-a-postgresql-run"
 
 __all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
 
 EXIT_TIMED_OUT: Final = 3
 _PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is not terminal
 _LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
+                      "lease_seconds": "--lease-seconds",
                       "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts"}
 _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--enqueued-token-limit",
                        "poll_interval": "--poll-interval", "request_timeout": "--request-timeout"}
@@ -74,7 +79,7 @@ _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--
 @final
 @dataclass(frozen=True, slots=True)
 class StartPlan:
-    db: Path
+    db: RunDb
     run_id: str
     source: list[tuple[str, str, Any]]
     strategy: LLMCallStrategy[str]
@@ -83,18 +88,19 @@ class StartPlan:
     mode: str
     batch: ProviderBatchConfig | None
     timeout: float | None
+    lease_seconds: float | None
     backend: str
     existing: RunSnapshot | None
     command: str
     """This command line again: what continues the run."""
 
 
-def _existing(db: Path, run_id: str) -> RunSnapshot | None:
+def _existing(db: RunDb, run_id: str) -> RunSnapshot | None:
     """The stored run, or ``None`` if there is none yet (or the file cannot tell: open_run will)."""
     if not db.exists():
         return None
     try:
-        return read_run_snapshot(db, run_id)
+        return read_run_snapshot(db.target, run_id)
     except (RunStateError, ArtifactStoreError):
         return None
 
@@ -122,16 +128,17 @@ def _check_matches(snap: RunSnapshot, args: argparse.Namespace, identity: Artifa
 
 def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
     """Everything ``start`` needs, checked; :class:`UsageError` or :class:`InputError` otherwise."""
-    db, source = Path(args.db), Path(args.input)
+    db, source = RunDb.of(args.db), Path(args.input)
     check_db_path(db)
-    if db.exists() and source.exists() and db.samefile(source):
+    if db.samefile(source):
         raise UsageError(f"{db} is the input file; the database needs a path of its own")
     _refuse_other_mode_flags(args)
     # `run`'s checks and construction, reused as they are: the database stands where `run`'s
     # --out would, with resume=True so an existing file is accepted; check_db_path above has
     # already refused every path plan_run's --out checks would.
     checked = plan_run(argparse.Namespace(
-        input=args.input, out=str(db), resume=True, model=args.model, base_url=args.base_url,
+        input=args.input, out=str(db.path or _NO_OUT_FILE), resume=True, model=args.model,
+        base_url=args.base_url,
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
         progress=False, max_attempts=args.max_attempts, system=args.system, temperature=args.temperature,
@@ -153,7 +160,8 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         db=db, run_id=args.run_id,
         source=[(record.item_id, record.prompt, record.context) for record in iter_input(checked.source)],
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
-        timeout=args.timeout, backend=args.backend, existing=existing, command=shown_command(argv),
+        timeout=args.timeout, lease_seconds=args.lease_seconds, backend=args.backend, existing=existing,
+        command=shown_command(argv),
     )
 
 
@@ -194,8 +202,9 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
         async with anyio.create_task_group() as group:
             if signals is not None:
                 group.start_soon(outcome.watch_signals, signals, drive, name="signal watcher")
-            run = await open_run(plan.db, plan.run_id, plan.strategy, plan.source, config=plan.config,
-                                 mode=plan.mode, identity=plan.identity, batch=plan.batch)
+            run = await open_run(plan.db.target, plan.run_id, plan.strategy, plan.source, config=plan.config,
+                                 mode=plan.mode, identity=plan.identity, batch=plan.batch,
+                                 lease_seconds=plan.lease_seconds)
             async with run:
                 outcome.opened = True
                 group.start_soon(_report_progress, run, name="progress lines")
@@ -256,7 +265,7 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return EXIT_USAGE
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
         try:
-            outcome.snapshot = read_run_snapshot(plan.db, plan.run_id)
+            outcome.snapshot = read_run_snapshot(plan.db.target, plan.run_id)
         except BatchLLMError:
             return EXIT_FAILED
     return _report(plan, outcome)

@@ -17,10 +17,12 @@ from ._schema import RunSourceError as RunSourceError
 from ._schema import RunStateError as RunStateError
 from ._schema import RunTermination as RunTermination
 from ._schema import SourceCheckpoint as SourceCheckpoint
+from .repository._postgres import PostgresRunRepository as PostgresRunRepository
 from .repository._protocol import RunRepository as RunRepository
 from .repository._sqlite import SqliteRunRepository as SqliteRunRepository
 
 __all__ = [
+    "PostgresRunRepository",
     "ProviderBatchConfig",
     "Run",
     "RunRepository",

@@ -1,5 +1,8 @@
 """One *drive segment* of a live run: a streaming ParallelBatchProcessor fed from the run.
 
+Over 400 lines because one segment has two feeders (alone, and beside other drivers under a
+lease) that share its recorder, watcher and stop handling; split apart they would drift.
+
 A segment runs while its process holds the run's claim, inside the caller's
 ``wait()`` (which owns every task here). Three tasks:
 
@@ -49,7 +52,7 @@ from .._values._errors import (
 from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination, WorkItemResult
 from ._ingest import Ingestor, decode_context
-from ._schema import NewResult, RunSnapshot, RunSourceError, RunTermination
+from ._schema import LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
 from .repository._client import RepositoryClient
 
 __all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
@@ -73,6 +76,7 @@ class Segment:
         self.failure: BaseException | None = None
         self.failure_kind = "error"
         self.progress = 0
+        self.leased = 0  # items this segment leased (many drivers per run)
         self._listeners: list[Callable[[], None]] = []
         self._proc: ParallelBatchProcessor[Any] | None = None
         self._scope: anyio.CancelScope | None = None
@@ -179,17 +183,26 @@ class SegmentDriver(DriverBase):
         config: ProcessorConfig,
         ingestor: Ingestor | None,
         poll_interval: float,
+        lease_seconds: float | None = None,
     ) -> None:
         super().__init__(db=db, run_id=run_id, config=config, ingestor=ingestor, poll_interval=poll_interval)
         self._strategy = strategy
+        self.lease_seconds = lease_seconds
 
-    async def drive(self, seg: Segment, snap: RunSnapshot, deadline: float) -> None:
+    async def drive(self, seg: Segment, snap: RunSnapshot, deadline: float, *,
+                    lease: int | None = None, ingest: bool = True) -> None:
         """Run one segment of a ``running`` run; afterwards the stored status says how it ended.
+
+        With ``lease`` (a token of ``open_lease``: many drivers share the run)
+        the segment feeds only items it leased, records under the lease, and
+        ingests only if ``ingest`` (this process holds the run's claim).
 
         Raises what failed the run (after storing ``failed``); a cancellation
         (``wait()``'s deadline, or the caller) leaves the status ``running``.
         """
-        await self._prepare_ingestion(snap)
+        ingest = ingest and not snap.checkpoint.exhausted
+        if lease is None or ingest:
+            await self._prepare_ingestion(snap)
         config = self._segment_config(snap)
         if config is None:
             budget = self._config.guardrails.max_total_tokens
@@ -202,14 +215,25 @@ class SegmentDriver(DriverBase):
                     proc.start()
                     async with anyio.create_task_group() as tg:
                         seg.bind(proc, tg.cancel_scope)
-                        tg.start_soon(self._feed, seg, proc, snap.checkpoint.exhausted)
+                        if lease is None:
+                            tg.start_soon(self._feed, seg, proc, snap.checkpoint.exhausted)
+                        else:
+                            tg.start_soon(self._feed_leased, seg, proc, lease, ingest)
+                            tg.start_soon(self._heartbeat, seg, lease)
                         tg.start_soon(self._watch, seg)
-                        await self._record(seg, proc)
+                        await self._record(seg, proc, lease)
                         tg.cancel_scope.cancel("segment finished")
         except Exception as exc:
+            lost = _lost_database(exc) if lease is not None else None
+            if lost is not None:
+                # Shared run: this driver lost the database (down, cut off). The run is not
+                # failed: other drivers go on, and wait() may be called again.
+                raise lost from None if lost is not exc else exc.__cause__
             await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
             raise
-        await self._conclude(seg, proc.termination)
+        if lease is not None and isinstance(seg.failure, ArtifactStoreError):
+            raise seg.failure
+        await self._conclude(seg, proc.termination, shared=lease is not None)
 
     def _segment_config(self, snap: RunSnapshot) -> ProcessorConfig | None:
         config = self._config
@@ -229,7 +253,7 @@ class SegmentDriver(DriverBase):
             config = dataclasses.replace(config, guardrails=guardrails)
         return config
 
-    async def _conclude(self, seg: Segment, termination: BatchTermination) -> None:
+    async def _conclude(self, seg: Segment, termination: BatchTermination, *, shared: bool = False) -> None:
         if seg.stop is not None:
             await anyio.lowlevel.checkpoint()
             return  # paused or cancelled: the status was stored by whoever asked
@@ -240,7 +264,7 @@ class SegmentDriver(DriverBase):
             await self._fail(RunTermination(termination.kind, termination.reason))
             return
         completed, snap = await self._db.call(self._repo.complete, self._run_id)
-        if not completed and snap.status == "running" and seg.progress == 0:
+        if not completed and snap.status == "running" and seg.progress == 0 and not shared:
             # Defensive: a segment that neither ingested nor recorded anything would loop forever.
             raise RuntimeError(
                 f"run {self._run_id!r}: a drive segment made no progress "
@@ -286,7 +310,7 @@ class SegmentDriver(DriverBase):
                 finally:
                     tg.cancel_scope.cancel("ingestion stopped")
 
-    async def _record(self, seg: Segment, proc: ParallelBatchProcessor[Any]) -> None:
+    async def _record(self, seg: Segment, proc: ParallelBatchProcessor[Any], lease: int | None) -> None:
         await anyio.lowlevel.checkpoint()
         group: list[NewResult] = []
         try:
@@ -294,7 +318,7 @@ class SegmentDriver(DriverBase):
                 if result.error_category not in _NOT_TERMINAL:
                     group.append(encode_new_result(result, self._repo.location))
                 if group and (len(group) >= _RECORD_GROUP or proc.results_statistics().queued == 0):
-                    await self._flush(seg, group)
+                    await self._flush(seg, group, lease)
                     group = []
         except BatchInterruptedError:
             # After request_stop() the workers may drain, and the stream finalize, before the
@@ -304,12 +328,128 @@ class SegmentDriver(DriverBase):
             if seg.stop is None:
                 raise
         if group:
-            await self._flush(seg, group)
+            await self._flush(seg, group, lease)
 
-    async def _flush(self, seg: Segment, group: list[NewResult]) -> None:
-        snapshot = await self._db.call(self._repo.record, self._run_id, group)
+    async def _flush(self, seg: Segment, group: list[NewResult], lease: int | None) -> None:
+        if lease is None:
+            snapshot = await self._db.call(self._repo.record, self._run_id, group)
+        else:
+            try:
+                snapshot = await self._db.call(self._repo.record, self._run_id, group, lease=lease)
+            except LeaseLostError as exc:
+                # Our lease expired (we were frozen, or cut off): these items belong to another
+                # driver now, and so do the calls still in flight here. Drop them and stop.
+                seg.request("detached", str(exc))
+                await anyio.lowlevel.checkpoint()
+                return
+            except ArtifactStoreError as exc:  # the database is unreachable: drive() raises it
+                seg.fail(exc, "error")
+                seg.request("detached", str(exc))
+                await anyio.lowlevel.checkpoint()
+                return
         seg.progress += len(group)
         seg.observe(snapshot)
+
+    # --- with leases (many drivers on one run) -------------------------------------
+
+    async def _feed_leased(self, seg: Segment, proc: ParallelBatchProcessor[Any], lease: int,
+                           ingest: bool) -> None:
+        """Feed the items this driver leases, slice by slice, until none is left to lease now.
+
+        With ``ingest`` the source is ingested alongside (committed slices become pending and
+        are leased like any other). Without it, a run whose ingestion is incomplete ends the
+        segment once nothing is pending: the next segment tries for the ingestion claim again
+        (the ingesting process may have died)."""
+        wake = _Wake()
+        page_size = max(self._config.workers, 8)
+        try:
+            with seg.feeder_scope, unwrap_group():
+                async with anyio.create_task_group() as tg:
+                    if ingest:
+                        assert self._ingestor is not None
+                        tg.start_soon(self._ingest_only, seg, self._ingestor, wake)
+                    while True:
+                        waiting = wake.event
+                        page = await self._db.call(self._repo.lease_items, self._run_id, lease,
+                                                   limit=page_size)
+                        seg.leased += len(page)
+                        for pending in page:
+                            context = decode_context(pending.context_json)
+                            await proc.add_work(LLMWorkItem(pending.item_id, self._strategy, pending.prompt,
+                                                            context))
+                        if page:
+                            continue
+                        if not ingest or wake.ingestion_over:
+                            break
+                        await waiting.wait()
+                    tg.cancel_scope.cancel("nothing left to lease")
+        except AdmissionClosedError:
+            pass  # a stop was requested; what was not fed goes back when the lease closes
+        except LeaseLostError as exc:
+            seg.request("detached", str(exc))
+        except ArtifactStoreError as exc:  # the database is unreachable: raised by drive(), not stored
+            seg.fail(exc, "error")
+            seg.request("detached", str(exc))
+        await proc.finish()
+
+    async def _ingest_only(self, seg: Segment, ingestor: Ingestor, wake: _Wake) -> None:
+        """Commit the source slice by slice (each slice pending, for any driver to lease)."""
+        try:
+            with unwrap_group():
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ingestor.read_ahead, name="run source reader")
+                    try:
+                        while (items := await ingestor.next_slice()) is not None:
+                            seg.progress += len(items)
+                            wake.set()
+                    finally:
+                        tg.cancel_scope.cancel("ingestion stopped")
+        except ArtifactStoreError as exc:
+            seg.fail(exc, "error")
+        except Exception as exc:  # noqa: BLE001 - a bad entry or a failing source fails the run, drained
+            seg.fail(exc, "ingestion_failed")
+        wake.ingestion_over = True
+        wake.set()
+        await anyio.lowlevel.checkpoint()
+
+    async def _heartbeat(self, seg: Segment, lease: int) -> None:
+        """Renew the lease every third of its length; a lease found dead stops the segment."""
+        assert self.lease_seconds is not None
+        while True:
+            await anyio.sleep(self.lease_seconds / 3)
+            try:
+                alive = await self._db.call(self._repo.renew_lease, self._run_id, lease)
+            except ArtifactStoreError as exc:  # the database is unreachable: drive() raises it
+                seg.fail(exc, "error")
+                alive = False
+            if not alive:
+                seg.request("detached", f"run {self._run_id!r}: lease {lease} could not be renewed")
+                return
+
+
+def _lost_database(exc: Exception) -> ArtifactStoreError | None:
+    """``exc`` if it (or every exception of its group) is an ArtifactStoreError: the first one."""
+    if isinstance(exc, ArtifactStoreError):
+        return exc
+    if isinstance(exc, ExceptionGroup):
+        matched, rest = exc.split(ArtifactStoreError)
+        if matched is not None and rest is None:
+            first = matched.exceptions[0]
+            return _lost_database(first) if isinstance(first, Exception) else None
+    return None
+
+
+@final
+class _Wake:
+    """The feeder's wake-up: set after each ingested slice, and when ingestion is over."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.ingestion_over = False
+
+    def set(self) -> None:
+        self.event.set()
+        self.event = anyio.Event()
 
 
 def encode_new_result(result: WorkItemResult[Any], location: str) -> NewResult:

@@ -58,6 +58,7 @@ async def open_run(
     slice_items: int = 256,
     slice_seconds: float = 1.0,
     batch: ProviderBatchConfig | None = None,
+    lease_seconds: float | None = None,
 ) -> Run:
     """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
 
@@ -75,6 +76,17 @@ async def open_run(
     ``slice_items`` entries, and waits at most ``slice_seconds`` after a
     slice's first entry. Status polls happen every ``poll_interval`` seconds.
     The handle is an async context manager; or call ``aclose()``.
+
+    ``lease_seconds`` (live mode) lets many processes drive the run at once,
+    on one machine or many (PostgreSQL; SQLite on one machine): each
+    ``wait()`` leases slices of pending items for itself and renews its lease
+    every ``lease_seconds / 3``; a lease not renewed for ``lease_seconds``
+    (its process killed, frozen or cut off) expires, its items go to the other
+    drivers, and its late results are refused. Results stay exactly-once; a
+    call whose lease expired mid-call may be made twice (counted in ``runs
+    status`` as ``reexecuted_after_lease_expiry``). Choose it well above the
+    longest pause a healthy process may have (30 s is a sound start). ``None``
+    (the default): one driver at a time, the others wait.
 
     ``mode="provider-batch"`` sends the items through the provider's Batch API
     (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then offer
@@ -112,6 +124,11 @@ async def open_run(
             "is not used by runs: bound a run's time with run.wait(timeout=...)",
         )
     _positive("poll_interval", poll_interval)
+    if lease_seconds is not None:
+        _positive("lease_seconds", lease_seconds)
+        if mode == "provider-batch":
+            raise ConfigurationError("lease_seconds", lease_seconds,
+                                     "is for live runs: a provider-batch run keeps one submitter at a time")
     _positive("slice_items", slice_items, whole=True)
     _positive("slice_seconds", slice_seconds)
     if identity is None:  # the store's own, else inferred (the strategy's provider, model and settings)
@@ -143,7 +160,7 @@ async def open_run(
     else:
         driver = SegmentDriver(
             db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor,
-            poll_interval=poll_interval,
+            poll_interval=poll_interval, lease_seconds=lease_seconds,
         )
     return Run(db=db, run_id=run_id, driver=driver, poll_interval=poll_interval)
 

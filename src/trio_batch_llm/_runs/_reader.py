@@ -17,6 +17,7 @@ import anyio
 from .._values._results import WorkItemResult
 from ._schema import RunResult, RunSnapshot, StoredResult
 from .repository._client import RepositoryClient
+from .repository._leases import LeaseReport
 from .repository._locate import repository_at
 from .repository._protocol import RunRepository
 
@@ -63,6 +64,17 @@ def read_run_snapshot(path: str | os.PathLike[str], run_id: str) -> RunSnapshot:
     repository.open()
     try:
         return repository.snapshot(run_id)
+    finally:
+        repository.close()
+
+
+def read_lease_report(path: str | os.PathLike[str], run_id: str) -> LeaseReport:
+    """The drivers of ``run_id`` and its count of items re-leased after an expiry (blocking; read-only)."""
+    repository = repository_at(path, read_only=True)
+    repository.open()
+    try:
+        repository.snapshot(run_id)  # "no run named ..." for a mistyped id
+        return repository.lease_report(run_id)
     finally:
         repository.close()
 

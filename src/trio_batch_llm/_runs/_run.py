@@ -17,6 +17,8 @@ finish and are recorded.
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 from types import TracebackType
 from typing import Any, Self, final
 
@@ -54,6 +56,10 @@ class Run:
         self._segment: Segment | None = None
         self._changed = anyio.Event()
         self._closed = False
+        # Many drivers per run (a live run opened with lease_seconds): this handle's lease, while a
+        # wait() drives; the driver id names this process in `runs status`.
+        self._lease: int | None = None
+        self.driver_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
     def __repr__(self) -> str:
         return f"Run({self._run_id!r}, store={self._repo.location!r})"
@@ -85,6 +91,7 @@ class Run:
             segment.request("detached", "run handle closed")
             with anyio.CancelScope(shield=True):
                 await segment.ended.wait()
+        await self._close_lease()
         await self._db.aclose()
 
     def _check_open(self) -> None:
@@ -265,9 +272,21 @@ class Run:
         """
         self._check_open()
         deadline = deadline_after(timeout)
-        with unwrap_group(), anyio.CancelScope(deadline=deadline):
-            return await self._wait_terminal(deadline)
+        try:
+            with unwrap_group(), anyio.CancelScope(deadline=deadline):
+                return await self._wait_terminal(deadline)
+        finally:
+            await self._close_lease()
         raise TimeoutError(f"run {self._run_id!r} was not terminal after {timeout} s")
+
+    async def _close_lease(self, *, count_returned: bool = False) -> None:
+        """Give back this handle's lease (its unrecorded items go back to pending)."""
+        lease, self._lease = self._lease, None
+        if lease is None or self._db.closed:
+            await anyio.lowlevel.checkpoint()
+            return
+        with anyio.CancelScope(shield=True):  # bounded: one repository call
+            await self._db.call(self._repo.close_lease, self._run_id, lease, count_returned=count_returned)
 
     async def _wait_terminal(self, deadline: float) -> RunSnapshot:
         while True:
@@ -283,6 +302,9 @@ class Run:
 
     async def _drive_once(self, deadline: float) -> bool:
         """Claim and drive one segment; ``False`` if another driver holds the claim."""
+        driver = self._driver
+        if isinstance(driver, SegmentDriver) and driver.lease_seconds is not None:
+            return await self._drive_shared(driver, driver.lease_seconds, deadline)
         segment = self._segment = Segment()
         claimed = False
         try:
@@ -303,3 +325,37 @@ class Run:
             segment.ended.set()
             if claimed:
                 self._notify()  # other wait() calls on this handle look again
+
+    async def _drive_shared(self, driver: SegmentDriver, lease_seconds: float, deadline: float) -> bool:
+        """Drive one segment beside other drivers, under this handle's lease; ``False`` if it
+        made no progress (nothing to lease now: the caller waits a poll interval)."""
+        segment = self._segment = Segment()
+        try:
+            lease = self._lease
+            if lease is None or not await self._db.call(self._repo.renew_lease, self._run_id, lease):
+                self._lease = await self._db.call(
+                    self._repo.open_lease, self._run_id, self.driver_id, lease_seconds=lease_seconds
+                )
+            # The claim, held by one process at a time, is now the right to ingest the source.
+            ingest = await self._db.call(self._repo.try_claim, self._run_id)
+            clean = False
+            try:
+                snap = await self._db.call(self._repo.snapshot, self._run_id)
+                if snap.status == "running":
+                    await driver.drive(segment, snap, deadline, lease=self._lease, ingest=ingest)
+                clean = segment.stop in (None, "paused")
+            finally:
+                with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor or lock
+                    if ingest and not self._db.closed:
+                        await self._db.call(self._repo.release, self._run_id)
+                if segment.leased:
+                    # What it leased and did not record goes back now; the next segment opens a new
+                    # lease (idle segments lease nothing and keep theirs). After a pause or a normal
+                    # end those items were never called; after anything else they may have been.
+                    await self._close_lease(count_returned=not clean)
+            return segment.progress > 0
+        finally:
+            self._segment = None
+            segment.ended.set()
+            if segment.progress:
+                self._notify()

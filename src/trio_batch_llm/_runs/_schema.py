@@ -26,6 +26,7 @@ from .._values._urls import redact_urls
 
 __all__ = [
     "LIVE_SUBMISSION_STATES",
+    "LeaseLostError",
     "TERMINAL_STATUSES",
     "UNRESOLVED_SUBMISSION_STATES",
     "NewItem",
@@ -57,6 +58,10 @@ LIVE_SUBMISSION_STATES: Final[frozenset[str]] = frozenset({"reserved", "creating
 """States that hold their items (``batched``) and their tokens of the scope's capacity."""
 UNRESOLVED_SUBMISSION_STATES: Final[frozenset[str]] = frozenset({"creating", "unknown"})
 """A create call may have been sent but no batch id is known: reconcile before anything else."""
+
+
+class LeaseLostError(RunStateError):
+    """A driver's lease on a run's items has expired or ended: its results are refused."""
 
 
 @final

@@ -2,8 +2,9 @@
 
 ``open_run(store, ...)`` and the offline readers (``read_run_snapshot``,
 ``list_runs``, ``iter_run_results``) take a store as a user names it: a
-database path, a :class:`SqliteArtifactStore` (its file: the runs get tables
-of their own there), or a ready :class:`RunRepository`, used as it is.
+database path, a ``postgresql://`` URL (:class:`PostgresRunRepository`), a
+:class:`SqliteArtifactStore` (its file: the runs get tables of their own
+there), or a ready :class:`RunRepository`, used as it is.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import os
 
 from ..._artifacts._sqlite import SqliteArtifactStore
 from ..._values._config import ArtifactIdentity
+from ._postgres import PostgresRunRepository, is_postgres_url
 from ._protocol import RunRepository
 from ._sqlite import SqliteRunRepository
 
-__all__ = ["RunStore", "repository_at"]
+__all__ = ["RunStore", "describe_store", "repository_at"]
 
 RunStore = str | os.PathLike[str] | SqliteArtifactStore | RunRepository
 
@@ -26,8 +28,19 @@ def repository_at(
     """The repository of ``store`` (not opened); ``identity`` goes into a file this creates."""
     if isinstance(store, SqliteArtifactStore):
         return SqliteRunRepository(store.path, identity=identity, read_only=read_only)
+    if is_postgres_url(store):
+        assert isinstance(store, str)
+        return PostgresRunRepository(store, read_only=read_only)
     if isinstance(store, (str, os.PathLike)):
         return SqliteRunRepository(store, identity=identity, read_only=read_only)
     if isinstance(store, RunRepository):
         return store
-    raise TypeError(f"store={store!r}: must be a path, a SqliteArtifactStore or a RunRepository")
+    raise TypeError(f"store={describe_store(store)}: must be a path, a postgresql:// URL, "
+                    "a SqliteArtifactStore or a RunRepository")
+
+
+def describe_store(store: object) -> str:
+    """``store`` for a message: a URL without its credentials."""
+    from ..._values._urls import redact_url
+
+    return redact_url(store) if isinstance(store, str) else repr(store)

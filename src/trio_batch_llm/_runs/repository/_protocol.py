@@ -14,8 +14,11 @@ later, in ``_postgres.py``) has to provide:
 * ``transition`` is a compare-and-set on the status; ``complete`` succeeds only
   when the source is exhausted and nothing is pending;
 * ``try_claim``/``release`` give one process at a time the right to drive a
-  run; the claim must die with its process (SQLite: ``flock`` on a lock file,
-  :mod:`._file_claims`; PostgreSQL: a session advisory lock).
+  run exclusively (provider-batch mode) or to ingest its source (live mode
+  with leases); the claim must die with its process (SQLite: ``flock`` on a
+  lock file, :mod:`._file_claims`; PostgreSQL: a session advisory lock);
+* ``open_lease``/``lease_items``/``renew_lease``/``close_lease`` and
+  ``record(..., lease=)`` let many drivers share a live run (:mod:`._leases`).
 
 Sequences must become visible to readers in order (a reader that saw ``n``
 never later sees a new result numbered below ``n``); SQLite's single writer
@@ -56,6 +59,7 @@ from .._schema import (
     SubmissionRecord,
     SubmissionState,
 )
+from ._leases import LeaseReport
 
 __all__ = ["RunRepository"]
 
@@ -102,9 +106,30 @@ class RunRepository(Protocol):
     def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[PendingItem]:
         """Pending items in ingestion order, after ``after_ingest_seq``."""
 
-    def record(self, run_id: str, results: Sequence[NewResult]) -> RunSnapshot:
+    def record(self, run_id: str, results: Sequence[NewResult], *, lease: int | None = None) -> RunSnapshot:
         """Mark the items done and append their results in order, in one transaction;
-        results for items that are not pending are skipped."""
+        results for items that are not pending are skipped. With ``lease`` (a token of
+        :meth:`open_lease`): only items leased under it, and only while it is alive
+        (else LeaseLostError, nothing written), checked in the same transaction."""
+
+    # -- leases: many drivers per run (see ._leases) ---------------------------------
+
+    def open_lease(self, run_id: str, driver_id: str, *, lease_seconds: float) -> int:
+        """A new lease (alive for ``lease_seconds`` from now); its fencing token, never reused."""
+
+    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
+        """Expire the run's dead leases (their items back to pending, counted), then lease up to
+        ``limit`` pending items under ``lease``; LeaseLostError if ``lease`` is dead."""
+
+    def renew_lease(self, run_id: str, lease: int) -> bool:
+        """The heartbeat: extend a live lease; False if it is dead (it never comes back)."""
+
+    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
+        """End the lease; its items without a result go back to pending. How many.
+        ``count_returned``: they may have been called (counted as after an expiry)."""
+
+    def lease_report(self, run_id: str) -> LeaseReport:
+        """The run's drivers (newest 100 leases), its count of items re-leased after an expiry."""
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]: ...
 

@@ -1,6 +1,8 @@
 """``SqliteRunRepository``: run state in the tables ``runs``, ``run_items``, ``run_results``
 and ``run_submissions`` (:mod:`._sqlite_tables`), one file per store.
 
+Over 400 lines because it implements the whole RunRepository protocol, one short method per call.
+
 The tables live in the same database file as a :class:`SqliteArtifactStore`
 (the file keeps the artifact store's ``application_id`` and header, so either
 can be opened first). Synchronous and blocking: the async side calls it from
@@ -27,7 +29,8 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Final, Literal, final
 
@@ -50,8 +53,10 @@ from .._schema import (
     SubmissionRecord,
     SubmissionState,
 )
+from . import _leases as leases
 from . import _sqlite_writes as writes
 from ._file_claims import FileClaims
+from ._leases import SQLITE, LeaseReport
 from ._sqlite_tables import (
     ALL_SUBMISSION_STATES,
     SNAPSHOT,
@@ -90,6 +95,7 @@ class SqliteRunRepository:
         read_only: bool = False,
         fsync: bool = False,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._path = Path(path)
         self._file = SqliteFile(self._path, busy_timeout=check_busy_timeout(busy_timeout), fsync=fsync)
@@ -100,6 +106,7 @@ class SqliteRunRepository:
         # False only for a read-only open of a version-1 file (it cannot be migrated from here).
         self._has_submissions = True
         self._claims = FileClaims(Path(f"{self._path}.run-locks"))
+        self._clock = clock  # seconds; every lease expiry is decided by it (a test injects a fake)
 
     @property
     def path(self) -> Path:
@@ -262,10 +269,42 @@ class SqliteRunRepository:
             ).fetchall()
         return [PendingItem(*row) for row in rows]
 
-    def record(self, run_id: str, results: Sequence[NewResult]) -> RunSnapshot:
+    def record(self, run_id: str, results: Sequence[NewResult], *, lease: int | None = None) -> RunSnapshot:
         with self._write(f"recording {len(results)} result(s) of run {run_id!r}") as conn:
-            writes.mark_done(conn, run_id, results, submission=None)
+            if lease is not None:
+                leases.check_lease(conn, SQLITE, run_id, lease, now=self._clock())
+            recorded = writes.mark_done(conn, run_id, results, submission=None, lease=lease)
+            if lease is not None and recorded:
+                leases.count_done(conn, SQLITE, run_id, lease, recorded)
             return self._row(conn, run_id)
+
+    # -- leases (many drivers per run: :mod:`._leases`) ---------------------------
+
+    def open_lease(self, run_id: str, driver_id: str, *, lease_seconds: float) -> int:
+        with self._write(f"opening a lease on run {run_id!r}") as conn:
+            return leases.open_lease(conn, SQLITE, str(self._path), run_id, driver_id,
+                                     lease_seconds=lease_seconds, now=self._clock())
+
+    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
+        with self._write(f"leasing items of run {run_id!r}") as conn:
+            return leases.lease_items(conn, SQLITE, str(self._path), run_id, lease, limit=limit,
+                                      now=self._clock())
+
+    def renew_lease(self, run_id: str, lease: int) -> bool:
+        with self._write(f"renewing a lease on run {run_id!r}") as conn:
+            return leases.renew_lease(conn, SQLITE, run_id, lease, now=self._clock())
+
+    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
+        with self._write(f"closing a lease on run {run_id!r}") as conn:
+            return leases.close_lease(conn, SQLITE, str(self._path), run_id, lease,
+                                      count_returned=count_returned)
+
+    def lease_report(self, run_id: str) -> LeaseReport:
+        conn = self._require()
+        with self._errors(f"reading the drivers of run {run_id!r}"):
+            if "lease_token" not in columns(conn, "run_items"):
+                return LeaseReport((), 0, 0)  # a read-only open of a file from before leases
+            return leases.report(conn, SQLITE, run_id)
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
         conn = self._require()

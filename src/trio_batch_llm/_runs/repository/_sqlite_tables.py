@@ -3,6 +3,8 @@
 Shared by :class:`SqliteRunRepository` (which owns the connection and the
 transactions); nothing here opens or commits anything.
 
+Schema version 3 added leases (``run_drivers``, ``lease_token`` on
+``run_items``, ``lease_counter``/``expired_lease_items`` on ``runs``).
 Schema version 2 added provider-batch submissions (``run_submissions``, and
 ``attempts``/``submission`` on ``run_items``). :func:`migrate` brings a
 version-1 file to it in place, inside the writer's opening transaction
@@ -28,6 +30,7 @@ from .._schema import (
     RunTermination,
     SourceCheckpoint,
 )
+from ._leases import DRIVERS_TABLE_SQL
 
 __all__ = [
     "ADDED_COLUMNS",
@@ -51,7 +54,7 @@ __all__ = [
     "utc_now",
 ]
 
-RUNS_SCHEMA_VERSION: Final = 2
+RUNS_SCHEMA_VERSION: Final = 3
 
 TABLES: Final = (
     """CREATE TABLE IF NOT EXISTS runs (
@@ -116,11 +119,16 @@ TABLES: Final = (
         created_at TEXT NOT NULL,
         updated_at TEXT NOT NULL
     )""",
+    DRIVERS_TABLE_SQL,
 )
 # Version 1 -> 2: columns a version-1 run_items lacks (CREATE TABLE IF NOT EXISTS keeps the old table).
 ADDED_COLUMNS: Final = (
     ("run_items", "attempts", "INTEGER NOT NULL DEFAULT 0"),
     ("run_items", "submission", "TEXT"),
+    # Version 2 -> 3: leases (many drivers per run, :mod:`._leases`).
+    ("run_items", "lease_token", "INTEGER"),
+    ("runs", "lease_counter", "INTEGER NOT NULL DEFAULT 0"),
+    ("runs", "expired_lease_items", "INTEGER NOT NULL DEFAULT 0"),
 )
 INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS run_items_by_state ON run_items (run_id, state, ingest_seq)",

@@ -62,20 +62,23 @@ def _duplicate(conn: sqlite3.Connection, run_id: str, items: Sequence[NewItem]) 
 
 
 def mark_done(conn: sqlite3.Connection, run_id: str, results: Sequence[NewResult], *,
-              submission: str | None) -> None:
-    """Mark items done and append their results with the next sequences.
+              submission: str | None, lease: int | None = None) -> int:
+    """Mark items done and append their results with the next sequences; how many were recorded.
 
-    ``submission`` None: only pending items; else only items still batched in that submission."""
-    where, extra = "state = 'pending'", list[str]()
+    ``submission`` None: only pending items (or, with ``lease``, only items leased under
+    that token); else only items still batched in that submission."""
+    where, extra = "state = 'pending'", list[str | int]()
     if submission is not None:
         where, extra = "state = 'batched' AND submission = ?", [submission]
+    elif lease is not None:
+        where, extra = "state = 'leased' AND lease_token = ?", [lease]
     (sequence,) = conn.execute("SELECT last_sequence FROM runs WHERE run_id = ?", (run_id,)).fetchone()
     done = succeeded = inp = out = total = 0
     for result in results:
         sequence_if_new = sequence + 1
         marked = conn.execute(
             "UPDATE run_items SET state = 'done', result_sequence = ?, prompt = NULL, context = NULL,"
-            f" submission = NULL WHERE run_id = ? AND item_id = ? AND {where}",
+            f" submission = NULL, lease_token = NULL WHERE run_id = ? AND item_id = ? AND {where}",
             (sequence_if_new, run_id, result.item_id, *extra),
         ).rowcount
         if not marked:
@@ -98,6 +101,7 @@ def mark_done(conn: sqlite3.Connection, run_id: str, results: Sequence[NewResult
         " total_tokens = total_tokens + ?, last_sequence = ?, updated_at = ? WHERE run_id = ?",
         (done, succeeded, done - succeeded, inp, out, total, sequence, utc_now(), run_id),
     )
+    return done
 
 
 def held_tokens(conn: sqlite3.Connection, scope: str) -> int:

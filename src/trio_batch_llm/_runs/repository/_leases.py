@@ -1,0 +1,232 @@
+"""Leases: how many drivers share one live run, on SQLite and on PostgreSQL alike.
+
+A driver *opens a lease* on a run (a row of ``run_drivers``, with a fencing
+``token`` from the run's own counter, never reused) and then *leases items*:
+pending items become ``leased`` under its token. It renews the lease by
+heartbeat; a lease whose ``expires_at`` has passed is dead for good (a late
+heartbeat does not revive it). Whoever leases items next first *expires* the
+dead leases of the run: their leased items go back to ``pending`` and are
+counted in ``runs.expired_lease_items`` (each may have been called by the
+dead driver already: the at-least-once case). A result is recorded only for
+an item leased under the writer's token, while its lease is alive -- the
+check and the write are one transaction -- so a frozen driver that wakes after
+its lease expired has its results refused (:class:`LeaseLostError`).
+
+Time is the repository's ``clock`` (seconds, ``time.time`` by default; a
+test injects a fake one): every expiry decision compares the caller's now with
+the stored ``expires_at``. Across machines the clocks must agree to well
+within a lease (NTP does).
+
+Lock order, everywhere: the run's row, then driver rows, then item rows; so
+leasing, expiring and recording never deadlock against each other on
+PostgreSQL. Item leasing there uses ``FOR UPDATE SKIP LOCKED``, so drivers
+leasing at once take disjoint slices without waiting for each other; SQLite
+has one writer at a time (``BEGIN IMMEDIATE``), which gives the same.
+
+Every function runs inside its caller's write transaction (the repository
+opens and commits it); ``d`` says which SQL dialect the connection speaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, final
+
+from .._schema import LeaseLostError, PendingItem, RunStateError
+
+__all__ = [
+    "DRIVERS_TABLE_SQL", "POSTGRES", "SQLITE", "Dialect", "DriverRecord", "LeaseReport", "check_lease",
+    "close_lease", "count_done", "expire_leases", "lease_items", "open_lease", "renew_lease", "report",
+]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    mark: str  # the parameter placeholder
+    lock_run_suffix: str  # appended to SELECT … FROM runs to lock the row
+    skip_locked: str  # appended to the item lease SELECT
+
+    def sql(self, text: str) -> str:
+        return text.replace("?", self.mark)
+
+    def marks(self, n: int) -> str:
+        return ", ".join([self.mark] * n)
+
+
+SQLITE: Final = Dialect("sqlite", "?", "", "")
+POSTGRES: Final = Dialect("postgresql", "%s", " FOR UPDATE", " FOR UPDATE SKIP LOCKED")
+
+DRIVERS_TABLE_SQL: Final = """CREATE TABLE IF NOT EXISTS run_drivers (
+    run_id TEXT NOT NULL,
+    token BIGINT NOT NULL,
+    driver_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    lease_seconds DOUBLE PRECISION NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    heartbeat_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    items_done BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, token)
+)"""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class DriverRecord:
+    """One lease of a run: who (``driver_id``), its state (active/expired/stopped), its heartbeat."""
+
+    driver_id: str
+    token: int
+    state: str
+    items_done: int
+    started_at: float
+    last_heartbeat: float
+    expires_at: float
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class LeaseReport:
+    """What ``runs status`` shows of a run's drivers."""
+
+    drivers: tuple[DriverRecord, ...]
+    expired_lease_items: int
+    leased: int
+
+
+def _lock_run(conn: Any, d: Dialect, run_id: str, location: str) -> None:
+    row = conn.execute(d.sql(f"SELECT lease_counter FROM runs WHERE run_id = ?{d.lock_run_suffix}"),
+                       (run_id,)).fetchone()
+    if row is None:
+        raise RunStateError(f"{location}: no run named {run_id!r}")
+
+
+def open_lease(conn: Any, d: Dialect, location: str, run_id: str, driver_id: str, *,
+               lease_seconds: float, now: float) -> int:
+    """A new lease for ``driver_id``; its fencing token (the run's next)."""
+    _lock_run(conn, d, run_id, location)
+    conn.execute(d.sql("UPDATE runs SET lease_counter = lease_counter + 1 WHERE run_id = ?"), (run_id,))
+    (token,) = conn.execute(d.sql("SELECT lease_counter FROM runs WHERE run_id = ?"), (run_id,)).fetchone()
+    conn.execute(
+        d.sql("INSERT INTO run_drivers (run_id, token, driver_id, state, lease_seconds, started_at,"
+              " heartbeat_at, expires_at) VALUES (?, ?, ?, 'active', ?, ?, ?, ?)"),
+        (run_id, token, driver_id, lease_seconds, now, now, now + lease_seconds),
+    )
+    return int(token)
+
+
+def expire_leases(conn: Any, d: Dialect, location: str, run_id: str, *, now: float) -> int:
+    """End the run's leases past their expiry; their leased items back to pending. How many items."""
+    dead = [token for (token,) in conn.execute(
+        d.sql("SELECT token FROM run_drivers WHERE run_id = ? AND state = 'active' AND expires_at < ?"),
+        (run_id, now),
+    ).fetchall()]
+    if not dead:
+        return 0
+    _lock_run(conn, d, run_id, location)  # lock order: the run first
+    marks = d.marks(len(dead))
+    conn.execute(
+        d.sql(f"UPDATE run_drivers SET state = 'expired' WHERE run_id = ? AND state = 'active'"
+              f" AND token IN ({marks})"),
+        (run_id, *dead),
+    )
+    returned = int(conn.execute(
+        d.sql(f"UPDATE run_items SET state = 'pending', lease_token = NULL WHERE run_id = ?"
+              f" AND state = 'leased' AND lease_token IN ({marks})"),
+        (run_id, *dead),
+    ).rowcount)
+    if returned:
+        conn.execute(d.sql("UPDATE runs SET expired_lease_items = expired_lease_items + ? WHERE run_id = ?"),
+                     (returned, run_id))
+    return returned
+
+
+def check_lease(conn: Any, d: Dialect, run_id: str, token: int, *, now: float) -> None:
+    """Raise :class:`LeaseLostError` unless lease ``token`` is alive at ``now``."""
+    row = conn.execute(
+        d.sql("SELECT state, expires_at FROM run_drivers WHERE run_id = ? AND token = ?"), (run_id, token)
+    ).fetchone()
+    if row is None:
+        raise LeaseLostError(f"run {run_id!r}: no lease {token}")
+    state, expires_at = row
+    if state != "active" or expires_at < now:
+        how = "ended" if state == "stopped" else "expired"
+        raise LeaseLostError(f"run {run_id!r}: lease {token} has {how}; its results are refused")
+
+
+def lease_items(conn: Any, d: Dialect, location: str, run_id: str, token: int, *, limit: int,
+                now: float) -> list[PendingItem]:
+    """Expire dead leases, then lease up to ``limit`` pending items (ingestion order) under ``token``;
+    none unless the run is ``running``."""
+    expire_leases(conn, d, location, run_id, now=now)
+    check_lease(conn, d, run_id, token, now=now)
+    (status,) = conn.execute(d.sql("SELECT status FROM runs WHERE run_id = ?"), (run_id,)).fetchone()
+    if status != "running":
+        return []  # paused or ended: no driver takes new work, whenever it last looked at the status
+    rows = conn.execute(
+        d.sql("SELECT ingest_seq, item_id, prompt, context, attempts FROM run_items"
+              f" WHERE run_id = ? AND state = 'pending' ORDER BY ingest_seq LIMIT ?{d.skip_locked}"),
+        (run_id, limit),
+    ).fetchall()
+    items = [PendingItem(*row) for row in rows]
+    if items:
+        ids = [item.item_id for item in items]
+        conn.execute(
+            d.sql(f"UPDATE run_items SET state = 'leased', lease_token = ? WHERE run_id = ?"
+                  f" AND item_id IN ({d.marks(len(ids))})"),
+            (token, run_id, *ids),
+        )
+    return items
+
+
+def renew_lease(conn: Any, d: Dialect, run_id: str, token: int, *, now: float) -> bool:
+    """Extend a live lease by its length from ``now``; False if it is dead already (it stays dead)."""
+    return bool(conn.execute(
+        d.sql("UPDATE run_drivers SET heartbeat_at = ?, expires_at = ? + lease_seconds"
+              " WHERE run_id = ? AND token = ? AND state = 'active' AND expires_at >= ?"),
+        (now, now, run_id, token, now),
+    ).rowcount == 1)
+
+
+def close_lease(conn: Any, d: Dialect, location: str, run_id: str, token: int, *,
+                count_returned: bool = False) -> int:
+    """End the lease (its driver stops); its unrecorded items back to pending. How many.
+
+    ``count_returned``: the driver cannot vouch that none of them was called (its segment
+    was cut short), so they count in ``expired_lease_items`` like an expired lease's."""
+    _lock_run(conn, d, run_id, location)
+    conn.execute(
+        d.sql("UPDATE run_drivers SET state = 'stopped' WHERE run_id = ? AND token = ? AND state = 'active'"),
+        (run_id, token),
+    )
+    returned = int(conn.execute(
+        d.sql("UPDATE run_items SET state = 'pending', lease_token = NULL"
+              " WHERE run_id = ? AND state = 'leased' AND lease_token = ?"),
+        (run_id, token),
+    ).rowcount)
+    if returned and count_returned:
+        conn.execute(d.sql("UPDATE runs SET expired_lease_items = expired_lease_items + ? WHERE run_id = ?"),
+                     (returned, run_id))
+    return returned
+
+
+def count_done(conn: Any, d: Dialect, run_id: str, token: int, n: int) -> None:
+    conn.execute(d.sql("UPDATE run_drivers SET items_done = items_done + ? WHERE run_id = ? AND token = ?"),
+                 (n, run_id, token))
+
+
+def report(conn: Any, d: Dialect, run_id: str, *, drivers_limit: int = 100) -> LeaseReport:
+    rows = conn.execute(
+        d.sql("SELECT driver_id, token, state, items_done, started_at, heartbeat_at, expires_at"
+              " FROM run_drivers WHERE run_id = ? ORDER BY token DESC LIMIT ?"),
+        (run_id, drivers_limit),
+    ).fetchall()
+    (expired,) = conn.execute(d.sql("SELECT expired_lease_items FROM runs WHERE run_id = ?"),
+                              (run_id,)).fetchone()
+    (leased,) = conn.execute(
+        d.sql("SELECT COUNT(*) FROM run_items WHERE run_id = ? AND state = 'leased'"), (run_id,)
+    ).fetchone()
+    return LeaseReport(tuple(DriverRecord(*row) for row in reversed(rows)), int(expired), int(leased))
+
