@@ -194,6 +194,17 @@ async def test_tool_calls_refusals_and_usage_details(server: MockServer, kind: s
         assert sent["tools"] == [{"type": "function", **weather["function"]}]
     assert results["text"].token_usage.get("reasoning_tokens") == 0
     assert results["text"].token_usage.get("cached_input_tokens") == 0
+    assert results["text"].details.logprobs is None  # not asked for
+    asked = await process_prompts(strategy, [{"id": "lp", "prompt": "hello", "params": {"logprobs": True}}])
+    (with_logprobs,) = asked.results
+    assert with_logprobs.success and with_logprobs.details is not None
+    words = str(with_logprobs.output).split()
+    assert words and [entry["token"] for entry in with_logprobs.details.logprobs or []] == words
+    body = server.requests[-1].body
+    if api == "chat":
+        assert body.get("logprobs") is True
+    else:
+        assert "message.output_text.logprobs" in body["include"]
     structured = build(kind, server, api, response_model=SCHEMA)
     refused = await process_prompts(structured, ["please [[refusal]]"])
     (result,) = refused.results

@@ -183,6 +183,21 @@ def success_body(config: MockServerConfig, api: Api, payload: dict[str, Any], pr
     digest = hashlib.sha256(f"{config.seed}\x00{prompt}\x00{occurrence}".encode()).hexdigest()[:24]
     model = str(payload.get("model") or config.model or "mock-model")
     build = chat_completion_payload if api == "chat" else responses_payload
-    return build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
-                 prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
-                 created=CREATED, tool_call=call, refusal=refusal)
+    answer = build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
+                   prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
+                   created=CREATED, tool_call=call, refusal=refusal)
+    asked = payload.get("logprobs") if api == "chat" else \
+        "message.output_text.logprobs" in (payload.get("include") or [])
+    if asked and text and call is None and refusal is None:
+        _attach_logprobs(answer, api, text)
+    return answer
+
+
+def _attach_logprobs(answer: dict[str, Any], api: Api, text: str) -> None:
+    # Deterministic: one entry per word of the answer, in the provider's shape for each API.
+    entries = [{"token": word, "logprob": -0.01 * (index + 1), "bytes": list(word.encode()),
+                "top_logprobs": []} for index, word in enumerate(text.split())]
+    if api == "chat":
+        answer["choices"][0]["logprobs"] = {"content": entries, "refusal": None}
+    else:
+        answer["output"][0]["content"][0]["logprobs"] = entries
