@@ -149,6 +149,28 @@ async def test_the_providers_reported_budget_binds_every_process(redis_url: str)
             admission.release_unused()
 
 
+async def test_the_providers_reported_token_budget_binds_every_process(redis_url: str) -> None:
+    config = ProcessorConfig(concurrency=10, max_tokens_per_minute=100_000,
+                             quota_backend=RedisQuotaBackend(redis_url, max_lease=0))
+    async with registries(config) as made:
+        a, b = scopes(made, config)
+        first = await a.admit(100)
+        # The provider says 300 tokens remain for the next 30 s (the margin keeps one call's 100 back).
+        said = RateLimitObservation(dialect=next(iter(Dialect)), at=first.now(), tokens_limit=10_000,
+                                    tokens_remaining=300, tokens_reset_at=first.now() + 30.0)
+        first.release(observation=said)
+        await flushed(a)
+        held = [await b.admit(100), await a.admit(100)]  # 300 - 100 (margin): two more calls of 100
+        with anyio.move_on_after(0.3) as waited:
+            await b.admit(100)
+        assert waited.cancelled_caught  # the ceiling holds in every process until the reported reset
+        with anyio.move_on_after(0.3) as waited:
+            await b.admit(0)  # a call without an estimate still uses tokens: it waits too
+        assert waited.cancelled_caught
+        for admission in held:
+            admission.release_unused()
+
+
 async def test_local_waiters_keep_their_fifo(redis_url: str) -> None:
     config = ProcessorConfig(concurrency=10, max_requests_per_minute=2,
                              quota_backend=RedisQuotaBackend(redis_url))
