@@ -118,7 +118,8 @@ for _ = 1, n do
   local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
     tonumber(ARGV[i + 3]); i = i + 4
   local ceiling = mark + left - margin
-  if mark > km then kc, km, kr = ceiling, mark, now + after
+  -- token marks repeat (calls of 0 tokens): once the reset passed, any answer starts afresh
+  if mark > km or now >= kr then kc, km, kr = ceiling, mark, now + after
   elseif ceiling < kc then kc = ceiling end
 end
 if n > 0 then redis.call('HSET', st, 'kc', kc, 'km', km, 'kr', kr) end
