@@ -28,6 +28,8 @@ from trio_batch_llm import (
 )
 from trio_batch_llm._admission import QuotaRegistry, QuotaScope, RateLimitObservation
 from trio_batch_llm._admission._headers import Dialect
+from trio_batch_llm._admission._redis_link import RedisLink
+from trio_batch_llm._admission._redis_quota import RedisSharedQuota, SharedTicket, _Want
 
 from ._servers.redis import PASSWORD, start_redis
 
@@ -147,6 +149,54 @@ async def test_the_providers_reported_budget_binds_every_process(redis_url: str)
         assert waited.cancelled_caught  # the ceiling holds until the reported reset
         for admission in held:
             admission.release_unused()
+
+
+async def test_the_providers_reported_token_budget_binds_every_process(redis_url: str) -> None:
+    config = ProcessorConfig(concurrency=10, max_tokens_per_minute=100_000,
+                             quota_backend=RedisQuotaBackend(redis_url, max_lease=0))
+    async with registries(config) as made:
+        a, b = scopes(made, config)
+        first = await a.admit(100)
+        # The provider says 300 tokens remain for the next 30 s (the margin keeps one call's 100 back).
+        said = RateLimitObservation(dialect=next(iter(Dialect)), at=first.now(), tokens_limit=10_000,
+                                    tokens_remaining=300, tokens_reset_at=first.now() + 30.0)
+        first.release(observation=said)
+        await flushed(a)
+        held = [await b.admit(100), await a.admit(100)]  # 300 - 100 (margin): two more calls of 100
+        with anyio.move_on_after(0.3) as waited:
+            await b.admit(100)
+        assert waited.cancelled_caught  # the ceiling holds in every process until the reported reset
+        with anyio.move_on_after(0.3) as waited:
+            await b.admit(0)  # a call without an estimate still uses tokens: it waits too
+        assert waited.cancelled_caught
+        for admission in held:
+            admission.release_unused()
+
+
+async def test_a_token_budget_reported_after_its_reset_binds_again_at_an_equal_mark(redis_url: str) -> None:
+    # Calls that reserve 0 tokens share one token mark: the newer answer must still replace the old one.
+    now = [1000.0]
+    async with anyio.create_task_group() as tg:
+        link = RedisLink(RedisQuotaBackend(redis_url), script_clock=lambda: now[0])
+        tg.start_soon(link.serve)
+        quota = RedisSharedQuota(link, "equal-marks", requests_per_minute=None, tokens_per_minute=1000)
+
+        async def granted() -> bool:
+            reply = await quota._round_trip([_Want(0)])
+            if reply.units:
+                ticket = SharedTicket(reply.units[0], 0, reply.token_marks[0])
+                said = RateLimitObservation(dialect=next(iter(Dialect)), at=link.clock(), tokens_limit=1000,
+                                            tokens_remaining=0, tokens_reset_at=link.clock() + 10.0)
+                quota.settle_ended(ticket, None, said)  # the provider: nothing left for 10 s
+                await quota._round_trip([])
+            return bool(reply.units)
+
+        assert await granted()
+        assert not await granted()  # the ceiling binds until the reported reset
+        now[0] += 20.0
+        assert await granted()  # past the reset; this call's answer says nothing is left again
+        assert not await granted()
+        await link.aclose()
 
 
 async def test_local_waiters_keep_their_fifo(redis_url: str) -> None:

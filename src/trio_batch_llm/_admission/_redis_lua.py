@@ -8,13 +8,23 @@ in one slot (a script may touch only keys of one slot):
     {P}:amt   HASH  token entry id -> tokens it charges now
     {P}:st    HASH  ``id`` (unit counter), ``tok`` (tokens charged in the window), ``cool``
                     (the shared cooldown's end), ``gen`` (cooldowns started), ``rc``/``rm``/``rr``
-                    (the provider's reported request budget: ceiling, its answer's mark, reset)
+                    (the provider's reported request budget: ceiling, its answer's mark, reset),
+                    ``tc`` (tokens charged since the scope began: reservations and debts, never
+                    lowered), ``kc``/``km``/``kr`` (the reported token budget, as ``rc``/``rm``/``rr``)
 
 **Reported budgets.** A unit's id is the scope's grant counter just after it
 (its *mark*, as in :mod:`._pacing`). An answer to the call with mark ``m``
 saying ``left`` requests remain until ``reset`` lets the counter reach
 ``m + left - margin`` until then, whichever process sent the calls: calls
 granted after that one, anywhere, are already counted.
+
+The reported token budget works the same way on ``tc``: a call's token mark is
+``tc`` just after its reservation (the reply gives it with the unit id), and an
+answer saying ``left`` tokens remain lets ``tc`` reach ``mark + left - margin``
+until its reset. ``tc`` counts what was reserved and what was owed beyond it,
+and a refund or a call that used less never lowers it: the strict side, as the
+request counter, which refunds do not lower either. A call with no estimate
+(0 tokens) counts as 1 against that ceiling, so it waits too once it is reached.
 
 A request unit counts as :class:`~._limits.RequestRateCore` counts it: from its
 admission until a window after its call *ended*. A call still open counts
@@ -80,6 +90,7 @@ for _ = 1, n do
     if redis.call('ZADD', tok, 'NX', now + 60, 'd' .. id) == 1 then
       redis.call('HSET', amt, 'd' .. id, actual - reserved)
       total = total + actual - reserved
+      redis.call('HINCRBY', st, 'tc', actual - reserved)
     end
   end
 end
@@ -98,6 +109,21 @@ for _ = 1, n do
 end
 if n > 0 then redis.call('HSET', st, 'rc', rc, 'rm', rm, 'rr', rr) end
 
+-- the provider's reported token budget, the same way on the token charge total
+local kc = tonumber(redis.call('HGET', st, 'kc') or '-1')
+local km = tonumber(redis.call('HGET', st, 'km') or '-1')
+local kr = tonumber(redis.call('HGET', st, 'kr') or '0')
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
+    tonumber(ARGV[i + 3]); i = i + 4
+  local ceiling = mark + left - margin
+  -- token marks repeat (calls of 0 tokens): once the reset passed, any answer starts afresh
+  if mark > km or now >= kr then kc, km, kr = ceiling, mark, now + after
+  elseif ceiling < kc then kc = ceiling end
+end
+if n > 0 then redis.call('HSET', st, 'kc', kc, 'km', km, 'kr', kr) end
+
 local until_ = tonumber(redis.call('HGET', st, 'cool') or '0')
 if cool ~= '' and now + tonumber(cool) > until_ then
   until_ = now + tonumber(cool)
@@ -113,6 +139,9 @@ local ready = ''
 local function blocked(tokens)
   if now < until_ then return until_ end
   if rc >= 0 and now < rr and tonumber(redis.call('HGET', st, 'id') or '0') + 1 > rc then return rr end
+  if km >= 0 and now < kr and tonumber(redis.call('HGET', st, 'tc') or '0') + math.max(tokens, 1) > kc then
+    return kr
+  end
   if limit > 0 then
     local excess = redis.call('ZCARD', req) + 1 - limit
     if excess > 0 then
@@ -139,6 +168,7 @@ local function grant(tokens)
     total = total + tokens
   end
   ids[#ids + 1] = id
+  ids[#ids + 1] = tostring(redis.call('HINCRBY', st, 'tc', tokens))
 end
 local wanted = n
 for _ = 1, n do
@@ -173,6 +203,8 @@ class AcquireReply(NamedTuple):
     cooldown_remaining: float
     units: list[str]
     """Unit ids granted, in waiter order; the last ``spares`` of them are spare units."""
+    token_marks: list[int]
+    """Each granted unit's token mark: the scope's token charge total just after it."""
     spares: int
 
 
@@ -189,6 +221,7 @@ def parse_reply(raw: object) -> AcquireReply:
         now=float(now),
         ready_at=float(ready) if ready else None,
         cooldown_remaining=float(cooling) if cooling else 0.0,
-        units=fields[4:],
+        units=fields[4::2],
+        token_marks=[int(mark) for mark in fields[5::2]],
         spares=int(spares),
     )

@@ -56,13 +56,14 @@ def scope_key(namespace: str, key: object) -> str:
 
 @final
 class SharedTicket:
-    """What one admitted call holds in Redis: its unit id and the tokens it reserved there."""
+    """What one admitted call holds in Redis: its unit id, the tokens it reserved there, its token mark."""
 
-    __slots__ = ("tokens", "unit")
+    __slots__ = ("token_mark", "tokens", "unit")
 
-    def __init__(self, unit: str, tokens: int) -> None:
+    def __init__(self, unit: str, tokens: int, token_mark: int = 0) -> None:
         self.unit = unit
         self.tokens = tokens
+        self.token_mark = token_mark  # the scope's token charge total just after it (see _redis_lua)
 
 
 @final
@@ -87,8 +88,9 @@ class RedisSharedQuota:
 
     __slots__ = (
         "_admitted", "_budgets", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue",
-        "_refilling", "_refunds", "_settles", "_spare_cap", "_spares", "_wake", "closed", "hold", "limit",
-        "name", "on_cooldown", "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
+        "_refilling", "_refunds", "_settles", "_spare_cap", "_spares", "_token_budgets", "_wake", "closed",
+        "hold", "limit", "name", "on_cooldown", "pacing_margin", "requests_per_minute", "round_trips", "tpm",
+        "window",
     )
 
     def __init__(
@@ -119,6 +121,7 @@ class RedisSharedQuota:
         self._refunds: list[str] = []
         self._settles: list[tuple[str, int, int]] = []  # (unit, reserved, actual)
         self._budgets: list[tuple[str, int, float, int]] = []  # (mark, remaining, reset after, margin)
+        self._token_budgets: list[tuple[int, int, float, int]] = []  # the same, for the token budget
         self._cool: float | None = None
         self._carrying = 0  # round trips under way that carry releases
         self._refilling = False
@@ -212,8 +215,9 @@ class RedisSharedQuota:
     def _admit(self, wants: list[_Want], reply: AcquireReply) -> None:
         granted = len(reply.units) - reply.spares
         now = self._link.clock()
-        for want, unit in zip(wants[:granted], reply.units[:granted], strict=True):
-            ticket = SharedTicket(unit, want.tokens)
+        for want, unit, mark in zip(wants[:granted], reply.units[:granted], reply.token_marks[:granted],
+                                    strict=True):
+            ticket = SharedTicket(unit, want.tokens, mark)
             if want.gone or want.ticket is not None:
                 # Withdrawn while we asked, or served from spares meanwhile: the share goes back.
                 self.settle_unused(ticket)
@@ -259,8 +263,9 @@ class RedisSharedQuota:
             spare = max(0, min(self._spare_cap - len(spares), self._admitted))
             self._admitted = 0
         ends, refunds, settles, cool = self._ends, self._refunds, self._settles, self._cool
-        budgets = self._budgets
+        budgets, token_budgets = self._budgets, self._token_budgets
         self._ends, self._refunds, self._settles, self._cool, self._budgets = [], [], [], None, []
+        self._token_budgets = []
         script_clock = self._link.script_clock
         args: list[str | int | float] = [
             "" if script_clock is None else repr(script_clock()), self.limit, repr(self.window),
@@ -272,10 +277,13 @@ class RedisSharedQuota:
         args.append(len(budgets))
         for mark, remaining, after, margin in budgets:
             args += [mark, remaining, repr(after), margin]
+        args.append(len(token_budgets))
+        for token_mark, remaining, after, margin in token_budgets:
+            args += [token_mark, remaining, repr(after), margin]
         args.append(len(wants))
         args += [want.tokens for want in wants]
         self.round_trips += 1
-        carrying = bool(ends or refunds or settles or budgets or cool is not None)
+        carrying = bool(ends or refunds or settles or budgets or token_budgets or cool is not None)
         self._carrying += carrying
         try:
             return await self._link.run_script(self._keys, args)
@@ -286,6 +294,7 @@ class RedisSharedQuota:
             self._refunds[:0] = refunds
             self._settles[:0] = settles
             self._budgets[:0] = budgets  # a ceiling applied twice is the same ceiling
+            self._token_budgets[:0] = token_budgets
             if cool is not None:
                 self._cool = cool if self._cool is None else max(cool, self._cool)
             raise
@@ -309,7 +318,9 @@ class RedisSharedQuota:
 
         ``observation`` (the answer's rate-limit headers, read on the link's clock) shares the
         provider's reported request budget with every process (only with an RPM limit: units
-        and their marks exist only then).
+        and their marks exist only then), and its reported token budget (only with a TPM
+        limit: token charges exist only then; the margin is this call's reservation, or
+        ``pacing_margin`` of the reported limit if larger, as :mod:`._pacing` keeps it).
         """
         if not ticket.unit:
             return
@@ -320,6 +331,13 @@ class RedisSharedQuota:
                 margin = max(1, math.ceil(self.pacing_margin * limit))
                 after = max(0.0, reset_at - self._link.clock())
                 self._budgets.append((ticket.unit, max(0, remaining), after, margin))
+        if observation is not None and self.tpm:
+            remaining, reset_at = observation.tokens_remaining, observation.tokens_reset_at
+            if remaining is not None and reset_at is not None:
+                limit = observation.tokens_limit or self.tpm
+                margin = max(1, ticket.tokens, math.ceil(self.pacing_margin * limit))
+                after = max(0.0, reset_at - self._link.clock())
+                self._token_budgets.append((ticket.token_mark, max(0, remaining), after, margin))
         if self.limit:
             self._ends.append(ticket.unit)
         if self.tpm and actual_tokens is not None and actual_tokens != ticket.tokens:
@@ -348,7 +366,8 @@ class RedisSharedQuota:
 
     @property
     def buffered(self) -> bool:
-        return bool(self._ends or self._refunds or self._settles or self._budgets or self._cool is not None)
+        return bool(self._ends or self._refunds or self._settles or self._budgets or self._token_budgets
+                    or self._cool is not None)
 
     @property
     def pending(self) -> bool:
