@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, ProcessorConfig
+from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, ConfigurationError, ProcessorConfig
 from trio_batch_llm._runs import (
     PostgresRunRepository,
     iter_run_results,
@@ -131,6 +131,33 @@ def test_a_claim_dies_with_its_connection_and_a_reconnect_says_it_was_lost(postg
     finally:
         first.close()
         second.close()
+
+
+def test_a_driver_frozen_inside_a_transaction_does_not_block_the_others(postgres_url: str) -> None:
+    # A process stopped (SIGSTOP, a VM pause) between two statements of a write holds the run's
+    # row lock: without a bound every other driver waits on it (up to statement_timeout, then
+    # again). The server ends such a session after idle_in_transaction_timeout, locks and all.
+    frozen = _open(postgres_url, idle_in_transaction_timeout=0.5)
+    other = _open(postgres_url, statement_timeout=5.0)
+    try:
+        frozen.attach(SPEC)
+        write = frozen._write("freezing")
+        write.__enter__().execute("SELECT status FROM runs WHERE run_id = 'r' FOR UPDATE")
+        changed, snap = other.transition("r", from_statuses=frozenset({"running"}), to="paused",
+                                         termination=None)  # waits for the row, then gets it
+        assert (changed, snap.status) == (True, "paused")
+        with pytest.raises(ArtifactStoreError):
+            write.__exit__(None, None, None)  # the frozen one wakes: its session was ended
+        assert frozen.snapshot("r").status == "paused"  # the frozen one reconnects and carries on
+    finally:
+        frozen.close()
+        other.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "5"])
+def test_a_bad_idle_in_transaction_timeout_is_refused_by_name(postgres_url: str, bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match="idle_in_transaction_timeout"):
+        PostgresRunRepository(postgres_url, idle_in_transaction_timeout=bad)
 
 
 def test_a_repository_reconnects_after_a_server_restart(
