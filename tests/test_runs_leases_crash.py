@@ -32,6 +32,7 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 
+import trio_batch_llm
 from trio_batch_llm._runs import iter_run_results, read_run_snapshot
 from trio_batch_llm._runs._reader import read_lease_report
 from trio_batch_llm.testing import MockServerConfig, serve_mock
@@ -57,10 +58,26 @@ def _done(url: str) -> int:
         return -1
 
 
+def _state(url: str) -> str:
+    """The run, its leases and the drivers' database sessions: what a failure message shows."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            sessions = conn.execute(
+                "SELECT pid, state, wait_event_type, now() - xact_start, left(query, 60)"
+                " FROM pg_stat_activity WHERE application_name = 'trio-batch-llm'"
+            ).fetchall()
+        return f"{read_run_snapshot(url, RUN)}, {read_lease_report(url, RUN)}, sessions {sessions}"
+    except Exception as exc:  # a diagnostic only
+        return f"(state unreadable: {exc!r})"
+
+
 async def _until_done(url: str, at_least: int, deadline: float) -> None:
     while await anyio.to_thread.run_sync(_done, url) < at_least:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the run did not reach {at_least} results")
+            state = await anyio.to_thread.run_sync(_state, url)
+            raise TimeoutError(f"the run did not reach {at_least} results: {state}")
         await anyio.sleep(0.05)
 
 
@@ -72,7 +89,9 @@ async def fuzz(server: PostgresServer, url: str, tmp: Path, *, items: int, lease
     source.write_text("".join(json.dumps({"id": f"i{n}", "prompt": f"prompt {n}"}) + "\n"
                               for n in range(items)), encoding="utf-8")
     deadline = time.monotonic() + 90 + items * 0.05
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    # The drivers import the library this process imported (not another installed copy).
+    library = Path(trio_batch_llm.__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(library), str(Path(__file__).parent.parent)])}
     async with serve_mock(MockServerConfig(model="mock-model", latency=(0.02, 0.06))) as mock:
         procs: list[anyio.abc.Process] = []
         codes: list[int | None] = []
@@ -116,9 +135,8 @@ async def fuzz(server: PostgresServer, url: str, tmp: Path, *, items: int, lease
             with anyio.move_on_after(max(deadline - time.monotonic(), 1)):
                 codes = [await proc.wait() for proc in procs]
             if any(proc.returncode is None for proc in procs):
-                snap = await anyio.to_thread.run_sync(read_run_snapshot, url, RUN)
-                report = await anyio.to_thread.run_sync(read_lease_report, url, RUN)
-                raise AssertionError(f"the drivers did not finish: {snap}, {report}")
+                state = await anyio.to_thread.run_sync(_state, url)
+                raise AssertionError(f"the drivers did not finish: {state}")
         finally:
             for proc in procs:
                 if proc.returncode is None:

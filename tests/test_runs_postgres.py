@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, ProcessorConfig
+from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, ConfigurationError, ProcessorConfig
 from trio_batch_llm._runs import (
     PostgresRunRepository,
     iter_run_results,
@@ -27,8 +27,9 @@ from trio_batch_llm._runs import (
     open_run,
     read_run_snapshot,
 )
-from trio_batch_llm._runs._schema import NewItem, RunSpec, SourceCheckpoint
+from trio_batch_llm._runs._schema import NewItem, NewResult, RunSpec, SourceCheckpoint
 from trio_batch_llm._runs.repository._postgres_tables import SCHEMA_TABLE, SCHEMA_VERSION
+from trio_batch_llm._runs.repository._postgres_writes import mark_done
 from trio_batch_llm.testing import MockServerConfig, serve_mock
 
 from ._runs_child import IDENTITY, CountingStrategy, prompts
@@ -131,6 +132,60 @@ def test_a_claim_dies_with_its_connection_and_a_reconnect_says_it_was_lost(postg
     finally:
         first.close()
         second.close()
+
+
+class _FreezesBefore:
+    """A connection whose process "freezes" just before the statement starting with ``marker``:
+    ``meanwhile`` runs then (what the other drivers do while it is stopped)."""
+
+    def __init__(self, conn: Any, marker: str, meanwhile: Any) -> None:
+        self._conn, self._marker, self._meanwhile = conn, marker, meanwhile
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        if query.startswith(self._marker) and self._meanwhile is not None:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            meanwhile()
+        return self._conn.execute(query, params)
+
+    def cursor(self) -> Any:
+        return self._conn.cursor()
+
+
+def test_a_driver_frozen_inside_a_transaction_does_not_block_the_others(postgres_url: str) -> None:
+    # A process stopped (SIGSTOP, a VM pause) between two statements of a write holds the run's
+    # row lock: without a bound every other driver waits on it (up to statement_timeout, then
+    # again). The server ends such a session after idle_in_transaction_timeout, locks and all --
+    # also right after the results' INSERT (psycopg's executemany, in pipeline mode, kept the
+    # server from arming that timeout: the crash test's one-in-eight stall).
+    frozen = _open(postgres_url, idle_in_transaction_timeout=0.5)
+    other = _open(postgres_url, statement_timeout=5.0)
+    seen: list[Any] = []
+
+    def other_pauses_the_run() -> None:
+        try:
+            seen.append(other.transition("r", from_statuses=frozenset({"running"}), to="paused",
+                                         termination=None))  # waits for the row, then gets it
+        except ArtifactStoreError as exc:
+            seen.append(exc)
+
+    try:
+        frozen.attach(SPEC)
+        frozen.ingest("r", [NewItem(i, "p", None, "f") for i in "ab"], SourceCheckpoint(2, exhausted=True))
+        done = [NewResult(i, True, None, "{}", 0, 0, 0) for i in "ab"]
+        with pytest.raises(ArtifactStoreError), frozen._write("recording") as conn:
+            mark_done(_FreezesBefore(conn, "UPDATE runs SET done", other_pauses_the_run), frozen.location,
+                      "r", done, submission=None)
+        assert [(changed, snap.status, snap.done) for changed, snap in seen] == [(True, "paused", 0)]
+        assert frozen.snapshot("r").status == "paused"  # the frozen one reconnects and carries on
+    finally:
+        frozen.close()
+        other.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, True, "5"])
+def test_a_bad_idle_in_transaction_timeout_is_refused_by_name(postgres_url: str, bad: Any) -> None:
+    with pytest.raises(ConfigurationError, match="idle_in_transaction_timeout"):
+        PostgresRunRepository(postgres_url, idle_in_transaction_timeout=bad)
 
 
 def test_a_repository_reconnects_after_a_server_restart(

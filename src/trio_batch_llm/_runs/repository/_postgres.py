@@ -72,6 +72,8 @@ from ._sqlite_tables import (
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "PostgresRunRepository", "is_postgres_url"]
 
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+# A process stopped mid-transaction holds the run's row lock: the server ends its session after this.
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Final = 5.0
 _SCHEMES: Final = ("postgresql://", "postgres://")
 _CLAIM_SALT: Final = b"trio-batch-llm run claim\x00"
 
@@ -103,7 +105,13 @@ class PostgresRunRepository:
 
     Not thread-safe: one caller at a time (the worker gate). ``connect_timeout``
     (seconds) bounds each connection attempt; ``statement_timeout`` (seconds,
-    or None) bounds each statement, lock waits included.
+    or None) bounds each statement, lock waits included;
+    ``idle_in_transaction_timeout`` (seconds, or None) ends the session of a
+    process stopped in the middle of a transaction (SIGSTOP, a paused VM), which
+    would otherwise hold the run's row lock and stall every other driver for as
+    long as it is stopped. Its claims go with the session; its lease expires as
+    usual. Our transactions never wait between statements, so any bound well
+    above a scheduling hiccup is safe.
     """
 
     def __init__(
@@ -113,6 +121,7 @@ class PostgresRunRepository:
         read_only: bool = False,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         statement_timeout: float | None = 60.0,
+        idle_in_transaction_timeout: float | None = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not is_postgres_url(url):
@@ -120,12 +129,18 @@ class PostgresRunRepository:
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) \
                 or not connect_timeout > 0:
             raise ConfigurationError("connect_timeout", connect_timeout, "must be a number of seconds > 0")
+        idle = idle_in_transaction_timeout
+        if idle is not None and (isinstance(idle, bool) or not isinstance(idle, (int, float))
+                                 or not idle >= 0.001):
+            raise ConfigurationError("idle_in_transaction_timeout", idle,
+                                     "must be a number of seconds >= 0.001, or None")
         self._url = url
         self._secret = _secret_of(url)
         self._location = redact_url(url)
         self._read_only = read_only
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
+        self._idle_in_transaction_timeout = idle_in_transaction_timeout
         self._conn: Any = None
         self._opened = False
         self._claims: set[str] = set()
@@ -168,9 +183,13 @@ class PostgresRunRepository:
     def _connect(self) -> Any:
         import psycopg  # an optional dependency: imported only when PostgreSQL is used
 
-        options: dict[str, Any] = {}
+        settings = []
         if self._statement_timeout is not None:
-            options["options"] = f"-c statement_timeout={int(self._statement_timeout * 1000)}"
+            settings.append(f"-c statement_timeout={int(self._statement_timeout * 1000)}")
+        if self._idle_in_transaction_timeout is not None:
+            idle_ms = int(self._idle_in_transaction_timeout * 1000)
+            settings.append(f"-c idle_in_transaction_session_timeout={idle_ms}")
+        options: dict[str, Any] = {"options": " ".join(settings)} if settings else {}
         conn = psycopg.connect(
             self._url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)),
             application_name="trio-batch-llm", **options,

@@ -55,13 +55,16 @@ def insert_items(conn: Conn, location: str, run_id: str, items: Sequence[NewItem
         ).fetchone()
         if taken is not None:
             raise ValueError(f"duplicate item_id={taken[0]!r}: every item of a run needs a unique id")
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO run_items (run_id, item_id, ingest_seq, fingerprint, prompt, context, state)"
-                " VALUES (%s, %s, %s, %s, %s, %s, 'pending')",
-                [(run_id, item.item_id, count + offset, item.fingerprint, item.prompt, item.context_json)
-                 for offset, item in enumerate(items, start=1)],
-            )
+        # One statement, not executemany: see mark_done.
+        conn.execute(
+            "INSERT INTO run_items (run_id, item_id, ingest_seq, fingerprint, prompt, context, state)"
+            " SELECT %s, u.item_id, u.seq, u.fingerprint, u.prompt, u.context, 'pending'"
+            " FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::text[])"
+            " AS u(item_id, seq, fingerprint, prompt, context)",
+            (run_id, [item.item_id for item in items], [count + n for n in range(1, len(items) + 1)],
+             [item.fingerprint for item in items], [item.prompt for item in items],
+             [item.context_json for item in items]),
+        )
     conn.execute(
         "UPDATE runs SET items = items + %s, source_position = %s, source_cursor = %s,"
         " source_fingerprint = %s, source_last_item = %s, source_exhausted = %s, updated_at = %s"
@@ -105,12 +108,18 @@ def mark_done(conn: Conn, location: str, run_id: str, results: Sequence[NewResul
         " WHERE i.run_id = %s AND i.item_id = u.item_id",
         ([r.item_id for _, r in chosen], [seq for seq, _ in chosen], run_id),
     )
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO run_results (run_id, sequence, item_id, success, error_category, result)"
-            " VALUES (%s, %s, %s, %s, %s, %s)",
-            [(run_id, seq, r.item_id, int(r.success), r.error_category, r.result_json) for seq, r in chosen],
-        )
+    # One statement, not executemany: psycopg runs executemany in pipeline mode, after which the
+    # server does not arm idle_in_transaction_session_timeout, so a process frozen right after it
+    # would hold the run's row lock for as long as it stays frozen.
+    conn.execute(
+        "INSERT INTO run_results (run_id, sequence, item_id, success, error_category, result)"
+        " SELECT %s, u.seq, u.item_id, u.success, u.category, u.result"
+        " FROM unnest(%s::bigint[], %s::text[], %s::integer[], %s::text[], %s::text[])"
+        " AS u(seq, item_id, success, category, result)",
+        (run_id, [seq for seq, _ in chosen], [r.item_id for _, r in chosen],
+         [int(r.success) for _, r in chosen], [r.error_category for _, r in chosen],
+         [r.result_json for _, r in chosen]),
+    )
     succeeded = sum(1 for _, r in chosen if r.success)
     conn.execute(
         "UPDATE runs SET done = done + %s, succeeded = succeeded + %s, failed = failed + %s,"
