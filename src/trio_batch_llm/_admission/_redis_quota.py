@@ -1,5 +1,8 @@
 """One quota scope's share of a Redis-backed limit: RPM units and TPM reservations held in Redis.
 
+Over 400 lines because the leader protocol, the spares and the buffered settlements (ends, refunds,
+debts, both reported budgets) are one round trip's parts and must change together.
+
 :class:`~._scope.QuotaScope` keeps what is local to the process (the
 concurrency bound, the FIFO queue, the cooldown's ramp, learned pacing) and
 asks a :class:`RedisSharedQuota` for the shared part once its local admission
