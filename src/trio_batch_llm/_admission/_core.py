@@ -285,8 +285,10 @@ class QuotaCore:
         if pacing is None:
             self.report_rate_limit(retry_after, now, admitted_generation=grant.generation)
             return 0.0, self._settle(grant, actual_tokens, now)
+        # The calls that ended before this one, less the 429s among them: roughly what got through.
+        served_before = self.admitted_total - self.in_flight - self.rate_limits_reported
         self.rate_limits_reported += 1
-        blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now)
+        blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now, served_before)
         self._start_pacing()
         if blip:
             wait = retry_after if retry_after is not None else self._blip_wait

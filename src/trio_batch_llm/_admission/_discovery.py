@@ -46,7 +46,8 @@ class Discovery:
 
     __slots__ = (
         "_activated_at", "_admitted", "_answered", "_config", "_grown_at", "_limited_at", "_probed_at",
-        "_served", "_slope", "_storm", "_storm_gap", "_tat", "cap", "generation", "rate",
+        "_peak", "_probe_slope", "_served", "_slope", "_storm", "_storm_gap", "_tat", "cap", "generation",
+        "rate",
     )
 
     def __init__(self, config: RateLimitConfig, requests_per_minute: float | None) -> None:
@@ -60,6 +61,8 @@ class Discovery:
         self._storm_gap = 0.0  # ... this far apart
         self._probed_at = NOW
         self._slope = 0.0
+        self._peak = 0.0  # the rate the last decrease came from (requests per second)
+        self._probe_slope = 0.0
         self._grown_at = NOW
         self._limited_at = NOW
         self._tat = NOW
@@ -103,10 +106,22 @@ class Discovery:
         if rate is None:
             return
         if self._limited_at >= self._grown_at:
-            self.rate = min(self.cap, rate + self._slope * (now - self._grown_at))
+            # Back to the rate the last decrease came from within the recovery time, then
+            # beyond it only slowly: the limit is near there.
+            elapsed = now - self._grown_at
+            peak = self._peak
+            if rate < peak:
+                to_peak = (peak - rate) / self._slope if self._slope > 0 else 0.0
+                if elapsed <= to_peak:
+                    rate += self._slope * elapsed
+                else:
+                    rate = peak + self._probe_slope * (elapsed - to_peak)
+            else:
+                rate += self._probe_slope * elapsed
+            self.rate = min(self.cap, rate)
         self._grown_at = now
 
-    def rate_limited(self, generation: int, asked_to_wait: bool, now: float) -> None:
+    def rate_limited(self, generation: int, asked_to_wait: bool, now: float, served_before: int = 0) -> None:
         """A 429 that reported no budget (``generation``: its call's, at admission).
 
         The first one only starts measuring. After it, a 429 from a call
@@ -118,9 +133,16 @@ class Discovery:
         """
         if self._activated_at is None:
             # The first: measuring begins, and one call at a time goes until one gets through.
+            # What got through before it is the first guess at a window's worth: pacing at it
+            # from now on keeps the next window from taking the same burst again.
             self._activated_at = now
             self.generation += 1
             self._storm = True
+            if served_before > 0:
+                floor = self._config.discovery_min_rpm / WINDOW_SECONDS
+                self.rate = self._peak = max(floor, min(self.cap, served_before / WINDOW_SECONDS))
+                self._slope = self._probe_slope = self._config.discovery_probe * self.rate / WINDOW_SECONDS
+                self._grown_at = now
             return
         if generation < self.generation:
             return  # admitted before the last decrease: that storm is already answered
@@ -139,7 +161,9 @@ class Discovery:
         served = self._served.count(now) / WINDOW_SECONDS
         floor = config.discovery_min_rpm / WINDOW_SECONDS
         self.rate = max(floor, decrease * current, min(current, decrease * served))
-        self._slope = (1.0 - decrease) * current / config.discovery_recovery_seconds
+        self._peak = current
+        self._slope = max(0.0, current - self.rate) / config.discovery_recovery_seconds
+        self._probe_slope = config.discovery_probe * current / WINDOW_SECONDS
         self._grown_at = now
 
 

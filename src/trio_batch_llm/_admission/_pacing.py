@@ -260,7 +260,7 @@ class PacingCore:
         self.discovery.answered(placed.generation, now)
 
     def rate_limited(self, mark: PaceMark | None, observation: RateLimitObservation | None,
-                     retry_after: float | None, in_flight: int, now: float) -> bool:
+                     retry_after: float | None, in_flight: int, now: float, served_before: int = 0) -> bool:
         """A call's 429; return ``True`` when it was a blip (its headers say capacity remains).
 
         A blip only moves the reported budgets. Otherwise a reported budget
@@ -277,7 +277,7 @@ class PacingCore:
         elif not self.headers_live(now):
             self.active = True
             asked = observation is not None and observation.retry_after is not None
-            self.discovery.rate_limited(placed.generation, asked or retry_after is not None, now)
+            self.discovery.rate_limited(placed.generation, asked or retry_after is not None, now, served_before)
         return False
 
     # -- reporting ------------------------------------------------------------------------------

@@ -197,8 +197,10 @@ class RateLimitConfig:
     """The share of each reported limit left unused before its reset (at least one call's worth)."""
     discovery_decrease: float = 0.8
     """On a 429 without headers, the discovered rate becomes this fraction of itself."""
-    discovery_recovery_seconds: float = 60.0
+    discovery_recovery_seconds: float = 20.0
     """Seconds the additive increase takes to climb back to the rate before a decrease."""
+    discovery_probe: float = 0.05
+    """Past the rate before the last decrease, the discovered rate grows by this fraction of it per window."""
     discovery_min_rpm: float = 1.0
     """The discovered rate never falls below this many requests per minute."""
     blip_retry_seconds: float = 1.0
@@ -222,6 +224,7 @@ class RateLimitConfig:
         fraction("discovery_decrease", self.discovery_decrease, low_open=True, high=1.0, high_open=True)
         positive("discovery_recovery_seconds", self.discovery_recovery_seconds, allow_none=False)
         positive("discovery_min_rpm", self.discovery_min_rpm, allow_none=False)
+        fraction("discovery_probe", self.discovery_probe, low_open=True, high=1.0)
         non_negative("blip_retry_seconds", self.blip_retry_seconds)
 
 
