@@ -23,6 +23,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initial
 from trio_batch_llm import ConfigurationError, RateLimitConfig
 from trio_batch_llm._admission import QuotaScope
 from trio_batch_llm._admission._core import QuotaCore
+from trio_batch_llm._admission._discovery import Discovery
 from trio_batch_llm._admission._headers import RateLimitObservation
 from trio_batch_llm._admission._limits import PACE_CREDIT
 from trio_batch_llm._admission._records import Grant
@@ -371,3 +372,67 @@ def test_a_storm_without_retry_after_probes_at_doubling_gaps() -> None:
     assert core.ready_at(0, now) == 31.0 + 32.0
     core.release(admit(core, 63.0), None, 63.5)  # one got through: the storm is over
     assert core.ready_at(0, 63.5) <= 63.5
+
+
+def test_the_first_429_paces_at_what_got_through_before_it() -> None:
+    core = QuotaCore(concurrency=64, rate_limit=LEARN)
+    for _ in range(30):
+        core.release(admit(core, 0.0), None, 0.5)  # 30 calls got through ...
+    refused = admit(core, 1.0)
+    core.release_rate_limited(refused, 40.0, None, 1.0)  # ... then a 429 asking to wait 40 s
+    assert core.pacing is not None and core.pacing.discovery.rate == pytest.approx(30 / 60)
+    # After the cooldown, one call (the storm's probe) and, once it got through, a call per 2 s:
+    # not a second burst of 30.
+    probe = admit(core, 41.0)
+    core.release(probe, None, 41.2)
+    times = []
+    now = 41.2
+    while now < 51.2:
+        now = max(now, core.ready_at(0, now))
+        times.append(now)
+        core.release(admit(core, now), None, now + 0.1)
+    assert len(times) <= 10 / 2 + 1 + PACE_CREDIT / 2
+    assert all(b - a >= 2.0 - 1e-9 for a, b in zip(times[1:], times[2:], strict=False))
+
+
+def test_growth_returns_to_the_peak_within_the_recovery_time_then_probes_slowly() -> None:
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05)
+    discovery = Discovery(config, None)
+    discovery.rate_limited(0, True, 0.0, served_before=1200)  # the first 429: 20 per second
+    assert discovery.rate == pytest.approx(20.0)
+    for k in range(1200):  # a window at 20 per second, answered
+        discovery.commit(0.05 * k)
+        discovery.answered(discovery.generation, 0.05 * k + 0.01)
+    peak = discovery.rate
+    assert peak == pytest.approx(20.0)  # never held back: no growth
+    discovery.rate_limited(discovery.generation, False, 60.0)  # a decrease from there
+    after = discovery.rate
+    assert after == pytest.approx(0.8 * 20.0, rel=0.02)  # (the last window measured in whole seconds)
+    top = after / 0.8  # the rate it came from
+
+    def grow_to(now: float) -> float:
+        while discovery.ready_at(0, now - 0.001) <= now - 0.001:
+            discovery.commit(now - 0.001)  # calls until the pace holds one back ...
+        discovery.answered(discovery.generation, now)  # ... and an answer comes
+        assert discovery.rate is not None
+        return discovery.rate
+
+    assert grow_to(70.0) == pytest.approx((after + top) / 2)  # halfway back after half the time
+    assert grow_to(80.0) == pytest.approx(top)  # back where it was after discovery_recovery_seconds
+    assert grow_to(140.0) == pytest.approx(top * 1.05)  # then 5 % of it per window
+
+
+@pytest.mark.parametrize("latency", [0.05, 0.3])
+def test_without_headers_the_window_after_the_first_429_is_paced_not_burst(latency: float) -> None:
+    provider = Provider(limit=1200, headers=False, retry_after=True)
+    client = simulate(provider, workers=64, latency=latency, stop=180.0)
+    first = provider.refused[0]
+    reopened = [t for t in client.admissions if t > first + 1.0]
+    assert reopened, "nothing was admitted after the first 429's cooldown"
+    start = reopened[0]
+    # Paced at about the limit (20 per second) from the cooldown's end: no second burst, which
+    # before took the whole next window at once and cost a second cooldown.
+    assert sum(1 for t in reopened if t < start + 5.0) <= 20 * (5 + PACE_CREDIT) * 1.05 + 2
+    assert refused_between(provider, start, 180.0) <= 0.02 * served_between(provider, start, 180.0)
+    assert served_between(provider, 60.0, 180.0) >= 0.95 * 2 * 1200
