@@ -288,7 +288,8 @@ class QuotaCore:
         # The calls that ended before this one, less the 429s among them: roughly what got through.
         served_before = self.admitted_total - self.in_flight - self.rate_limits_reported
         self.rate_limits_reported += 1
-        blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now, served_before)
+        blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now,
+                                   served_before)
         self._start_pacing()
         if blip:
             wait = retry_after if retry_after is not None else self._blip_wait

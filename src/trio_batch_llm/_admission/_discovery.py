@@ -1,21 +1,24 @@
 """Discovering a provider's request limit from its 429s alone (pure, like :mod:`._limits`).
 
 Used by :class:`~._pacing.PacingCore` when the provider reports no budget.
-The first 429 only starts measuring (admissions and answers are counted from
-then on, per second), and lets one call at a time go until one gets through.
-After it, a 429 from a call admitted since the last decrease is a new signal,
-and one per *generation* counts (a 429 from a call admitted before the last
-decrease belongs to a storm already answered):
+The first 429 starts measuring (admissions and answers are counted from then
+on, per second), sets the rate to what got through before it over a window
+(a provider's window is a minute: pacing at that keeps the next window from
+taking the same burst again), and lets one call at a time go until one gets
+through. After it, a 429 from a call admitted since the last decrease is a new
+signal, and one per *generation* counts (a 429 from a call admitted before the
+last decrease belongs to a storm already answered):
 
 - **multiplicative decrease**: the rate becomes ``discovery_decrease`` times
-  the rate in force (the first time: the rate measured since the first 429,
-  over at most a window), never below ``discovery_decrease`` times the rate the
-  provider served over the last window (so isolated 429s cannot drive it
-  down faster than service falls), nor below ``discovery_min_rpm``;
-- **additive increase**: each answer that is not a 429 adds
-  ``(1 - discovery_decrease) * rate_before_the_decrease / discovery_recovery_seconds``
-  per second elapsed since the previous answer, but only if the rate held a
-  call back meanwhile; a configured RPM caps it;
+  the rate it comes from, its *peak* (the rate in force, or the rate measured
+  over the last window if lower), never below ``discovery_decrease`` times the
+  rate the provider served over the last window (so isolated 429s cannot drive
+  it down faster than service falls), nor below ``discovery_min_rpm``;
+- **additive increase**: each answer that is not a 429, if the rate held a
+  call back since the previous answer, grows it for the time elapsed: back to
+  the peak within ``discovery_recovery_seconds``, then past it by
+  ``discovery_probe`` of it per window (the limit is near there); a configured
+  RPM caps it;
 - **storm**: a new 429 with no other answer, to a call admitted since the
   last decrease (or the first 429), means the provider refuses everything (its window is full): the
   rate is left alone and calls go one at a time until an answer gets
@@ -45,8 +48,22 @@ class Discovery:
     """A request rate learnt from 429s alone: additive increase, multiplicative decrease (see above)."""
 
     __slots__ = (
-        "_activated_at", "_admitted", "_answered", "_config", "_grown_at", "_limited_at", "_probed_at",
-        "_peak", "_probe_slope", "_served", "_slope", "_storm", "_storm_gap", "_tat", "cap", "generation",
+        "_activated_at",
+        "_admitted",
+        "_answered",
+        "_config",
+        "_grown_at",
+        "_limited_at",
+        "_peak",
+        "_probe_slope",
+        "_probed_at",
+        "_served",
+        "_slope",
+        "_storm",
+        "_storm_gap",
+        "_tat",
+        "cap",
+        "generation",
         "rate",
     )
 

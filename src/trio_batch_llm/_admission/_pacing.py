@@ -277,7 +277,8 @@ class PacingCore:
         elif not self.headers_live(now):
             self.active = True
             asked = observation is not None and observation.retry_after is not None
-            self.discovery.rate_limited(placed.generation, asked or retry_after is not None, now, served_before)
+            self.discovery.rate_limited(placed.generation, asked or retry_after is not None, now,
+                                        served_before)
         return False
 
     # -- reporting ------------------------------------------------------------------------------
