@@ -377,13 +377,13 @@ def test_a_storm_without_retry_after_probes_at_doubling_gaps() -> None:
 
 def test_the_first_429_paces_at_what_got_through_before_it() -> None:
     core = QuotaCore(concurrency=64, rate_limit=LEARN)
-    for _ in range(30):
-        core.release(admit(core, 0.0), None, 0.5)  # 30 calls got through ...
+    for _ in range(120):
+        core.release(admit(core, 0.0), None, 0.5)  # 120 calls got through ...
     refused = admit(core, 1.0)
     core.release_rate_limited(refused, 40.0, None, 1.0)  # ... then a 429 asking to wait 40 s
-    assert core.pacing is not None and core.pacing.discovery.rate == pytest.approx(30 / 60)
-    # After the cooldown, one call (the storm's probe) and, once it got through, a call per 2 s:
-    # not a second burst of 30.
+    assert core.pacing is not None and core.pacing.discovery.rate == pytest.approx(120 / 60)
+    # After the cooldown, one call (the storm's probe) and, once it got through, a call per 0.5 s:
+    # not a second burst of 120.
     probe = admit(core, 41.0)
     core.release(probe, None, 41.2)
     times = []
@@ -392,9 +392,18 @@ def test_the_first_429_paces_at_what_got_through_before_it() -> None:
         now = max(now, core.ready_at(0, now))
         times.append(now)
         core.release(admit(core, now), None, now + 0.1)
-    assert len(times) <= 10 / 2 + 1 + PACE_CREDIT / 2
+    assert len(times) <= 10 * 2 + 1 + PACE_CREDIT * 2
     gaps = [b - a for a, b in itertools.pairwise(times[1:])]
-    assert all(gap >= 2.0 - 1e-9 for gap in gaps)
+    assert all(gap >= 0.5 - 1e-9 for gap in gaps[-10:])  # once the pace's credit is spent
+
+
+def test_a_first_429_after_a_few_calls_sets_no_pace() -> None:
+    core = QuotaCore(concurrency=4, rate_limit=LEARN)
+    for _ in range(3):
+        core.release(admit(core, 0.0), None, 0.5)
+    core.release_rate_limited(admit(core, 1.0), 2.0, None, 1.0)
+    # Three calls say little of a limit: pacing at three a minute would crawl.
+    assert core.pacing is not None and core.pacing.discovery.rate is None
 
 
 def test_growth_returns_to_the_peak_within_the_recovery_time_then_probes_slowly() -> None:

@@ -2,7 +2,8 @@
 
 Used by :class:`~._pacing.PacingCore` when the provider reports no budget.
 The first 429 starts measuring (admissions and answers are counted from then
-on, per second), sets the rate to what got through before it over a window
+on, per second), sets the rate to what got through before it over a window, when that is at
+least a call a second (fewer say little of a limit)
 (a provider's window is a minute: pacing at that keeps the next window from
 taking the same burst again), and lets one call at a time go until one gets
 through. After it, a 429 from a call admitted since the last decrease is a new
@@ -40,6 +41,9 @@ from ._limits import NOW, PACE_CREDIT, WINDOW_SECONDS
 
 __all__ = ["Discovery"]
 
+_MIN_FIRST_ESTIMATE: Final = 60
+"""Calls that must have got through before the first 429 for it to set the pace: fewer say little
+(an isolated 429 after a few calls would otherwise pace the scope at a few calls a minute)."""
 _MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
 
 
@@ -155,7 +159,7 @@ class Discovery:
             self._activated_at = now
             self.generation += 1
             self._storm = True
-            if served_before > 0:
+            if served_before >= _MIN_FIRST_ESTIMATE:
                 floor = self._config.discovery_min_rpm / WINDOW_SECONDS
                 self.rate = self._peak = max(floor, min(self.cap, served_before / WINDOW_SECONDS))
                 self._slope = self._probe_slope = self._config.discovery_probe * self.rate / WINDOW_SECONDS
