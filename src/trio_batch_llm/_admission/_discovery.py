@@ -2,11 +2,11 @@
 
 Used by :class:`~._pacing.PacingCore` when the provider reports no budget.
 The first 429 starts measuring (admissions and answers are counted from then
-on, per second), sets the rate to what got through before it over a window, when that is at
-least a call a second (fewer say little of a limit)
-(a provider's window is a minute: pacing at that keeps the next window from
-taking the same burst again), and lets one call at a time go until one gets
-through. After it, a 429 from a call admitted since the last decrease is a new
+on, per second) and lets one call at a time go until one gets through. If at
+least a call a second got through before it, it also sets the rate to that
+count over a window: a provider's window is a minute, and pacing at it keeps
+the next window from taking the same burst again (fewer calls say little of a
+limit). After it, a 429 from a call admitted since the last decrease is a new
 signal, and one per *generation* counts (a 429 from a call admitted before the
 last decrease belongs to a storm already answered):
 
