@@ -447,3 +447,50 @@ def test_without_headers_the_window_after_the_first_429_is_paced_not_burst(laten
     assert sum(1 for t in reopened if t < start + 5.0) <= 20 * (5 + PACE_CREDIT) * 1.05 + 2
     assert refused_between(provider, start, 180.0) <= 0.02 * served_between(provider, start, 180.0)
     assert served_between(provider, 60.0, 180.0) >= 0.95 * 2 * 1200
+
+
+def test_a_decrease_just_after_a_long_cooldown_measures_the_calls_since_it_not_the_pause() -> None:
+    # The step scenario of benchmarks/limits.py: a first 429 after 1,200 calls, a 56 s cooldown,
+    # then the limit halved just as calls flow again. The decrease must start from the rate the
+    # scope admits *now*; counted over the whole window (the pause included) it measured ~1 call
+    # a second and pinned the scope at 5 % of the limit for minutes.
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8)
+    discovery = Discovery(config, None)
+    discovery.rate_limited(0, True, 4.0, served_before=1200)  # 20 per second, then a storm
+    assert discovery.rate == pytest.approx(20.0)
+    discovery.commit(60.0)  # the storm's probe, after the cooldown
+    discovery.answered(discovery.generation, 60.2)
+    now = 60.2
+    for _ in range(40):  # two seconds at the pace, answered
+        now = max(now, discovery.ready_at(1, now))
+        discovery.commit(now)
+        discovery.answered(discovery.generation, now + 0.2)
+    discovery.rate_limited(discovery.generation, True, now + 0.2)  # the halved limit refuses
+    assert discovery.rate is not None
+    assert discovery.rate >= 0.8 * 0.8 * 20.0  # one decrease from about the pace, not a collapse
+
+
+def test_after_a_whole_window_a_decrease_comes_down_to_what_was_served_and_climbs_back_only_to_it() -> None:
+    # Half of what the scope admitted got answered (the provider served 10 a second of the 20
+    # sent): a 429 then says the limit is about 10 a second, so the rate comes down from there
+    # (not from 20, one 0.8 step at a time) and climbs back to 10, not to the 20 it refused.
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05)
+    discovery = Discovery(config, None)
+    discovery.rate_limited(0, True, 0.0, served_before=1200)  # 20 per second, then a storm
+    discovery.commit(1.0)
+    discovery.answered(discovery.generation, 1.1)  # the probe got through: calls flow again
+    for k in range(1400):  # 70 s at 20 a second, every other one answered
+        discovery.commit(1.1 + 0.05 * k)
+        if k % 2 == 0:
+            discovery.answered(discovery.generation, 1.1 + 0.05 * k + 0.01)
+    now = 1.1 + 0.05 * 1400
+    discovery.rate_limited(discovery.generation, True, now)
+    assert discovery.rate == pytest.approx(0.8 * 10.0, rel=0.02)
+    end = now + 30.0
+    while now < end:  # 30 s more: calls wait for the pace, and every one is answered
+        now = max(now, discovery.ready_at(0, now))
+        discovery.commit(now)
+        discovery.answered(discovery.generation, now + 0.01)
+        now += 0.01
+    assert discovery.rate == pytest.approx(10.0 * (1 + 0.05 * 10 / 60), rel=0.02)  # 20 s back, 10 probing

@@ -11,15 +11,17 @@ signal, and one per *generation* counts (a 429 from a call admitted before the
 last decrease belongs to a storm already answered):
 
 - **multiplicative decrease**: the rate becomes ``discovery_decrease`` times
-  the rate it comes from, its *peak* (the rate in force, or the rate measured
-  over the last window if lower), never below ``discovery_decrease`` times the
-  rate the provider served over the last window (so isolated 429s cannot drive
-  it down faster than service falls), nor below ``discovery_min_rpm``;
+  where it starts from: the rate in force, or the rate admitted since calls
+  last flowed (since the last storm ended, at most a window back) if lower
+  (a window holding a cooldown would measure the pause, not the rate); once a
+  whole window of answers is counted, no more than what the provider served
+  over the last window, which is about its limit (it refuses once its window
+  is full and never serves more in one); never below ``discovery_min_rpm``;
 - **additive increase**: each answer that is not a 429, if the rate held a
   call back since the previous answer, grows it for the time elapsed: back to
-  the peak within ``discovery_recovery_seconds``, then past it by
-  ``discovery_probe`` of it per window (the limit is near there); a configured
-  RPM caps it;
+  where the decrease started (after a whole window: what was served over it)
+  within ``discovery_recovery_seconds``, then past it by ``discovery_probe``
+  of it per window (the limit is near there); a configured RPM caps it;
 - **storm**: a new 429 with no other answer, to a call admitted since the
   last decrease (or the first 429), means the provider refuses everything (its window is full): the
   rate is left alone and calls go one at a time until an answer gets
@@ -44,7 +46,7 @@ __all__ = ["Discovery"]
 _MIN_FIRST_ESTIMATE: Final = 60
 """Calls that must have got through before the first 429 for it to set the pace: fewer say little
 (an isolated 429 after a few calls would otherwise pace the scope at a few calls a minute)."""
-_MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
+_MIN_MEASURE_SPAN: Final = 1.0  # seconds (a tally bucket): a rate measured over less is taken over this long
 
 
 @final
@@ -61,6 +63,7 @@ class Discovery:
         "_peak",
         "_probe_slope",
         "_probed_at",
+        "_resumed_at",
         "_served",
         "_slope",
         "_storm",
@@ -77,6 +80,7 @@ class Discovery:
         self.rate: float | None = None  # requests per second; None: no limit discovered
         self.generation = 0
         self._activated_at: float | None = None  # the first 429: measuring begins
+        self._resumed_at = NOW  # the end of the last storm: calls flow again from here
         self._answered = False  # an answer other than a 429 since the last decrease
         self._storm = False  # nothing gets through: one probe at a time, ...
         self._storm_gap = 0.0  # ... this far apart
@@ -122,6 +126,8 @@ class Discovery:
         self._served.add(now)
         if generation >= self.generation:
             self._answered = True
+            if self._storm:
+                self._resumed_at = now
             self._storm, self._storm_gap = False, 0.0
         rate = self.rate
         if rate is None:
@@ -176,15 +182,26 @@ class Discovery:
         self._answered = False
         config = self._config
         decrease = config.discovery_decrease
-        span = max(_MIN_MEASURE_SPAN, min(WINDOW_SECONDS, now - self._activated_at))
-        measured = self._admitted.count(now) / span
+        # The rate admitted since calls last flowed: a window that holds a long storm (a cooldown)
+        # would measure the pause, not the rate, and pin the scope far below the limit.
+        since = max(now - WINDOW_SECONDS, math.floor(max(self._activated_at, self._resumed_at)))
+        span = max(_MIN_MEASURE_SPAN, now - since)
+        measured = self._admitted.count(now, since) / span
         current = min(self.cap, measured if self.rate is None else min(self.rate, measured))
-        served = self._served.count(now) / WINDOW_SECONDS
         floor = config.discovery_min_rpm / WINDOW_SECONDS
-        self.rate = max(floor, decrease * current, min(current, decrease * served))
-        self._peak = current
-        self._slope = max(0.0, current - self.rate) / config.discovery_recovery_seconds
-        self._probe_slope = config.discovery_probe * current / WINDOW_SECONDS
+        peak = current
+        if now - self._activated_at >= WINDOW_SECONDS:
+            # A whole window of answers counted. The provider refuses once its window is full and
+            # never serves more than its limit in one, so what it served over the last window is
+            # about its limit (or this scope's share of it): come down from it at once, not by
+            # ``discovery_decrease`` per 429, and climb back to it, not to a pace already refused.
+            served = max(floor, self._served.count(now) / WINDOW_SECONDS)
+            current = min(current, served)
+            peak = min(self.cap, served)
+        self.rate = max(floor, decrease * current)
+        self._peak = peak = max(peak, self.rate)
+        self._slope = (peak - self.rate) / config.discovery_recovery_seconds
+        self._probe_slope = config.discovery_probe * peak / WINDOW_SECONDS
         self._grown_at = now
 
 
@@ -213,8 +230,11 @@ class _Tally:
             buckets.append([second, 1])
         self._total += 1
 
-    def count(self, now: float) -> int:
+    def count(self, now: float, since: float = -math.inf) -> int:
+        """Events in the last window, or only in its whole seconds from ``since`` on."""
         self._prune(now)
-        return self._total
+        if since == -math.inf:
+            return self._total
+        return sum(int(count) for second, count in self._buckets if second >= since)
 
 
