@@ -90,8 +90,9 @@ class RedisClusterServers:
     def _start_node(self, binary: str, port: int) -> None:
         folder = self._root / str(port)
         folder.mkdir()
-        argv = [binary, "--cluster-enabled", "yes", "--cluster-config-file", str(folder / f"nodes-{port}.conf"),
-                "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        argv = [binary, "--cluster-enabled", "yes", "--cluster-config-file",
+                str(folder / f"nodes-{port}.conf"), "--port", str(port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no",
                 "--dir", str(folder), "--requirepass", PASSWORD, "--masterauth", PASSWORD,
                 "--logfile", str(folder / "log")]
         self._processes.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
