@@ -185,6 +185,46 @@ async def test_a_slot_moved_after_the_client_read_the_layout_is_followed(
         redis_cluster.move_slot(slot, redis_cluster.ports[1])
 
 
+async def test_a_reshard_under_way_makes_admissions_wait_not_fail(
+    cluster_url: str, redis_cluster: RedisClusterServers,
+) -> None:
+    # While a slot is migrating, a script whose keys are partly present (an RPM-only scope has
+    # no token keys) gets TRYAGAIN until the move ends: a pause of the cluster, not an error.
+    key, slot = quota_keys_by_node(redis_cluster)[redis_cluster.ports[1]]
+    source, target = redis_cluster.ports[1], redis_cluster.ports[2]
+    config = ProcessorConfig(concurrency=10, max_requests_per_minute=3,
+                             quota_backend=RedisQuotaBackend(cluster_url, cluster=True, max_lease=0))
+    migrating = False
+    try:
+        async with registries(config) as made:
+            a, b = (registry.scope_for(("provider", key), config) for registry in made)
+            held = [await a.admit(), await b.admit()]
+            redis_cluster.begin_migration(slot, target)
+            migrating = True
+            async with anyio.create_task_group() as tg:
+
+                async def third() -> None:
+                    held.append(await a.admit())
+
+                tg.start_soon(third)
+                with anyio.fail_after(10):
+                    while link_of(made[0]).failures == 0:  # noqa: ASYNC110 - a probe of the link's count
+                        await anyio.sleep(0.01)
+                assert len(held) == 2  # nothing admitted while the slot could not be asked
+                redis_cluster.finish_migration(slot, target)
+                migrating = False
+            assert len(held) == 3
+            with anyio.move_on_after(0.3) as waited:
+                await b.admit()
+            assert waited.cancelled_caught  # the count moved with the slot
+            for admission in held:
+                admission.release_unused()
+    finally:
+        if migrating:
+            redis_cluster.finish_migration(slot, target)
+        redis_cluster.move_slot(slot, source)
+
+
 async def test_the_script_clock_reaches_every_node(
     cluster_url: str, redis_cluster: RedisClusterServers,
 ) -> None:

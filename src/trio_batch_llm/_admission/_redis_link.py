@@ -11,7 +11,8 @@ milliseconds later so that several ride one round trip.
 until ``unreachable_timeout`` has passed since the first failure in a row; then
 :class:`QuotaBackendError` names the URL (never its password). Nothing is
 admitted while Redis cannot be asked: a shared limit that cannot be checked is
-treated as exhausted.
+treated as exhausted. In a Redis Cluster, a scope's slot that is being
+resharded (``TRYAGAIN``) or has no node (``CLUSTERDOWN``) counts as unreachable too.
 """
 
 from __future__ import annotations
@@ -53,8 +54,12 @@ _MAX_RETRY: Final = 1.0
 def _redis_errors() -> tuple[type[Exception], ...]:
     import coredis.exceptions
 
-    # A lost or refused connection, a round trip past command_timeout, a server still loading.
-    return (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+    # A lost or refused connection, a round trip past command_timeout, a server still loading; in a
+    # cluster, a slot that cannot be served yet: TRYAGAIN while it migrates (coredis retries for
+    # ~0.4 s, then ClusterError), CLUSTERDOWN while a slot has no node.
+    exceptions = coredis.exceptions
+    return (exceptions.ConnectionError, TimeoutError, OSError, exceptions.ClusterError,
+            exceptions.TryAgainError, exceptions.ClusterDownError)
 
 
 def _seed_nodes(url: str) -> list[Any]:
