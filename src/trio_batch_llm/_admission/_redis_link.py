@@ -119,8 +119,8 @@ class RedisLink:
             kind = coredis.RedisCluster if backend.cluster else coredis.Redis
             url = backend.connection_url()
             options: dict[str, Any] = {}
-            if backend.cluster:
-                options["startup_nodes"] = _seed_nodes(url)
+            if backend.cluster and (seeds := _seed_nodes(url)):
+                options["startup_nodes"] = seeds
             self._client = kind.from_url(
                 url, connect_timeout=backend.connect_timeout, stream_timeout=backend.command_timeout,
                 retry_policy=coredis.retry.NoRetryPolicy(), **options,
