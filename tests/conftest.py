@@ -88,6 +88,7 @@ def clock_waits_for_threads() -> Iterator[None]:
 
 from ._servers.postgres import postgres_server, postgres_url, stop_shared_server  # noqa: E402, F401
 from ._servers.redis import redis_server, redis_url  # noqa: E402, F401
+from ._servers.redis_cluster import cluster_url, redis_cluster  # noqa: E402, F401
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -11,12 +11,14 @@ milliseconds later so that several ride one round trip.
 until ``unreachable_timeout`` has passed since the first failure in a row; then
 :class:`QuotaBackendError` names the URL (never its password). Nothing is
 admitted while Redis cannot be asked: a shared limit that cannot be checked is
-treated as exhausted.
+treated as exhausted. In a Redis Cluster, a scope's slot that is being
+resharded (``TRYAGAIN``) or has no node (``CLUSTERDOWN``) counts as unreachable too.
 """
 
 from __future__ import annotations
 
 import math
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, final
 
@@ -52,8 +54,22 @@ _MAX_RETRY: Final = 1.0
 def _redis_errors() -> tuple[type[Exception], ...]:
     import coredis.exceptions
 
-    # A lost or refused connection, a round trip past command_timeout, a server still loading.
-    return (coredis.exceptions.ConnectionError, TimeoutError, OSError)
+    # A lost or refused connection, a round trip past command_timeout, a server still loading; in a
+    # cluster, a slot that cannot be served yet: TRYAGAIN while it migrates (coredis retries for
+    # ~0.4 s, then ClusterError), CLUSTERDOWN while a slot has no node.
+    exceptions = coredis.exceptions
+    return (exceptions.ConnectionError, TimeoutError, OSError, exceptions.ClusterError,
+            exceptions.TryAgainError, exceptions.ClusterDownError)
+
+
+def _seed_nodes(url: str) -> list[Any]:
+    # coredis 6.9's RedisCluster.from_url names the URL's node in a form it deprecates itself: a
+    # DeprecationWarning at every start, which ends the link where warnings are errors (pytest's
+    # filterwarnings = error). Named as a TCPLocation, the seed is the same node without it.
+    from coredis.connection import TCPLocation
+
+    parsed = urllib.parse.urlsplit(url)
+    return [] if parsed.hostname is None else [TCPLocation(parsed.hostname, parsed.port or 6379)]
 
 
 @final
@@ -101,9 +117,13 @@ class RedisLink:
             self._unreachable = _redis_errors()
             backend = self.backend
             kind = coredis.RedisCluster if backend.cluster else coredis.Redis
+            url = backend.connection_url()
+            options: dict[str, Any] = {}
+            if backend.cluster and (seeds := _seed_nodes(url)):
+                options["startup_nodes"] = seeds
             self._client = kind.from_url(
-                backend.connection_url(), connect_timeout=backend.connect_timeout,
-                stream_timeout=backend.command_timeout, retry_policy=coredis.retry.NoRetryPolicy(),
+                url, connect_timeout=backend.connect_timeout, stream_timeout=backend.command_timeout,
+                retry_policy=coredis.retry.NoRetryPolicy(), **options,
             )
             async with self._client:
                 self._script = self._client.register_script(ACQUIRE_SCRIPT)
