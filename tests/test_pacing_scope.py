@@ -144,12 +144,13 @@ async def test_only_a_retry_after_pauses_the_scope() -> None:
     probe.release()
     third, fourth = scope.try_admit_nowait(), scope.try_admit_nowait()
     # A later 429 with neither headers nor Retry-After pauses nobody: it lowers the
-    # discovered rate: 0.8 of the rate admitted since calls flowed again (3 calls, counted over at
-    # least a second: the pause before is not the rate) ...
+    # discovered rate: 0.8 of the rate admitted since calls flowed again (the two admitted once the
+    # probe got through, at once: counted over the shortest span, 50 ms; the 2 s pause before the
+    # probe is not the rate) ...
     third.release_rate_limited()
     stats = scope.statistics()
     assert stats.cooldown_remaining == 0.0 and stats.pacing == "discovery"
-    assert stats.paced_requests_per_minute == pytest.approx(0.8 * 60 * 3 / 1)
+    assert stats.paced_requests_per_minute == pytest.approx(0.8 * 60 * 2 / 0.05)
     # ... and calls keep going at that rate (with its 3 s of credit).
     fifth = await scope.admit()
     assert now() == 2.0

@@ -46,7 +46,7 @@ __all__ = ["Discovery"]
 _MIN_FIRST_ESTIMATE: Final = 60
 """Calls that must have got through before the first 429 for it to set the pace: fewer say little
 (an isolated 429 after a few calls would otherwise pace the scope at a few calls a minute)."""
-_MIN_MEASURE_SPAN: Final = 1.0  # seconds (a tally bucket): a rate measured over less is taken over this long
+_MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
 
 
 @final
@@ -58,6 +58,8 @@ class Discovery:
         "_admitted",
         "_answered",
         "_config",
+        "_decreased_at",
+        "_flowed",
         "_grown_at",
         "_limited_at",
         "_peak",
@@ -81,6 +83,8 @@ class Discovery:
         self.generation = 0
         self._activated_at: float | None = None  # the first 429: measuring begins
         self._resumed_at = NOW  # the end of the last storm: calls flow again from here
+        self._decreased_at = NOW
+        self._flowed = 0  # calls admitted since _resumed_at
         self._answered = False  # an answer other than a 429 since the last decrease
         self._storm = False  # nothing gets through: one probe at a time, ...
         self._storm_gap = 0.0  # ... this far apart
@@ -110,6 +114,7 @@ class Discovery:
         if self._activated_at is None:
             return
         self._admitted.add(now)
+        self._flowed += 1
         self._probed_at = now
         rate = self.rate
         if rate is not None:
@@ -127,7 +132,7 @@ class Discovery:
         if generation >= self.generation:
             self._answered = True
             if self._storm:
-                self._resumed_at = now
+                self._resumed_at, self._flowed = now, 0
             self._storm, self._storm_gap = False, 0.0
         rate = self.rate
         if rate is None:
@@ -163,6 +168,7 @@ class Discovery:
             # What got through before it is the first guess at a window's worth: pacing at it
             # from now on keeps the next window from taking the same burst again.
             self._activated_at = now
+            self._flowed = 0
             self.generation += 1
             self._storm = True
             if served_before >= _MIN_FIRST_ESTIMATE:
@@ -179,14 +185,26 @@ class Discovery:
             if not asked_to_wait:
                 self._storm_gap = min(WINDOW_SECONDS, max(1.0, 2.0 * self._storm_gap))
             return
-        self._answered = False
         config = self._config
         decrease = config.discovery_decrease
-        # The rate admitted since calls last flowed: a window that holds a long storm (a cooldown)
-        # would measure the pause, not the rate, and pin the scope far below the limit.
-        since = max(now - WINDOW_SECONDS, math.floor(max(self._activated_at, self._resumed_at)))
-        span = max(_MIN_MEASURE_SPAN, now - since)
-        measured = self._admitted.count(now, since) / span
+        if self.rate is not None and now - self._decreased_at < config.discovery_recovery_seconds:
+            # Within the climb back from the last decrease, a 429 lowers the rate again only if a
+            # whole window of answers shows the provider serving well below it: isolated 429s
+            # (a provider that refuses a few calls at random) would otherwise ratchet it down
+            # faster than it climbs, to a few calls a minute.
+            full = now - self._activated_at >= WINDOW_SECONDS
+            if not (full and self._served.count(now) / WINDOW_SECONDS < decrease * self.rate):
+                return
+        self._answered = False
+        self._decreased_at = now
+        # The rate admitted since calls last flowed (the first 429, or the end of the last storm),
+        # within the last window: a window that holds a long storm (a cooldown) would measure the
+        # pause, not the rate, and pin the scope far below the limit.
+        flowing = now - max(self._activated_at, self._resumed_at)
+        if flowing < WINDOW_SECONDS:
+            measured = self._flowed / max(_MIN_MEASURE_SPAN, flowing)
+        else:
+            measured = self._admitted.count(now) / WINDOW_SECONDS
         current = min(self.cap, measured if self.rate is None else min(self.rate, measured))
         floor = config.discovery_min_rpm / WINDOW_SECONDS
         peak = current
@@ -230,11 +248,8 @@ class _Tally:
             buckets.append([second, 1])
         self._total += 1
 
-    def count(self, now: float, since: float = -math.inf) -> int:
-        """Events in the last window, or only in its whole seconds from ``since`` on."""
+    def count(self, now: float) -> int:
         self._prune(now)
-        if since == -math.inf:
-            return self._total
-        return sum(int(count) for second, count in self._buckets if second >= since)
+        return self._total
 
 
