@@ -26,6 +26,7 @@ from .._observe._hooks import Hooks
 from .._observe._log import FailureLog
 from .._observe._progress import CallbackProgress, ProgressTracker
 from .._observe._snapshot import Progress
+from .._values._categories import ErrorCategory
 from .._values._errors import ArtifactEncodeError
 from .._values._requests import LLMWorkItem, request_text
 from .._values._results import BatchTermination, WorkItemResult
@@ -229,31 +230,54 @@ class Publisher(Generic[TOutput]):
                 await self.publish(_not_executed(item, reason, category), item)
         # No step awaits: settle a chunk between two checkpoints, so the calls still in flight
         # resume and finish while the rest of the queue is reported, not behind the whole queue.
-        settle = self._settle
-        append = self.results.append
-        receive = recv.receive_nowait
+        # With no observer and no progress, settling a result the stop decided is two counters
+        # (the stop is decided already, so the policy adds nothing, and the failure log skips
+        # the stop's verdicts): counted per chunk, not per result.
+        bulk = not self._observing and self.tracker is None and self.failures.skips(category)
         while True:
             with _no_collection():  # no await in this loop
-                for _ in range(DRAIN_CHUNK):
-                    try:
-                        item = receive()
-                    except anyio.EndOfStream:
-                        # The input is closed and empty: the workers still finishing their own
-                        # item need not try the queue again.
-                        self._drained = True
-                        return  # noqa: ASYNC910 - as above
-                    except anyio.WouldBlock:
-                        return  # noqa: ASYNC910 - as above
-                    result: WorkItemResult[TOutput] = WorkItemResult(
-                        item_id=item.item_id,
-                        success=False,
-                        error=reason,
-                        error_category=category,
-                        context=item.context,
-                    )
-                    settle(result)
-                    append(result)
+                left = self._drain_chunk(recv.receive_nowait, reason, category, bulk)
+            if left is not None:
+                self._drained = left
+                return  # noqa: ASYNC910 - no checkpoint per item on purpose; the worker's exit has one
             await anyio.lowlevel.checkpoint()
+
+    def _drain_chunk(self, receive: Callable[[], LLMWorkItem[TOutput]], reason: str,
+                     category: ErrorCategory, bulk: bool) -> bool | None:
+        """Settle up to :data:`DRAIN_CHUNK` queued items; ``None``: more may follow, else whether
+        the input is closed and empty (the workers still finishing their own item need not try
+        the queue again) rather than only empty for now."""
+        settle = self._settle
+        append = self.results.append
+        taken = 0
+        outcome: bool | None = None
+        try:
+            for _ in range(DRAIN_CHUNK):
+                try:
+                    item = receive()
+                except anyio.EndOfStream:
+                    outcome = True
+                    break
+                except anyio.WouldBlock:
+                    outcome = False
+                    break
+                result: WorkItemResult[TOutput] = WorkItemResult(
+                    item_id=item.item_id,
+                    success=False,
+                    error=reason,
+                    error_category=category,
+                    context=item.context,
+                )
+                append(result)
+                if bulk:
+                    taken += 1
+                else:
+                    settle(result)
+        finally:
+            counters = self._counters
+            counters.finished += taken
+            counters.failed += taken
+        return outcome
 
     async def close(self, termination: BatchTermination) -> None:
         """The batch is over: ``BatchFinished`` (once), and the final progress update."""

@@ -158,8 +158,9 @@ class FailureLog:
 
     def note(self, item_id: str, category: ErrorCategory | None, attempts: int,
              exc: BaseException | None) -> None:
-        if category is None or category in _STOP_VERDICTS:
+        if FailureLog.skips(category):
             return
+        assert category is not None
         key = category.value
         seen = self._counts.get(key, 0)
         self._counts[key] = seen + 1
@@ -173,6 +174,11 @@ class FailureLog:
         elif engine_logger.isEnabledFor(logging.DEBUG):
             engine_logger.debug("item %r failed after %d attempt(s): %s (%s)", item_id, attempts, key,
                                 _error_type(exc), extra=extra)
+
+    @staticmethod
+    def skips(category: ErrorCategory | None) -> bool:
+        """Whether :meth:`note` ignores failures of ``category`` (no category, or a stop's verdict)."""
+        return category is None or category in _STOP_VERDICTS
 
     @property
     def counts(self) -> dict[str, int]:
