@@ -78,6 +78,7 @@ class QuotaCore:
         tokens_per_minute: int | None = None,
         rate_limit: RateLimitConfig | None = None,
         request_burst: int | None = None,
+        shared_discovery: bool = False,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError("concurrency", concurrency, "must be a whole number >= 1")
@@ -91,7 +92,8 @@ class QuotaCore:
         self.tokens = None if tokens_per_minute is None else TokenRateCore(tokens_per_minute)
         self.cooldown = CooldownCore(config)
         self.pacing = (
-            PacingCore(config, requests_per_minute=requests_per_minute) if config.learn_limits else None
+            PacingCore(config, requests_per_minute=requests_per_minute, shared_discovery=shared_discovery)
+            if config.learn_limits else None
         )
         self.paced = False
         self._blip_wait = config.blip_retry_seconds

@@ -1,0 +1,218 @@
+"""The rate discovered from 429s alone, shared through Redis: one pace for every process.
+
+Each "process" is a QuotaRegistry with its own connection, as in test_quota_redis;
+the script runs on an injected clock (``script_clock``) and so does each scope,
+so the simulated minutes below take no wall-clock time. A process admits as
+its scope would (the local core first, then one round trip for the share) but
+one attempt at a time, at the simulated time the test chooses, and its
+releases reach Redis before the next step (the flusher's job, done here at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from trio_batch_llm import ProcessorConfig, RateLimitConfig, RedisQuotaBackend
+from trio_batch_llm._admission import QuotaRegistry, QuotaScope
+from trio_batch_llm._admission._limits import PACE_CREDIT
+from trio_batch_llm._admission._redis_quota import RedisSharedQuota, _Want
+from trio_batch_llm._admission._scope import Admission
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 120  # the provider's: requests in any 60 s
+LEARN = RateLimitConfig(slow_start_seconds=0.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Provider:
+    """A fixed sliding-window limit that answers 429 (no headers) to a call beyond it."""
+
+    def __init__(self, clock: Clock, limit: int = LIMIT) -> None:
+        self.clock, self.limit = clock, limit
+        self.accepted: deque[float] = deque()
+
+    def call(self) -> bool:
+        now, accepted = self.clock.now, self.accepted
+        while accepted and accepted[0] <= now - 60.0:
+            accepted.popleft()
+        if len(accepted) >= self.limit:
+            return False
+        accepted.append(now)
+        return True
+
+
+@contextlib.asynccontextmanager
+async def processes(url: str, clock: Clock, *, count: int = 2, rpm: float | None = 6000,
+                    rate_limit: RateLimitConfig = LEARN) -> AsyncIterator[list[QuotaScope]]:
+    config = ProcessorConfig(concurrency=1000, max_requests_per_minute=rpm, rate_limit=rate_limit,
+                             quota_backend=RedisQuotaBackend(url))
+    async with anyio.create_task_group() as tg:
+        made = [QuotaRegistry(backend=config.quota_backend, clock=clock, spawn=tg.start_soon)
+                for _ in range(count)]
+        try:
+            scopes = [registry.scope_for(("provider", "key"), config) for registry in made]
+            for registry in made:
+                assert registry._link is not None
+                registry._link.script_clock = clock
+            yield scopes
+        finally:
+            for registry in made:
+                await registry.aclose()
+
+
+def shared_of(scope: QuotaScope) -> RedisSharedQuota:
+    shared = scope._shared
+    assert shared is not None
+    return shared
+
+
+async def attempt(scope: QuotaScope) -> tuple[Admission | None, float | None]:
+    """One admission attempt now, as admit() makes it: ``(admission, None)`` or ``(None, ready)``."""
+    core, shared, now = scope._core, shared_of(scope), scope._clock()
+    try:
+        grant = core.try_admit_nowait(0, now)
+    except anyio.WouldBlock:
+        return None, None
+    ticket = shared.try_take_nowait(0)
+    ready = None
+    if ticket is None:
+        want = _Want(0)
+        reply = await shared._round_trip([want])
+        shared._admit([want], reply)
+        ticket, ready = want.ticket, reply.ready_at
+    if ticket is None:
+        core.release_unused(grant, now)
+        return None, ready
+    return Admission(scope, grant, ticket), None
+
+
+async def flush(scope: QuotaScope) -> None:
+    shared = shared_of(scope)
+    if shared.buffered:
+        await shared._round_trip([])
+
+
+async def drive(scopes: list[QuotaScope], provider: Provider, clock: Clock, until: float,
+                demand: float = 10.0) -> list[list[float]]:
+    """Each process wants ``demand`` calls a second until ``until``; return each one's admission times.
+
+    A refused process tries again at the ready time the script gave; of two due at once, the one
+    that waited longer goes first (as two processes' leaders would race).
+    """
+    admitted: list[list[float]] = [[] for _ in scopes]
+    next_try = [clock.now + 0.001 * n for n in range(len(scopes))]
+    since = [0.0 for _ in scopes]
+    while True:
+        n = min(range(len(scopes)), key=lambda k: (next_try[k], since[k]))
+        if next_try[n] >= until:
+            return admitted
+        clock.now = max(clock.now, next_try[n])
+        scope = scopes[n]
+        admission, ready = await attempt(scope)
+        if admission is None:
+            next_try[n] = clock.now + 0.05 if ready is None else max(ready, clock.now + 0.001)
+            continue
+        admitted[n].append(clock.now)
+        since[n] = clock.now
+        if provider.call():
+            admission.release(0)
+        else:
+            admission.release_rate_limited(None, 0)
+        await flush(scope)
+        next_try[n] = clock.now + 1.0 / demand
+
+
+def in_windows(times: list[float], start: float, end: float) -> tuple[int, int]:
+    """The fewest and most of ``times`` in a 60 s window beginning in [start, end - 60], a second apart."""
+    counts = []
+    t = start
+    while t + 60.0 <= end:
+        counts.append(sum(1 for x in times if t <= x < t + 60.0))
+        t += 1.0
+    return min(counts), max(counts)
+
+
+def between(times: list[float], start: float, end: float) -> int:
+    return sum(1 for x in times if start <= x < end)
+
+
+async def test_two_processes_pace_at_one_shared_rate(redis_url: str) -> None:
+    # 20 calls a second wanted, 2 a second allowed. The first 429s come about 6 s in (the provider's
+    # first window took 120 at once); probes find the window open a minute later; then a pace.
+    clock = Clock()
+    provider = Provider(clock)
+    start = clock.now
+    async with processes(redis_url, clock) as scopes:
+        admitted = await drive(scopes, provider, clock, until=start + 600.0)
+        rates = [scope.statistics().paced_requests_per_minute for scope in scopes]
+    combined = sorted(admitted[0] + admitted[1])
+    low, high = in_windows(combined, start + 120.0, start + 600.0)
+    # One pace for both: within the limit but for one PACE_CREDIT's burst at about the limit's rate
+    # (2 a second: 6), and no lower than 80 % of it (one decrease).
+    assert high <= LIMIT + PACE_CREDIT * LIMIT / 60.0
+    assert low >= 0.8 * LIMIT
+    # Both took part (neither was starved by the other's pace), and both read the same shared rate.
+    for times in admitted:
+        assert between(times, start + 120.0, start + 600.0) >= 0.25 * between(combined, start + 120.0,
+                                                                               start + 600.0)
+    assert rates[0] is not None and rates[1] is not None
+    assert 0.8 * LIMIT <= rates[0] <= 1.2 * LIMIT and abs(rates[0] - rates[1]) <= 0.1 * LIMIT
+
+
+async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
+    clock = Clock()
+    provider = Provider(clock)
+    slow_recovery = RateLimitConfig(slow_start_seconds=0.0, discovery_recovery_seconds=300.0)
+    async with processes(redis_url, clock, rate_limit=slow_recovery) as (a, b):
+        await drive([a, b], provider, clock, until=clock.now + 200.0)  # both paced now
+        provider.limit = 10**9  # from here on the provider refuses nothing: only A's one 429 below
+        t = clock.now
+        before = (await drive([b], provider, clock, until=t + 60.0))[0]
+        paced_before = b.statistics().paced_requests_per_minute
+        admission = None
+        while admission is None:
+            admission, ready = await attempt(a)
+            clock.now = max(clock.now + 0.01, ready or 0.0)
+        admission.release_rate_limited(None, 0)  # a 429 without headers, seen by A alone
+        await flush(a)
+        t = clock.now
+        after = (await drive([b], provider, clock, until=t + 30.0))[0]
+        paced_after = b.statistics().paced_requests_per_minute
+    assert paced_before is not None and paced_after is not None
+    assert paced_after <= 0.85 * paced_before  # the decrease (0.8) reached B's pace
+    # B admitted as fast as the pace let it before; after A's 429, a fifth slower.
+    assert len(after) <= 0.9 * between(before, t - 30.0 - 0.02, t)
+
+
+@pytest.mark.parametrize("learn", [True, False])
+async def test_learning_off_shares_no_pace(redis_url: str, learn: bool) -> None:
+    clock = Clock()
+    provider = Provider(clock)
+    config = RateLimitConfig(slow_start_seconds=0.0, learn_limits=learn, cooldown_seconds=5.0)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        await drive([a, b], provider, clock, until=clock.now + 200.0)
+        clock.now += 120.0  # any cooldown is over, and the pace has its whole credit back
+        shared = shared_of(b)
+        wants = [_Want(0) for _ in range(20)]
+        reply = await shared._round_trip(wants)
+        shared._admit(wants, reply)
+    granted = len(reply.units) - reply.spares
+    if learn:
+        assert reply.generation > 0 and reply.discovered_rate is not None
+        assert granted <= PACE_CREDIT * reply.discovered_rate + 1  # the credit's burst, then the pace
+    else:
+        assert reply.generation == 0 and reply.discovered_rate is None
+        assert granted == 20  # nothing paces: only the configured RPM (6000) counts
