@@ -11,17 +11,24 @@ releases reach Redis before the next step (the flusher's job, done here at once)
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from trio_batch_llm import ProcessorConfig, RateLimitConfig, RedisQuotaBackend
 from trio_batch_llm._admission import QuotaRegistry, QuotaScope
 from trio_batch_llm._admission._limits import PACE_CREDIT
+from trio_batch_llm._admission._redis_lua import AcquireReply
 from trio_batch_llm._admission._redis_quota import RedisSharedQuota, _Want
 from trio_batch_llm._admission._scope import Admission
+
+from ._servers.redis import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -216,3 +223,89 @@ async def test_learning_off_shares_no_pace(redis_url: str, learn: bool) -> None:
     else:
         assert reply.generation == 0 and reply.discovered_rate is None
         assert granted == 20  # nothing paces: only the configured RPM (6000) counts
+
+
+CLIENTS, MIN_RPM, CAP_RPM = 3, 30.0, 60.0  # a pace of 0.5 to 1 a second: 1.5 to 3 calls of credit
+PROPERTY = RateLimitConfig(slow_start_seconds=0.0, discovery_min_rpm=MIN_RPM, cooldown_seconds=1.0)
+ADMIT = st.tuples(st.just("admit"), st.integers(0, CLIENTS - 1), st.integers(1, 4))  # waiters in one trip
+OPS = st.lists(
+    st.one_of(
+        ADMIT, ADMIT,  # twice as likely as the others
+        st.tuples(st.just("answer"), st.integers(0, CLIENTS - 1), st.just(0)),
+        st.tuples(st.just("limited"), st.integers(0, CLIENTS - 1), st.integers(0, 1)),  # 1: Retry-After
+        st.tuples(st.just("tick"), st.just(0), st.integers(1, 3000)),  # hundredths of a second
+    ),
+    max_size=60,
+)
+
+
+async def _play(url: str, ops: list[tuple[str, int, int]]) -> int:
+    """Play ``ops``; check the shared rate's bounds and the pace after every round trip; return refusals."""
+    clock = Clock()
+    tat = -math.inf  # the pace as the grants seen so far make it (GCRA at the rates the replies gave)
+    refused = 0
+
+    def check(reply: AcquireReply, granted: int) -> None:
+        nonlocal tat
+        rate = reply.discovered_rate
+        if rate is None:
+            return
+        assert MIN_RPM / 60.0 - 1e-9 <= rate <= CAP_RPM / 60.0 + 1e-9
+        for _ in range(granted):
+            assert tat - PACE_CREDIT <= clock.now + 1e-6  # never ahead of the pace by more than its credit
+            tat = max(tat, clock.now) + 1.0 / rate
+
+    async with processes(url, clock, count=CLIENTS, rpm=CAP_RPM, rate_limit=PROPERTY) as scopes:
+        open_calls: list[list[Admission]] = [[] for _ in scopes]
+        for op, n, value in ops:
+            scope = scopes[n]
+            core, shared = scope._core, shared_of(scope)
+            if op == "tick":
+                clock.now += value / 100.0
+            elif op == "admit":
+                grants = []
+                with contextlib.suppress(anyio.WouldBlock):  # a local cooldown (Retry-After) refuses
+                    for _ in range(value):
+                        grants.append(core.try_admit_nowait(0, clock.now))
+                if not grants:
+                    continue
+                wants = [_Want(0) for _ in grants]
+                reply = await shared._round_trip(wants)
+                shared._admit(wants, reply)
+                check(reply, len(reply.units) - reply.spares)
+                for grant, want in zip(grants, wants, strict=True):
+                    if want.ticket is None:
+                        refused += 1
+                        core.release_unused(grant, clock.now)
+                    else:
+                        open_calls[n].append(Admission(scope, grant, want.ticket))
+            elif any(open_calls):
+                n = next(k for k in [*range(n, CLIENTS), *range(n)] if open_calls[k])  # its own, or the next
+                shared = shared_of(scopes[n])
+                admission = open_calls[n].pop(0)
+                if op == "answer":
+                    admission.release(0)
+                else:
+                    admission.release_rate_limited(1.0 if value else None, 0)
+                check(await shared._round_trip([]), 0)
+    return refused
+
+
+DECREASE = [("admit", 0, 1), ("limited", 0, 0), ("tick", 0, 1000), ("admit", 1, 1), ("answer", 1, 0),
+            ("admit", 1, 1), ("limited", 1, 0), ("admit", 2, 4), ("admit", 0, 4)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+@example(ops=DECREASE)  # the first 429, an answer, a decrease: a pace, and a burst it must hold back
+def test_the_shared_rate_stays_bounded_and_grants_keep_its_pace(
+    redis_server: RedisServer, anyio_backend: Any, ops: Any
+) -> None:
+    redis_server.flush()
+    anyio.run(_play, redis_server.url, ops, backend=anyio_backend)
+
+
+def test_the_property_sees_the_pace_refuse(redis_server: RedisServer, anyio_backend: Any) -> None:
+    # The example above does exercise the pace (else the property would check nothing).
+    redis_server.flush()
+    assert anyio.run(_play, redis_server.url, DECREASE, backend=anyio_backend) > 0
