@@ -156,13 +156,15 @@ def between(times: list[float], start: float, end: float) -> int:
     return sum(1 for x in times if start <= x < end)
 
 
-async def test_two_processes_pace_at_one_shared_rate(redis_url: str) -> None:
+@pytest.mark.parametrize("rpm", [6000, None], ids=["cap", "no-cap"])
+async def test_two_processes_pace_at_one_shared_rate(redis_url: str, rpm: float | None) -> None:
     # 20 calls a second wanted, 2 a second allowed. The first 429s come about 6 s in (the provider's
     # first window took 120 at once); probes find the window open a minute later; then a pace.
+    # Without a configured RPM nothing asks Redis before the first 429, and storm probes go a gap apart.
     clock = Clock()
     provider = Provider(clock)
     start = clock.now
-    async with processes(redis_url, clock) as scopes:
+    async with processes(redis_url, clock, rpm=rpm) as scopes:
         admitted = await drive(scopes, provider, clock, until=start + 600.0)
         rates = [scope.statistics().paced_requests_per_minute for scope in scopes]
     combined = sorted(admitted[0] + admitted[1])
@@ -202,6 +204,29 @@ async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
     assert paced_after <= 0.85 * paced_before  # the decrease (0.8) reached B's pace
     # B admitted as fast as the pace let it before; after A's 429, a fifth slower.
     assert len(after) <= 0.9 * between(before, t - 30.0 - 0.02, t)
+
+
+@pytest.mark.parametrize("learn", [True, False])
+async def test_spares_go_back_once_discovery_is_active(redis_url: str, learn: bool) -> None:
+    clock = Clock()
+    config = RateLimitConfig(slow_start_seconds=0.0, learn_limits=learn)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        shared = shared_of(a)
+        shared._admitted = 10  # a busy process: its next round trip leases spares for that demand
+        wants = [_Want(0)]
+        shared._admit(wants, await shared._round_trip(wants))
+        assert a.statistics().backend_spares == 10
+        admission, _ = await attempt(b)
+        assert admission is not None
+        admission.release_rate_limited(None, 0)  # B's first 429: discovery begins for the scope
+        await flush(b)
+        await shared._round_trip([])  # A hears of it with its next round trip
+        held = a.statistics().backend_spares
+        taken = shared.try_take_nowait(0)
+    if learn:
+        assert held == 0 and taken is None  # handed back: a spare would go unpaced
+    else:
+        assert held == 10 and taken is not None
 
 
 @pytest.mark.parametrize("learn", [True, False])

@@ -16,16 +16,18 @@ batch). The leader sleeps until the reported ready time, or until a local
 release gives it something new to say, and asks again; when its own request is
 granted it hands the lead to the next waiter. No task is spawned for this.
 
-**Releases ride along.** A call's end, a refund, a token settlement or a
-cooldown are buffered (the release methods are synchronous) and sent with the
-next round trip: the leader's, or the link's flusher a few milliseconds later.
+**Releases ride along.** A call's end, a refund, a token settlement, a
+cooldown, an answer or 429 for discovery (:mod:`._redis_discovery`) are buffered
+(the release methods are synchronous) and sent with the next round trip: the
+leader's, or the link's flusher a few milliseconds later.
 Late is always the strict side: an end stamped later counts longer, a refund
 sent later frees later.
 
 **Spares.** With an RPM limit and no TPM limit, a round trip also leases up to
 ``min(max_lease, limit // 20, admissions since the last round trip)`` spare
 units, counted in Redis like any admitted call; the next admissions take them
-without a round trip. Unused spares go back after ``lease_seconds``.
+without a round trip. Unused spares go back after ``lease_seconds``, and at once
+when discovery is active (none is leased then).
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ class RedisSharedQuota:
     def wants_refill(self) -> bool:
         """Spares are running low while they are in use: top them up ahead of demand."""
         return (self._spare_cap > 0 and self._admitted > 0 and not self._refilling
-                and len(self._spares) <= self._spare_cap // 2)
+                and len(self._spares) <= self._spare_cap // 2 and not self.discovery.active)
 
     def _serve_from_spares(self) -> None:
         # Waiters that queued during a round trip take the spares it brought, in order.
@@ -298,6 +300,8 @@ class RedisSharedQuota:
         try:
             reply = await self._link.run_script(self._keys, args)
             self.discovery.read(reply.generation, reply.discovered_rate)
+            while self.discovery.active and spares:  # a spare would go unpaced: back to Redis
+                self._refunds.append(spares.popleft()[0])
             return reply
         except BaseException:
             # Not known to have applied: keep it all for the next round trip. Each item is
