@@ -206,6 +206,38 @@ async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
     assert len(after) <= 0.9 * between(before, t - 30.0 - 0.02, t)
 
 
+async def test_admit_waits_for_the_shared_pace(redis_url: str) -> None:
+    # Through the scopes' own admit() (leaders, FIFO, flusher): 60 answers, then a 429, pace the
+    # scope at 60 a minute; a probe's answer ends the storm. Then a burst goes as far as the pace's
+    # credit allows, in either process, and the next admission waits until the clock moves on.
+    clock = Clock()
+    async with processes(redis_url, clock) as (a, b):
+        for _ in range(60):
+            admission, _ = await attempt(b)
+            assert admission is not None
+            admission.release(0)
+        admission, _ = await attempt(b)
+        assert admission is not None
+        admission.release_rate_limited(None, 0)
+        await flush(b)
+        with anyio.fail_after(5):
+            probe = await a.admit()
+        probe.release(0)
+        assert shared_of(a).discovery.rate == 1.0
+        burst = 0
+        while True:
+            with anyio.move_on_after(0.3) as waited:
+                await (a if burst % 2 else b).admit()
+            if waited.cancelled_caught:
+                break
+            burst += 1
+        assert 1 <= burst <= PACE_CREDIT * 1.0 + 1  # both processes' grants come out of one credit
+        clock.now += 10.0
+        with anyio.fail_after(5):
+            await a.admit()
+            await b.admit()
+
+
 @pytest.mark.parametrize("learn", [True, False])
 async def test_spares_go_back_once_discovery_is_active(redis_url: str, learn: bool) -> None:
     clock = Clock()

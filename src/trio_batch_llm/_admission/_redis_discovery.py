@@ -42,8 +42,11 @@ no growth, no storm ended, less served).
 and advances ``dtat`` by ``1/drate``; no spare units are leased once discovery
 is active (a spare is used later, unpaced). In a storm one probe goes at a
 time: with an RPM limit the ``req`` ZSET says whether a call is still open (its
-unit scores more than a window ahead), so a probe waits for that call's answer;
-without one nothing there knows, so probes go a gap apart, at least a second.
+unit scores ``hold`` plus a window after its grant, an ended one a window after
+its end), so a probe waits for the answer of a call granted within the last
+minute and still open (one open longer may belong to a process that died: it
+does not hold the storm up; nor does a spare, handed back at once); without an
+RPM limit nothing there knows, so probes go a gap apart, at least a second.
 With no RPM or TPM limit a scope takes no round trip before its first 429;
 from the reply that reports discovery active on, every admission asks Redis.
 """
@@ -167,8 +170,9 @@ local function d_ready()  -- when the pace and the storm let the next grant go (
   end
   if D.dstorm == 1 then
     local probe
-    if limit > 0 then  -- a unit still open scores more than a window ahead
-      local open = redis.call('ZCOUNT', req, string.format('(%.17g', now + window), '+inf')
+    if limit > 0 then  -- calls still open, admitted within the last minute (see the docstring)
+      local since = string.format('(%.17g', now + window + math.max(0, hold - 60))
+      local open = redis.call('ZCOUNT', req, since, '+inf')
       if open > 0 then probe = now + 1 else probe = D.dprobed + D.dgap end
     else
       probe = D.dprobed + math.max(D.dgap, 1)

@@ -300,8 +300,10 @@ class RedisSharedQuota:
         try:
             reply = await self._link.run_script(self._keys, args)
             self.discovery.read(reply.generation, reply.discovered_rate)
-            while self.discovery.active and spares:  # a spare would go unpaced: back to Redis
-                self._refunds.append(spares.popleft()[0])
+            if self.discovery.active and spares:  # a spare would go unpaced: back to Redis, soon
+                self._refunds += [unit for unit, _ in spares]
+                spares.clear()
+                self._link.want_flush()
             return reply
         except BaseException:
             # Not known to have applied: keep it all for the next round trip. Each item is
