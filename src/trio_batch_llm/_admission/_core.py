@@ -63,6 +63,8 @@ class QuotaCore:
     timed admission after the ramp sets it again (unless pacing is in force).
     ``pacing`` is ``None`` when learning is off (``RateLimitConfig.learn_limits``);
     ``paced`` says whether it has begun to pace (it never stops once begun).
+    ``shared_discovery``: the scope's limits live in Redis, which discovers the rate
+    for every process (:mod:`._redis_discovery`); this core's discovery stays off.
     """
 
     __slots__ = (

@@ -32,9 +32,12 @@ are applied in the order each process saw them, stamped with the round trip's
 times in seconds). Consecutive answers are sent as one (a count and the
 highest generation among them): their growth is one step at one ``now`` either
 way, and one of them from the current generation ends a storm as all would.
-A 429's *served before* (the first 429's estimate) is the script's own tally
-of answers over the last window, not the calls that ended since this process
-began. A round trip that failed re-sends its 429s (applying one twice is a
+The first 429's *served before* is the script's own tally of answers over the
+last window (every process's), not the calls that ended since this process
+began; answers are tallied before the first 429 too (``{P}:dsv`` only). A scope
+with no RPM or TPM limit makes no round trip for its answers before then: they
+go with the first 429, all in its second, as one process's discovery counts
+every call that ended before it. A round trip that failed re-sends its 429s (applying one twice is a
 no-op: its generation is then old) and drops its answers (the cautious side:
 no growth, no storm ended, less served).
 
