@@ -238,6 +238,44 @@ async def test_admit_waits_for_the_shared_pace(redis_url: str) -> None:
             await b.admit()
 
 
+async def until(condition: Any) -> None:
+    with anyio.fail_after(5):
+        while not condition():  # noqa: ASYNC110 - the link's flusher signals nobody; a test's probe
+            await anyio.sleep(0.001)
+
+
+async def test_without_a_limit_answers_hear_of_discovery_once_a_second(redis_url: str) -> None:
+    # No RPM or TPM: admissions ask Redis nothing. The link's own flusher (not the test) carries
+    # what goes: a 429 at once, answers at most once a second, and a reply that discovery began.
+    clock = Clock()
+    async with processes(redis_url, clock, rpm=None) as (a, b):
+        shared = shared_of(b)
+
+        async def answer() -> None:
+            admission, _ = await attempt(b)
+            assert admission is not None
+            admission.release(0)
+
+        await answer()  # nothing heard yet: it asks for a round trip
+        await until(lambda: shared.round_trips == 1 and not shared.pending)
+        await answer()  # within the second: it waits
+        assert shared.buffered and not shared._link._flush_wanted.is_set()
+        clock.now += 1.0
+        await answer()
+        await until(lambda: shared.round_trips == 2 and not shared.pending)
+        assert not shared.discovery.active
+        admission, _ = await attempt(a)
+        assert admission is not None
+        admission.release_rate_limited(None, 0)  # A's 429, sent by A's flusher at once
+        await until(lambda: shared_of(a).discovery.active)
+        clock.now += 1.0
+        await answer()
+        await until(lambda: shared.discovery.active)  # B heard of it with its answers
+        trips = shared.round_trips
+        await answer()
+        assert shared.round_trips == trips + 1  # from now on B asks Redis for every admission
+
+
 @pytest.mark.parametrize("learn", [True, False])
 async def test_spares_go_back_once_discovery_is_active(redis_url: str, learn: bool) -> None:
     clock = Clock()

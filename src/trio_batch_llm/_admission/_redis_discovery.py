@@ -35,9 +35,10 @@ way, and one of them from the current generation ends a storm as all would.
 The first 429's *served before* is the script's own tally of answers over the
 last window (every process's), not the calls that ended since this process
 began; answers are tallied before the first 429 too (``{P}:dsv`` only). A scope
-with no RPM or TPM limit makes no round trip for its answers before then: they
-go with the first 429, all in its second, as one process's discovery counts
-every call that ended before it. A round trip that failed re-sends its 429s (applying one twice is a
+with no RPM or TPM limit asks Redis nothing for its admissions before then, so
+its answers ask for a round trip of their own, at most once a second
+(:data:`HEAR_EVERY`): that is also how such a process hears that another one's
+429 began discovery. A round trip that failed re-sends its 429s (applying one twice is a
 no-op: its generation is then old) and drops its answers (the cautious side:
 no growth, no storm ended, less served).
 
@@ -56,6 +57,7 @@ from the reply that reports discovery active on, every admission asks Redis.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Final, final
 
@@ -63,7 +65,10 @@ from .._values._config import RateLimitConfig
 from ._discovery import _MIN_FIRST_ESTIMATE, _MIN_MEASURE_SPAN
 from ._limits import PACE_CREDIT, WINDOW_SECONDS
 
-__all__ = ["DISCOVERY_LUA", "SharedDiscovery"]
+__all__ = ["DISCOVERY_LUA", "HEAR_EVERY", "SharedDiscovery"]
+
+HEAR_EVERY: Final = 1.0
+"""Seconds: before discovery is active, an answer asks for a round trip if none came back for this long."""
 
 DISCOVERY_LUA: Final = r"""
 -- discovery: the rate learnt from 429s alone, for every process (see _redis_discovery)
@@ -215,14 +220,15 @@ Event = tuple[str, int, int]  # ("a", answers, highest generation) or ("r", gene
 class SharedDiscovery:
     """One process's side of the shared discovery: its events until the next round trip, the last reply.
 
-    ``kick`` asks for a round trip soon (a 429 must reach every process; answers
-    wait for the next one).
+    ``kick`` asks for a round trip soon: a 429 at once (it must reach every
+    process), answers only as :data:`HEAR_EVERY` says (otherwise they wait
+    for the next round trip). ``clock`` is the link's.
     """
 
-    __slots__ = ("_events", "_kick", "_settings", "enabled", "generation", "rate")
+    __slots__ = ("_clock", "_events", "_heard_at", "_kick", "_settings", "enabled", "generation", "rate")
 
     def __init__(self, config: RateLimitConfig | None, requests_per_minute: float | None,
-                 kick: Callable[[], None]) -> None:
+                 kick: Callable[[], None], clock: Callable[[], float]) -> None:
         config = config or RateLimitConfig()
         self.enabled = config.learn_limits
         cap = "" if requests_per_minute is None else repr(requests_per_minute / WINDOW_SECONDS)
@@ -232,6 +238,8 @@ class SharedDiscovery:
             repr(PACE_CREDIT), repr(_MIN_MEASURE_SPAN),
         ]
         self._kick = kick
+        self._clock = clock
+        self._heard_at = -math.inf  # when the last reply came back
         self._events: list[Event] = []
         self.generation = 0  # the discovery generation of the last reply (0: not active)
         self.rate: float | None = None  # the shared rate in force, requests per second
@@ -255,6 +263,8 @@ class SharedDiscovery:
             events[-1] = ("a", count + 1, max(highest, generation))
         else:
             events.append(("a", 1, generation))
+        if not self.active and self._clock() >= self._heard_at + HEAR_EVERY:
+            self._kick()
 
     def rate_limited(self, generation: int, asked_to_wait: bool) -> None:
         """A 429 that reported no budget, to a call granted in ``generation``."""
@@ -276,3 +286,4 @@ class SharedDiscovery:
 
     def read(self, generation: int, rate: float | None) -> None:
         self.generation, self.rate = generation, rate
+        self._heard_at = self._clock()

@@ -119,7 +119,7 @@ class RedisSharedQuota:
         self.requests_per_minute = requests_per_minute
         self.tpm = tokens_per_minute or 0
         self.round_trips = 0
-        self.discovery = SharedDiscovery(rate_limit, requests_per_minute, self._kick)
+        self.discovery = SharedDiscovery(rate_limit, requests_per_minute, self._kick, link.clock)
         self.pacing_margin = 0.005  # the scope's RateLimitConfig.pacing_margin (set by the registry)
         self.hold = link.backend.max_call_seconds
         self._spare_cap = 0 if self.tpm else min(link.backend.max_lease, self.limit // 20)
