@@ -2,10 +2,12 @@
 
 Each "process" is a QuotaRegistry with its own connection, as in test_quota_redis;
 the script runs on an injected clock (``script_clock``) and so does each scope,
-so the simulated minutes below take no wall-clock time. A process admits as
-its scope would (the local core first, then one round trip for the share) but
-one attempt at a time, at the simulated time the test chooses, and its
-releases reach Redis before the next step (the flusher's job, done here at once).
+so the simulated minutes below take no wall-clock time. Most tests admit as a
+scope would (the local core first, then one round trip for the share) but one
+attempt at a time, at the simulated time the test chooses, and send releases
+before the next step (the flusher's job, done here at once). Two go through the
+scopes' own ``admit()`` and the link's own flusher, waiting for what they expect
+(never for time to pass) as test_quota_redis does.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from trio_batch_llm import ProcessorConfig, RateLimitConfig, RedisQuotaBackend
 from trio_batch_llm._admission import QuotaRegistry, QuotaScope
 from trio_batch_llm._admission._limits import PACE_CREDIT
+from trio_batch_llm._admission._redis_discovery import SharedDiscovery
 from trio_batch_llm._admission._redis_lua import AcquireReply
 from trio_batch_llm._admission._redis_quota import RedisSharedQuota, _Want
 from trio_batch_llm._admission._scope import Admission
@@ -154,6 +157,33 @@ def in_windows(times: list[float], start: float, end: float) -> tuple[int, int]:
 
 def between(times: list[float], start: float, end: float) -> int:
     return sum(1 for x in times if start <= x < end)
+
+
+def test_events_ride_in_order_and_a_failed_round_trip_resends_only_its_429s() -> None:
+    kicks: list[int] = []
+    now = [0.0]
+    discovery = SharedDiscovery(RateLimitConfig(), 120, lambda: kicks.append(1), lambda: now[0])
+    discovery.answered(0)
+    discovery.answered(2)
+    discovery.rate_limited(2, False)
+    discovery.answered(1)
+    args, events = discovery.take()
+    assert events == [("a", 2, 2), ("r", 2, 0), ("a", 1, 1)]  # consecutive answers as one
+    assert args[0] == "1" and args[5] == repr(2.0) and args[9:] == [3, "a", 2, 2, "r", 2, 0, "a", 1, 1]
+    assert len(kicks) == 4  # nothing heard yet: every event asks for a round trip
+    discovery.give_back(events)  # not known to have applied: a 429 again is a no-op, an answer is not
+    assert discovery.take()[1] == [("r", 2, 0)]
+    discovery.read(0, None)
+    discovery.answered(0)
+    assert len(kicks) == 4  # heard within the second: the answer waits for the next round trip
+    now[0] = 1.0
+    discovery.answered(0)
+    assert len(kicks) == 5
+    off = SharedDiscovery(RateLimitConfig(learn_limits=False), None, lambda: kicks.append(1), lambda: 0.0)
+    off.answered(0)
+    off.rate_limited(0, True)
+    args, events = off.take()
+    assert args[0] == "0" and events == [] and len(kicks) == 5
 
 
 @pytest.mark.parametrize("rpm", [6000, None], ids=["cap", "no-cap"])
