@@ -63,6 +63,8 @@ class QuotaCore:
     timed admission after the ramp sets it again (unless pacing is in force).
     ``pacing`` is ``None`` when learning is off (``RateLimitConfig.learn_limits``);
     ``paced`` says whether it has begun to pace (it never stops once begun).
+    ``shared_discovery``: the scope's limits live in Redis, which discovers the rate
+    for every process (:mod:`._redis_discovery`); this core's discovery stays off.
     """
 
     __slots__ = (
@@ -78,6 +80,7 @@ class QuotaCore:
         tokens_per_minute: int | None = None,
         rate_limit: RateLimitConfig | None = None,
         request_burst: int | None = None,
+        shared_discovery: bool = False,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError("concurrency", concurrency, "must be a whole number >= 1")
@@ -91,7 +94,8 @@ class QuotaCore:
         self.tokens = None if tokens_per_minute is None else TokenRateCore(tokens_per_minute)
         self.cooldown = CooldownCore(config)
         self.pacing = (
-            PacingCore(config, requests_per_minute=requests_per_minute) if config.learn_limits else None
+            PacingCore(config, requests_per_minute=requests_per_minute, shared_discovery=shared_discovery)
+            if config.learn_limits else None
         )
         self.paced = False
         self._blip_wait = config.blip_retry_seconds

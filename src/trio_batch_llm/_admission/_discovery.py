@@ -30,6 +30,9 @@ last decrease belongs to a storm already answered):
   at most a window).
 
 Admissions are spread at the rate with :data:`~._limits.PACE_CREDIT` seconds of credit.
+
+A ``shared`` discovery neither paces nor learns: the scope's limit lives in
+Redis, whose script applies these rules for every process (:mod:`._redis_discovery`).
 """
 
 from __future__ import annotations
@@ -74,10 +77,13 @@ class Discovery:
         "cap",
         "generation",
         "rate",
+        "shared",
     )
 
-    def __init__(self, config: RateLimitConfig, requests_per_minute: float | None) -> None:
+    def __init__(self, config: RateLimitConfig, requests_per_minute: float | None, *,
+                 shared: bool = False) -> None:
         self._config = config
+        self.shared = shared
         self.cap = math.inf if requests_per_minute is None else requests_per_minute / WINDOW_SECONDS
         self.rate: float | None = None  # requests per second; None: no limit discovered
         self.generation = 0
@@ -163,6 +169,8 @@ class Discovery:
         cooldown waits for that) or one probe at a time goes, at a doubling
         gap (at most a window), until an answer gets through.
         """
+        if self.shared:
+            return  # learnt in Redis, for every process: never activated here, so never pacing
         if self._activated_at is None:
             # The first: measuring begins, and one call at a time goes until one gets through.
             # What got through before it is the first guess at a window's worth: pacing at it

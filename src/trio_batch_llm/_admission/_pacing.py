@@ -151,11 +151,12 @@ class PacingCore:
         "requests_total", "tokens", "tokens_total",
     )
 
-    def __init__(self, config: RateLimitConfig, *, requests_per_minute: float | None = None) -> None:
+    def __init__(self, config: RateLimitConfig, *, requests_per_minute: float | None = None,
+                 shared_discovery: bool = False) -> None:
         self._config = config
         self.requests = HeaderBudget()
         self.tokens = HeaderBudget()
-        self.discovery = Discovery(config, requests_per_minute)
+        self.discovery = Discovery(config, requests_per_minute, shared=shared_discovery)
         self.active = False
         self.requests_total = 0
         self.tokens_total = 0.0
@@ -212,6 +213,14 @@ class PacingCore:
         """A paced call that never reached the provider: it stays charged (the cautious side)."""
         if mark is not None:
             self._open -= 1
+
+    def discovery_signal(self, observation: RateLimitObservation | None, retry_after: float | None,
+                         now: float) -> bool | None:
+        """Whether a 429 feeds discovery (see :meth:`rate_limited`): ``None`` if not, else whether
+        the provider asked to wait."""
+        if (observation is not None and observation.reports_budget) or self.headers_live(now):
+            return None
+        return retry_after is not None or (observation is not None and observation.retry_after is not None)
 
     def _mark_of(self, mark: PaceMark | None, in_flight: int) -> PaceMark:
         """``mark``, or the place of a call admitted before pacing began (in generation 0).
@@ -274,11 +283,9 @@ class PacingCore:
             if observation.capacity_remains:
                 self.blips += 1
                 return True
-        elif not self.headers_live(now):
+        elif (asked := self.discovery_signal(observation, retry_after, now)) is not None:
             self.active = True
-            asked = observation is not None and observation.retry_after is not None
-            self.discovery.rate_limited(placed.generation, asked or retry_after is not None, now,
-                                        served_before)
+            self.discovery.rate_limited(placed.generation, asked, now, served_before)
         return False
 
     # -- reporting ------------------------------------------------------------------------------

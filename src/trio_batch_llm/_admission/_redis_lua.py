@@ -1,6 +1,6 @@
 """The one atomic Lua script behind a Redis-backed quota scope, and how its reply is read.
 
-Each scope keeps four keys, all under one hash tag so a Redis Cluster puts them
+Each scope keeps six keys, all under one hash tag so a Redis Cluster puts them
 in one slot (a script may touch only keys of one slot):
 
     {P}:req   ZSET  request units: member = unit id, score = when it stops counting
@@ -10,7 +10,9 @@ in one slot (a script may touch only keys of one slot):
                     (the shared cooldown's end), ``gen`` (cooldowns started), ``rc``/``rm``/``rr``
                     (the provider's reported request budget: ceiling, its answer's mark, reset),
                     ``tc`` (tokens charged since the scope began: reservations and debts, never
-                    lowered), ``kc``/``km``/``kr`` (the reported token budget, as ``rc``/``rm``/``rr``)
+                    lowered), ``kc``/``km``/``kr`` (the reported token budget, as ``rc``/``rm``/``rr``),
+                    ``d...`` (the discovered rate: :mod:`._redis_discovery`)
+    {P}:dga, {P}:dsv  HASH  second -> grants, answers (:mod:`._redis_discovery`)
 
 **Reported budgets.** A unit's id is the scope's grant counter just after it
 (its *mark*, as in :mod:`._pacing`). An answer to the call with mark ``m``
@@ -47,9 +49,11 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from ._redis_discovery import DISCOVERY_LUA
+
 __all__ = ["ACQUIRE_SCRIPT", "AcquireReply", "parse_reply"]
 
-ACQUIRE_SCRIPT: Final = r"""
+_TEMPLATE: Final = r"""
 local req, tok, amt, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now
 if ARGV[1] ~= '' then
@@ -131,12 +135,15 @@ if cool ~= '' and now + tonumber(cool) > until_ then
   redis.call('HINCRBY', st, 'gen', 1)
 end
 
+-- @discovery@
+
 -- 2. admit the waiters, in order, while everything fits; then spare units
 if limit > 0 then redis.call('ZREMRANGEBYSCORE', req, '-inf', now) end
 n = tonumber(ARGV[i]); i = i + 1
 local ids = {}
 local ready = ''
 local function blocked(tokens)
+  local paced = d_ready()
   if now < until_ then return until_ end
   if rc >= 0 and now < rr and tonumber(redis.call('HGET', st, 'id') or '0') + 1 > rc then return rr end
   if km >= 0 and now < kr and tonumber(redis.call('HGET', st, 'tc') or '0') + math.max(tokens, 1) > kc then
@@ -157,7 +164,7 @@ local function blocked(tokens)
       if freed >= excess then return tonumber(entries[k + 1]) end
     end
   end
-  return nil
+  return paced
 end
 local function grant(tokens)
   local id = tostring(redis.call('HINCRBY', st, 'id', 1))
@@ -169,6 +176,7 @@ local function grant(tokens)
   end
   ids[#ids + 1] = id
   ids[#ids + 1] = tostring(redis.call('HINCRBY', st, 'tc', tokens))
+  d_commit()
 end
 local wanted = n
 for _ = 1, n do
@@ -179,19 +187,21 @@ for _ = 1, n do
   end
 end
 local spares = 0
-if ready == '' and limit > 0 then
+if ready == '' and limit > 0 and not D.dact then
   while spares < spare and not blocked(0) do grant(0); spares = spares + 1 end
 end
 
 redis.call('HSET', st, 'tok', total)
 local ttl = math.ceil((window + hold + 120) * 1000)
-for _, key in ipairs({req, tok, amt, st}) do redis.call('PEXPIRE', key, ttl) end
+local gen, rate = d_finish()
+for _, key in ipairs({req, tok, amt, st, ga, sv}) do redis.call('PEXPIRE', key, ttl) end
 local cooling = ''
 if until_ > now then cooling = string.format('%.6f', until_ - now) end
-local reply = {string.format('%.6f', now), ready, cooling, tostring(spares)}
+local reply = {string.format('%.6f', now), ready, cooling, tostring(spares), gen, rate}
 for k = 1, #ids do reply[#reply + 1] = ids[k] end
 return reply
 """
+ACQUIRE_SCRIPT: Final = _TEMPLATE.replace("-- @discovery@\n", DISCOVERY_LUA)
 
 
 class AcquireReply(NamedTuple):
@@ -206,6 +216,10 @@ class AcquireReply(NamedTuple):
     token_marks: list[int]
     """Each granted unit's token mark: the scope's token charge total just after it."""
     spares: int
+    generation: int
+    """The scope's discovery generation after this round trip (0: nothing discovered yet)."""
+    discovered_rate: float | None
+    """The shared discovered rate in force, requests per second (``None``: none)."""
 
 
 def _text(value: object) -> str:
@@ -213,15 +227,17 @@ def _text(value: object) -> str:
 
 
 def parse_reply(raw: object) -> AcquireReply:
-    if not isinstance(raw, list) or len(raw) < 4:
+    if not isinstance(raw, list) or len(raw) < 6:
         raise ValueError(f"unexpected reply from the quota script: {raw!r}")
     fields = [_text(value) for value in raw]
-    now, ready, cooling, spares = fields[:4]
+    now, ready, cooling, spares, generation, rate = fields[:6]
     return AcquireReply(
         now=float(now),
         ready_at=float(ready) if ready else None,
         cooldown_remaining=float(cooling) if cooling else 0.0,
-        units=fields[4::2],
-        token_marks=[int(mark) for mark in fields[5::2]],
+        units=fields[6::2],
+        token_marks=[int(mark) for mark in fields[7::2]],
         spares=int(spares),
+        generation=int(generation),
+        discovered_rate=float(rate) if rate else None,
     )

@@ -1,7 +1,7 @@
 """One quota scope's share of a Redis-backed limit: RPM units and TPM reservations held in Redis.
 
 Over 400 lines because the leader protocol, the spares and the buffered settlements (ends, refunds,
-debts, both reported budgets) are one round trip's parts and must change together.
+debts, both reported budgets, discovery's events) are one round trip's parts and must change together.
 
 :class:`~._scope.QuotaScope` keeps what is local to the process (the
 concurrency bound, the FIFO queue, the cooldown's ramp, learned pacing) and
@@ -16,16 +16,18 @@ batch). The leader sleeps until the reported ready time, or until a local
 release gives it something new to say, and asks again; when its own request is
 granted it hands the lead to the next waiter. No task is spawned for this.
 
-**Releases ride along.** A call's end, a refund, a token settlement or a
-cooldown are buffered (the release methods are synchronous) and sent with the
-next round trip: the leader's, or the link's flusher a few milliseconds later.
+**Releases ride along.** A call's end, a refund, a token settlement, a
+cooldown, an answer or 429 for discovery (:mod:`._redis_discovery`) are buffered
+(the release methods are synchronous) and sent with the next round trip: the
+leader's, or the link's flusher a few milliseconds later.
 Late is always the strict side: an end stamped later counts longer, a refund
 sent later frees later.
 
 **Spares.** With an RPM limit and no TPM limit, a round trip also leases up to
 ``min(max_lease, limit // 20, admissions since the last round trip)`` spare
 units, counted in Redis like any admitted call; the next admissions take them
-without a round trip. Unused spares go back after ``lease_seconds``.
+without a round trip. Unused spares go back after ``lease_seconds``, and at once
+when discovery is active (none is leased then).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from typing import Final, final
 import anyio
 import anyio.lowlevel
 
+from .._values._config import RateLimitConfig
 from .._values._errors import AdmissionClosedError
 from ._headers import RateLimitObservation
 from ._limits import WINDOW_SECONDS
+from ._redis_discovery import SharedDiscovery
 from ._redis_link import RedisLink
 from ._redis_lua import AcquireReply
 
@@ -59,14 +63,18 @@ def scope_key(namespace: str, key: object) -> str:
 
 @final
 class SharedTicket:
-    """What one admitted call holds in Redis: its unit id, the tokens it reserved there, its token mark."""
+    """What one admitted call holds in Redis: its unit id, the tokens it reserved there, its token mark.
 
-    __slots__ = ("token_mark", "tokens", "unit")
+    ``generation``: the scope's discovery generation when it was granted (:mod:`._redis_discovery`).
+    """
 
-    def __init__(self, unit: str, tokens: int, token_mark: int = 0) -> None:
+    __slots__ = ("generation", "token_mark", "tokens", "unit")
+
+    def __init__(self, unit: str, tokens: int, token_mark: int = 0, generation: int = 0) -> None:
         self.unit = unit
         self.tokens = tokens
         self.token_mark = token_mark  # the scope's token charge total just after it (see _redis_lua)
+        self.generation = generation
 
 
 @final
@@ -92,17 +100,17 @@ class RedisSharedQuota:
     __slots__ = (
         "_admitted", "_budgets", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue",
         "_refilling", "_refunds", "_settles", "_spare_cap", "_spares", "_token_budgets", "_wake", "closed",
-        "hold", "limit", "name", "on_cooldown", "pacing_margin", "requests_per_minute", "round_trips", "tpm",
-        "window",
+        "discovery", "hold", "limit", "name", "on_cooldown", "pacing_margin", "requests_per_minute",
+        "round_trips", "tpm", "window",
     )
 
     def __init__(
         self, link: RedisLink, name: str, *, requests_per_minute: float | None, tokens_per_minute: int | None,
+        rate_limit: RateLimitConfig | None = None,
     ) -> None:
         self._link = link
         self.name = name
-        tag = "{" + name + "}"
-        self._keys = [f"{tag}:req", f"{tag}:tok", f"{tag}:amt", f"{tag}:st"]
+        self._keys = [f"{{{name}}}:{key}" for key in ("req", "tok", "amt", "st", "dga", "dsv")]
         if requests_per_minute is None:
             self.limit, self.window = 0, WINDOW_SECONDS
         else:  # the same reading of a fractional RPM as RequestRateCore's
@@ -111,6 +119,7 @@ class RedisSharedQuota:
         self.requests_per_minute = requests_per_minute
         self.tpm = tokens_per_minute or 0
         self.round_trips = 0
+        self.discovery = SharedDiscovery(rate_limit, requests_per_minute, self._kick, link.clock)
         self.pacing_margin = 0.005  # the scope's RateLimitConfig.pacing_margin (set by the registry)
         self.hold = link.backend.max_call_seconds
         self._spare_cap = 0 if self.tpm else min(link.backend.max_lease, self.limit // 20)
@@ -136,7 +145,7 @@ class RedisSharedQuota:
 
     @property
     def has_limits(self) -> bool:
-        return self.limit > 0 or self.tpm > 0
+        return self.limit > 0 or self.tpm > 0 or self.discovery.active
 
     def clamp(self, tokens: int) -> int:
         return min(tokens, self.tpm) if self.tpm else 0
@@ -220,7 +229,7 @@ class RedisSharedQuota:
         now = self._link.clock()
         for want, unit, mark in zip(wants[:granted], reply.units[:granted], reply.token_marks[:granted],
                                     strict=True):
-            ticket = SharedTicket(unit, want.tokens, mark)
+            ticket = SharedTicket(unit, want.tokens, mark, reply.generation)
             if want.gone or want.ticket is not None:
                 # Withdrawn while we asked, or served from spares meanwhile: the share goes back.
                 self.settle_unused(ticket)
@@ -243,7 +252,7 @@ class RedisSharedQuota:
     def wants_refill(self) -> bool:
         """Spares are running low while they are in use: top them up ahead of demand."""
         return (self._spare_cap > 0 and self._admitted > 0 and not self._refilling
-                and len(self._spares) <= self._spare_cap // 2)
+                and len(self._spares) <= self._spare_cap // 2 and not self.discovery.active)
 
     def _serve_from_spares(self) -> None:
         # Waiters that queued during a round trip take the spares it brought, in order.
@@ -283,13 +292,19 @@ class RedisSharedQuota:
         args.append(len(token_budgets))
         for token_mark, remaining, after, margin in token_budgets:
             args += [token_mark, remaining, repr(after), margin]
-        args.append(len(wants))
-        args += [want.tokens for want in wants]
+        discovery, events = self.discovery.take()
+        args += [*discovery, len(wants), *(want.tokens for want in wants)]
         self.round_trips += 1
-        carrying = bool(ends or refunds or settles or budgets or token_budgets or cool is not None)
+        carrying = bool(ends or refunds or settles or budgets or token_budgets or cool is not None or events)
         self._carrying += carrying
         try:
-            return await self._link.run_script(self._keys, args)
+            reply = await self._link.run_script(self._keys, args)
+            self.discovery.read(reply.generation, reply.discovered_rate)
+            if self.discovery.active and spares:  # a spare would go unpaced: back to Redis, soon
+                self._refunds += [unit for unit, _ in spares]
+                spares.clear()
+                self._link.want_flush()
+            return reply
         except BaseException:
             # Not known to have applied: keep it all for the next round trip. Each item is
             # idempotent (see _redis_lua), so sending it twice loosens nothing.
@@ -298,6 +313,7 @@ class RedisSharedQuota:
             self._settles[:0] = settles
             self._budgets[:0] = budgets  # a ceiling applied twice is the same ceiling
             self._token_budgets[:0] = token_budgets
+            self.discovery.give_back(events)
             if cool is not None:
                 self._cool = cool if self._cool is None else max(cool, self._cool)
             raise
@@ -370,7 +386,7 @@ class RedisSharedQuota:
     @property
     def buffered(self) -> bool:
         return bool(self._ends or self._refunds or self._settles or self._budgets or self._token_budgets
-                    or self._cool is not None)
+                    or self._cool is not None or self.discovery.buffered)
 
     @property
     def pending(self) -> bool:

@@ -105,7 +105,7 @@ class QuotaRegistry:
         shared = RedisSharedQuota(
             link, scope_key(backend.namespace, name),
             requests_per_minute=config.max_requests_per_minute,
-            tokens_per_minute=config.max_tokens_per_minute,
+            tokens_per_minute=config.max_tokens_per_minute, rate_limit=config.rate_limit,
         )
         shared.pacing_margin = config.rate_limit.pacing_margin
         scope = QuotaScope.from_config(config, clock=self._clock, name=f"{name!r}", shared=shared)

@@ -132,6 +132,7 @@ class Admission:
             ticket = self._shared
             if ticket is not None:
                 assert scope._shared is not None
+                scope._shared.discovery.answered(ticket.generation)
                 scope._shared.settle_ended(ticket, actual_tokens, observation)
 
     def release_rate_limited(
@@ -159,6 +160,10 @@ class Admission:
         if shared is not None:
             ticket = self._shared
             if ticket is not None:
+                pacing = core.pacing
+                asked = None if pacing is None else pacing.discovery_signal(observation, retry_after, now)
+                if asked is not None:  # a 429 with no budget reported: the shared discovery learns from it
+                    shared.discovery.rate_limited(ticket.generation, asked)
                 shared.settle_ended(ticket, actual_tokens, observation)
             shared.publish_cooldown(core.cooldown.remaining(now))  # every process pauses, not just this one
         return wait
@@ -186,7 +191,8 @@ class QuotaScope:
     With ``shared`` (a Redis-backed limit, :mod:`._redis_quota`), the RPM and
     TPM limits live there instead of in this process: a call is admitted here
     first (FIFO, concurrency, cooldown, pacing), then takes its share there;
-    its cooldowns are published there, and the ones it reports are joined here.
+    its cooldowns are published there, and the ones it reports are joined here;
+    the rate discovered from 429s alone is learnt there too, for every process.
     """
 
     __slots__ = ("_clock", "_core", "_shared", "name")
@@ -210,6 +216,7 @@ class QuotaScope:
             tokens_per_minute=tokens_per_minute if local else None,
             rate_limit=rate_limit,
             request_burst=request_burst,
+            shared_discovery=not local,
         )
         self._clock = clock or anyio.current_time
         self.name = name
@@ -378,6 +385,9 @@ class QuotaScope:
         if shared is None:
             return stats
         waiting, spares = shared.statistics()
+        if shared.discovery.rate is not None and stats.pacing == "inactive":
+            stats = dataclasses.replace(stats, pacing="discovery",
+                                        paced_requests_per_minute=shared.discovery.rate * 60.0)
         return dataclasses.replace(
             stats, waiting=stats.waiting + waiting, backend="redis", backend_spares=spares,
             backend_round_trips=shared.round_trips,

@@ -1,0 +1,436 @@
+"""The rate discovered from 429s alone, shared through Redis: one pace for every process.
+
+Each "process" is a QuotaRegistry with its own connection, as in test_quota_redis;
+the script runs on an injected clock (``script_clock``) and so does each scope,
+so the simulated minutes below take no wall-clock time. Most tests admit as a
+scope would (the local core first, then one round trip for the share) but one
+attempt at a time, at the simulated time the test chooses, and send releases
+before the next step (the flusher's job, done here at once). Two go through the
+scopes' own ``admit()`` and the link's own flusher, waiting for what they expect
+(never for time to pass) as test_quota_redis does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from trio_batch_llm import ProcessorConfig, RateLimitConfig, RedisQuotaBackend
+from trio_batch_llm._admission import QuotaRegistry, QuotaScope
+from trio_batch_llm._admission._limits import PACE_CREDIT
+from trio_batch_llm._admission._redis_discovery import SharedDiscovery
+from trio_batch_llm._admission._redis_lua import AcquireReply
+from trio_batch_llm._admission._redis_quota import RedisSharedQuota, _Want
+from trio_batch_llm._admission._scope import Admission
+
+from ._servers.redis import RedisServer
+
+pytestmark = pytest.mark.anyio
+
+LIMIT = 120  # the provider's: requests in any 60 s
+LEARN = RateLimitConfig(slow_start_seconds=0.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Provider:
+    """A fixed sliding-window limit that answers 429 (no headers) to a call beyond it."""
+
+    def __init__(self, clock: Clock, limit: int = LIMIT) -> None:
+        self.clock, self.limit = clock, limit
+        self.accepted: deque[float] = deque()
+
+    def call(self) -> bool:
+        now, accepted = self.clock.now, self.accepted
+        while accepted and accepted[0] <= now - 60.0:
+            accepted.popleft()
+        if len(accepted) >= self.limit:
+            return False
+        accepted.append(now)
+        return True
+
+
+@contextlib.asynccontextmanager
+async def processes(url: str, clock: Clock, *, count: int = 2, rpm: float | None = 6000,
+                    rate_limit: RateLimitConfig = LEARN) -> AsyncIterator[list[QuotaScope]]:
+    config = ProcessorConfig(concurrency=1000, max_requests_per_minute=rpm, rate_limit=rate_limit,
+                             quota_backend=RedisQuotaBackend(url))
+    async with anyio.create_task_group() as tg:
+        made = [QuotaRegistry(backend=config.quota_backend, clock=clock, spawn=tg.start_soon)
+                for _ in range(count)]
+        try:
+            scopes = [registry.scope_for(("provider", "key"), config) for registry in made]
+            for registry in made:
+                assert registry._link is not None
+                registry._link.script_clock = clock
+            yield scopes
+        finally:
+            for registry in made:
+                await registry.aclose()
+
+
+def shared_of(scope: QuotaScope) -> RedisSharedQuota:
+    shared = scope._shared
+    assert shared is not None
+    return shared
+
+
+async def attempt(scope: QuotaScope) -> tuple[Admission | None, float | None]:
+    """One admission attempt now, as admit() makes it: ``(admission, None)`` or ``(None, ready)``."""
+    core, shared, now = scope._core, shared_of(scope), scope._clock()
+    try:
+        grant = core.try_admit_nowait(0, now)
+    except anyio.WouldBlock:
+        return None, None
+    ticket = shared.try_take_nowait(0)
+    ready = None
+    if ticket is None:
+        want = _Want(0)
+        reply = await shared._round_trip([want])
+        shared._admit([want], reply)
+        ticket, ready = want.ticket, reply.ready_at
+    if ticket is None:
+        core.release_unused(grant, now)
+        return None, ready
+    return Admission(scope, grant, ticket), None
+
+
+async def flush(scope: QuotaScope) -> None:
+    shared = shared_of(scope)
+    if shared.buffered:
+        await shared._round_trip([])
+
+
+async def drive(scopes: list[QuotaScope], provider: Provider, clock: Clock, until: float,
+                demand: float = 10.0) -> list[list[float]]:
+    """Each process wants ``demand`` calls a second until ``until``; return each one's admission times.
+
+    A refused process tries again at the ready time the script gave; of two due at once, the one
+    that waited longer goes first (as two processes' leaders would race).
+    """
+    admitted: list[list[float]] = [[] for _ in scopes]
+    next_try = [clock.now + 0.001 * n for n in range(len(scopes))]
+    since = [0.0 for _ in scopes]
+    while True:
+        n = min(range(len(scopes)), key=lambda k: (next_try[k], since[k]))
+        if next_try[n] >= until:
+            return admitted
+        clock.now = max(clock.now, next_try[n])
+        scope = scopes[n]
+        admission, ready = await attempt(scope)
+        if admission is None:
+            next_try[n] = clock.now + 0.05 if ready is None else max(ready, clock.now + 0.001)
+            continue
+        admitted[n].append(clock.now)
+        since[n] = clock.now
+        if provider.call():
+            admission.release(0)
+        else:
+            admission.release_rate_limited(None, 0)
+        await flush(scope)
+        next_try[n] = clock.now + 1.0 / demand
+
+
+def in_windows(times: list[float], start: float, end: float) -> tuple[int, int]:
+    """The fewest and most of ``times`` in a 60 s window beginning in [start, end - 60], a second apart."""
+    counts = []
+    t = start
+    while t + 60.0 <= end:
+        counts.append(sum(1 for x in times if t <= x < t + 60.0))
+        t += 1.0
+    return min(counts), max(counts)
+
+
+def between(times: list[float], start: float, end: float) -> int:
+    return sum(1 for x in times if start <= x < end)
+
+
+def test_events_ride_in_order_and_a_failed_round_trip_resends_only_its_429s() -> None:
+    kicks: list[int] = []
+    now = [0.0]
+    discovery = SharedDiscovery(RateLimitConfig(), 120, lambda: kicks.append(1), lambda: now[0])
+    discovery.answered(0)
+    discovery.answered(2)
+    discovery.rate_limited(2, False)
+    discovery.answered(1)
+    args, events = discovery.take()
+    assert events == [("a", 2, 2), ("r", 2, 0), ("a", 1, 1)]  # consecutive answers as one
+    assert args[0] == "1" and args[5] == repr(2.0) and args[9:] == [3, "a", 2, 2, "r", 2, 0, "a", 1, 1]
+    assert len(kicks) == 4  # nothing heard yet: every event asks for a round trip
+    discovery.give_back(events)  # not known to have applied: a 429 again is a no-op, an answer is not
+    assert discovery.take()[1] == [("r", 2, 0)]
+    discovery.read(0, None)
+    discovery.answered(0)
+    assert len(kicks) == 4  # heard within the second: the answer waits for the next round trip
+    now[0] = 1.0
+    discovery.answered(0)
+    assert len(kicks) == 5
+    off = SharedDiscovery(RateLimitConfig(learn_limits=False), None, lambda: kicks.append(1), lambda: 0.0)
+    off.answered(0)
+    off.rate_limited(0, True)
+    args, events = off.take()
+    assert args[0] == "0" and events == [] and len(kicks) == 5
+
+
+@pytest.mark.parametrize("rpm", [6000, None], ids=["cap", "no-cap"])
+async def test_two_processes_pace_at_one_shared_rate(redis_url: str, rpm: float | None) -> None:
+    # 20 calls a second wanted, 2 a second allowed. The first 429s come about 6 s in (the provider's
+    # first window took 120 at once); probes find the window open a minute later; then a pace.
+    # Without a configured RPM nothing asks Redis before the first 429, and storm probes go a gap apart.
+    clock = Clock()
+    provider = Provider(clock)
+    start = clock.now
+    async with processes(redis_url, clock, rpm=rpm) as scopes:
+        admitted = await drive(scopes, provider, clock, until=start + 600.0)
+        rates = [scope.statistics().paced_requests_per_minute for scope in scopes]
+    combined = sorted(admitted[0] + admitted[1])
+    low, high = in_windows(combined, start + 120.0, start + 600.0)
+    # One pace for both: within the limit but for one PACE_CREDIT's burst at about the limit's rate
+    # (2 a second: 6), and no lower than 80 % of it (one decrease).
+    assert high <= LIMIT + PACE_CREDIT * LIMIT / 60.0
+    assert low >= 0.8 * LIMIT
+    # Both took part (neither was starved by the other's pace), and both read the same shared rate.
+    for times in admitted:
+        assert between(times, start + 120.0, start + 600.0) >= 0.25 * between(combined, start + 120.0,
+                                                                               start + 600.0)
+    assert rates[0] is not None and rates[1] is not None
+    assert 0.8 * LIMIT <= rates[0] <= 1.2 * LIMIT and abs(rates[0] - rates[1]) <= 0.1 * LIMIT
+
+
+async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
+    clock = Clock()
+    provider = Provider(clock)
+    slow_recovery = RateLimitConfig(slow_start_seconds=0.0, discovery_recovery_seconds=300.0)
+    async with processes(redis_url, clock, rate_limit=slow_recovery) as (a, b):
+        await drive([a, b], provider, clock, until=clock.now + 200.0)  # both paced now
+        provider.limit = 10**9  # from here on the provider refuses nothing: only A's one 429 below
+        t = clock.now
+        before = (await drive([b], provider, clock, until=t + 60.0))[0]
+        paced_before = b.statistics().paced_requests_per_minute
+        admission = None
+        while admission is None:
+            admission, ready = await attempt(a)
+            clock.now = max(clock.now + 0.01, ready or 0.0)
+        admission.release_rate_limited(None, 0)  # a 429 without headers, seen by A alone
+        await flush(a)
+        t = clock.now
+        after = (await drive([b], provider, clock, until=t + 30.0))[0]
+        paced_after = b.statistics().paced_requests_per_minute
+    assert paced_before is not None and paced_after is not None
+    assert paced_after <= 0.85 * paced_before  # the decrease (0.8) reached B's pace
+    # B admitted as fast as the pace let it before; after A's 429, a fifth slower.
+    assert len(after) <= 0.9 * between(before, t - 30.0 - 0.02, t)
+
+
+async def test_admit_waits_for_the_shared_pace(redis_url: str) -> None:
+    # Through the scopes' own admit() (leaders, FIFO, flusher): 60 answers, then a 429, pace the
+    # scope at 60 a minute; a probe's answer ends the storm. Then a burst goes as far as the pace's
+    # credit allows, in either process, and the next admission waits until the clock moves on.
+    clock = Clock()
+    async with processes(redis_url, clock) as (a, b):
+        for _ in range(60):
+            admission, _ = await attempt(b)
+            assert admission is not None
+            admission.release(0)
+        admission, _ = await attempt(b)
+        assert admission is not None
+        admission.release_rate_limited(None, 0)
+        await flush(b)
+        with anyio.fail_after(5):
+            probe = await a.admit()
+        probe.release(0)
+        assert shared_of(a).discovery.rate == 1.0
+        burst = 0
+        while True:
+            with anyio.move_on_after(0.3) as waited:
+                await (a if burst % 2 else b).admit()
+            if waited.cancelled_caught:
+                break
+            burst += 1
+        assert 1 <= burst <= PACE_CREDIT * 1.0 + 1  # both processes' grants come out of one credit
+        clock.now += 10.0
+        with anyio.fail_after(5):
+            await a.admit()
+            await b.admit()
+
+
+async def until(condition: Any) -> None:
+    with anyio.fail_after(5):
+        while not condition():  # noqa: ASYNC110 - the link's flusher signals nobody; a test's probe
+            await anyio.sleep(0.001)
+
+
+async def test_without_a_limit_answers_hear_of_discovery_once_a_second(redis_url: str) -> None:
+    # No RPM or TPM: admissions ask Redis nothing. The link's own flusher (not the test) carries
+    # what goes: a 429 at once, answers at most once a second, and a reply that discovery began.
+    clock = Clock()
+    async with processes(redis_url, clock, rpm=None) as (a, b):
+        shared = shared_of(b)
+
+        async def answer() -> None:
+            admission, _ = await attempt(b)
+            assert admission is not None
+            admission.release(0)
+
+        await answer()  # nothing heard yet: it asks for a round trip
+        await until(lambda: shared.round_trips == 1 and not shared.pending)
+        await answer()  # within the second: it waits
+        assert shared.buffered and not shared._link._flush_wanted.is_set()
+        clock.now += 1.0
+        await answer()
+        await until(lambda: shared.round_trips == 2 and not shared.pending)
+        assert not shared.discovery.active
+        admission, _ = await attempt(a)
+        assert admission is not None
+        admission.release_rate_limited(None, 0)  # A's 429, sent by A's flusher at once
+        await until(lambda: shared_of(a).discovery.active)
+        clock.now += 1.0
+        await answer()
+        await until(lambda: shared.discovery.active)  # B heard of it with its answers
+        trips = shared.round_trips
+        await answer()
+        assert shared.round_trips == trips + 1  # from now on B asks Redis for every admission
+
+
+@pytest.mark.parametrize("learn", [True, False])
+async def test_spares_go_back_once_discovery_is_active(redis_url: str, learn: bool) -> None:
+    clock = Clock()
+    config = RateLimitConfig(slow_start_seconds=0.0, learn_limits=learn)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        shared = shared_of(a)
+        shared._admitted = 10  # a busy process: its next round trip leases spares for that demand
+        wants = [_Want(0)]
+        shared._admit(wants, await shared._round_trip(wants))
+        assert a.statistics().backend_spares == 10
+        admission, _ = await attempt(b)
+        assert admission is not None
+        admission.release_rate_limited(None, 0)  # B's first 429: discovery begins for the scope
+        await flush(b)
+        await shared._round_trip([])  # A hears of it with its next round trip
+        held = a.statistics().backend_spares
+        taken = shared.try_take_nowait(0)
+    if learn:
+        assert held == 0 and taken is None  # handed back: a spare would go unpaced
+    else:
+        assert held == 10 and taken is not None
+
+
+@pytest.mark.parametrize("learn", [True, False])
+async def test_learning_off_shares_no_pace(redis_url: str, learn: bool) -> None:
+    clock = Clock()
+    provider = Provider(clock)
+    config = RateLimitConfig(slow_start_seconds=0.0, learn_limits=learn, cooldown_seconds=5.0)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        await drive([a, b], provider, clock, until=clock.now + 200.0)
+        clock.now += 120.0  # any cooldown is over, and the pace has its whole credit back
+        shared = shared_of(b)
+        wants = [_Want(0) for _ in range(20)]
+        reply = await shared._round_trip(wants)
+        shared._admit(wants, reply)
+    granted = len(reply.units) - reply.spares
+    if learn:
+        assert reply.generation > 0 and reply.discovered_rate is not None
+        assert granted <= PACE_CREDIT * reply.discovered_rate + 1  # the credit's burst, then the pace
+    else:
+        assert reply.generation == 0 and reply.discovered_rate is None
+        assert granted == 20  # nothing paces: only the configured RPM (6000) counts
+
+
+CLIENTS, MIN_RPM, CAP_RPM = 3, 30.0, 60.0  # a pace of 0.5 to 1 a second: 1.5 to 3 calls of credit
+PROPERTY = RateLimitConfig(slow_start_seconds=0.0, discovery_min_rpm=MIN_RPM, cooldown_seconds=1.0)
+ADMIT = st.tuples(st.just("admit"), st.integers(0, CLIENTS - 1), st.integers(1, 4))  # waiters in one trip
+OPS = st.lists(
+    st.one_of(
+        ADMIT, ADMIT,  # twice as likely as the others
+        st.tuples(st.just("answer"), st.integers(0, CLIENTS - 1), st.just(0)),
+        st.tuples(st.just("limited"), st.integers(0, CLIENTS - 1), st.integers(0, 1)),  # 1: Retry-After
+        st.tuples(st.just("tick"), st.just(0), st.integers(1, 3000)),  # hundredths of a second
+    ),
+    max_size=60,
+)
+
+
+async def _play(url: str, ops: list[tuple[str, int, int]]) -> int:
+    """Play ``ops``; check the shared rate's bounds and the pace after every round trip; return refusals."""
+    clock = Clock()
+    tat = -math.inf  # the pace as the grants seen so far make it (GCRA at the rates the replies gave)
+    refused = 0
+
+    def check(reply: AcquireReply, granted: int) -> None:
+        nonlocal tat
+        rate = reply.discovered_rate
+        if rate is None:
+            return
+        assert MIN_RPM / 60.0 - 1e-9 <= rate <= CAP_RPM / 60.0 + 1e-9
+        for _ in range(granted):
+            assert tat - PACE_CREDIT <= clock.now + 1e-6  # never ahead of the pace by more than its credit
+            tat = max(tat, clock.now) + 1.0 / rate
+
+    async with processes(url, clock, count=CLIENTS, rpm=CAP_RPM, rate_limit=PROPERTY) as scopes:
+        open_calls: list[list[Admission]] = [[] for _ in scopes]
+        for op, n, value in ops:
+            scope = scopes[n]
+            core, shared = scope._core, shared_of(scope)
+            if op == "tick":
+                clock.now += value / 100.0
+            elif op == "admit":
+                grants = []
+                with contextlib.suppress(anyio.WouldBlock):  # a local cooldown (Retry-After) refuses
+                    for _ in range(value):
+                        grants.append(core.try_admit_nowait(0, clock.now))
+                if not grants:
+                    continue
+                wants = [_Want(0) for _ in grants]
+                reply = await shared._round_trip(wants)
+                shared._admit(wants, reply)
+                check(reply, len(reply.units) - reply.spares)
+                for grant, want in zip(grants, wants, strict=True):
+                    if want.ticket is None:
+                        refused += 1
+                        core.release_unused(grant, clock.now)
+                    else:
+                        open_calls[n].append(Admission(scope, grant, want.ticket))
+            elif any(open_calls):
+                n = next(k for k in [*range(n, CLIENTS), *range(n)] if open_calls[k])  # its own, or the next
+                shared = shared_of(scopes[n])
+                admission = open_calls[n].pop(0)
+                if op == "answer":
+                    admission.release(0)
+                else:
+                    admission.release_rate_limited(1.0 if value else None, 0)
+                check(await shared._round_trip([]), 0)
+    return refused
+
+
+DECREASE = [("admit", 0, 1), ("limited", 0, 0), ("tick", 0, 1000), ("admit", 1, 1), ("answer", 1, 0),
+            ("admit", 1, 1), ("limited", 1, 0), ("admit", 2, 4), ("admit", 0, 4)]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+@example(ops=DECREASE)  # the first 429, an answer, a decrease: a pace, and a burst it must hold back
+def test_the_shared_rate_stays_bounded_and_grants_keep_its_pace(
+    redis_server: RedisServer, anyio_backend: Any, ops: Any
+) -> None:
+    redis_server.flush()
+    anyio.run(_play, redis_server.url, ops, backend=anyio_backend)
+
+
+def test_the_property_sees_the_pace_refuse(redis_server: RedisServer, anyio_backend: Any) -> None:
+    # The example above does exercise the pace (else the property would check nothing).
+    redis_server.flush()
+    assert anyio.run(_play, redis_server.url, DECREASE, backend=anyio_backend) > 0
