@@ -219,7 +219,8 @@ async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
         await drive([a, b], provider, clock, until=clock.now + 200.0)  # both paced now
         provider.limit = 10**9  # from here on the provider refuses nothing: only A's one 429 below
         t = clock.now
-        before = (await drive([b], provider, clock, until=t + 60.0))[0]
+        # Past the recovery time of the last decrease (one decrease per climb), B alone for a while.
+        before = (await drive([b], provider, clock, until=t + 310.0))[0]
         paced_before = b.statistics().paced_requests_per_minute
         admission = None
         while admission is None:

@@ -20,6 +20,8 @@ requests per second, times on the script's clock):
     ``dans``    1: an answer that was not a 429 came since the last decrease
     ``dstorm``  1: nothing gets through, one probe at a time; ``dgap`` between probes when
                 nobody said when to come back, ``dprobed`` when the last grant went
+    ``dres``    when the last storm ended; ``dflow`` grants since then (or since ``dact``)
+    ``ddec``    when the rate was last lowered
 
 and two tallies, hashes of whole second -> count over the last 60 s (pruned by
 the script when a new second starts, so at most 61 fields each, whatever the
@@ -81,16 +83,16 @@ local d_credit, d_span = tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8])
 i = i + 9
 local NEVER = -1e300
 local d_names = {'dact', 'dgen', 'drate', 'dpeak', 'dslope', 'dpslope', 'dgrown', 'dlim', 'dtat', 'dans',
-  'dstorm', 'dgap', 'dprobed'}
+  'dstorm', 'dgap', 'dprobed', 'dres', 'dflow', 'ddec'}
 local D = {}
 if d_on then
   local got = redis.call('HMGET', st, unpack(d_names))
   for k = 1, #d_names do D[d_names[k]] = tonumber(got[k]) end
 end
-for _, name in ipairs({'dgen', 'dpeak', 'dslope', 'dpslope', 'dans', 'dstorm', 'dgap'}) do
+for _, name in ipairs({'dgen', 'dpeak', 'dslope', 'dpslope', 'dans', 'dstorm', 'dgap', 'dflow'}) do
   D[name] = D[name] or 0
 end
-for _, name in ipairs({'dgrown', 'dlim', 'dtat', 'dprobed'}) do D[name] = D[name] or NEVER end
+for _, name in ipairs({'dgrown', 'dlim', 'dtat', 'dprobed', 'dres', 'ddec'}) do D[name] = D[name] or NEVER end
 
 local function d_count(key)  -- events in the last 60 s; drops older seconds
   local all, total = redis.call('HGETALL', key), 0
@@ -107,7 +109,10 @@ end
 local function d_answered(count, gen)
   d_add(sv, count)
   if not D.dact then return end
-  if gen >= D.dgen then D.dans, D.dstorm, D.dgap = 1, 0, 0 end
+  if gen >= D.dgen then
+    if D.dstorm == 1 then D.dres, D.dflow = now, 0 end  -- calls flow again: measure from here
+    D.dans, D.dstorm, D.dgap = 1, 0, 0
+  end
   local rate = D.drate
   if rate == nil then return end
   if D.dlim >= D.dgrown then
@@ -129,7 +134,7 @@ end
 local function d_limited(gen, asked)
   if not D.dact then
     -- the first: measuring begins, one call at a time goes; what got through sets the first pace
-    D.dact, D.dgen, D.dstorm = now, D.dgen + 1, 1
+    D.dact, D.dgen, D.dstorm, D.dflow = now, D.dgen + 1, 1, 0
     local served = d_count(sv)
     if served >= d_first then
       D.drate = math.max(d_floor, math.min(d_cap, served / 60))
@@ -147,17 +152,29 @@ local function d_limited(gen, asked)
     if not asked then D.dgap = math.min(60, math.max(1, 2 * D.dgap)) end
     return
   end
-  D.dans = 0
   -- BEGIN decrease rule (as _discovery.Discovery.rate_limited: keep the two in step)
-  local span = math.max(d_span, math.min(60, now - D.dact))
-  local current = d_count(ga) / span
+  local full = now - D.dact >= 60
+  if D.drate ~= nil and now - D.ddec < d_rec then
+    -- within the climb back from the last decrease, only a window serving well below the rate counts
+    if not (full and d_count(sv) / 60 < d_dec * D.drate) then return end
+  end
+  D.dans, D.ddec = 0, now
+  -- the rate admitted since calls last flowed (the first 429 or the storm's end), within a window
+  local flowing = now - math.max(D.dact, D.dres)
+  local current
+  if flowing < 60 then current = D.dflow / math.max(d_span, flowing) else current = d_count(ga) / 60 end
   if D.drate ~= nil and D.drate < current then current = D.drate end
   current = math.min(d_cap, current)
-  local served = d_count(sv) / 60
-  D.drate = math.max(d_floor, d_dec * current, math.min(current, d_dec * served))
-  D.dpeak = current
-  D.dslope = math.max(0, current - D.drate) / d_rec
-  D.dpslope = d_probe * current / 60
+  local peak = current
+  if full then  -- what a whole window served is about the limit: down from it, back up to it
+    local served = math.max(d_floor, d_count(sv) / 60)
+    current = math.min(current, served)
+    peak = math.min(d_cap, served)
+  end
+  D.drate = math.max(d_floor, d_dec * current)
+  D.dpeak = math.max(peak, D.drate)
+  D.dslope = (D.dpeak - D.drate) / d_rec
+  D.dpslope = d_probe * D.dpeak / 60
   D.dgrown = now
   -- END decrease rule
 end
@@ -193,6 +210,7 @@ end
 local function d_commit()
   if not D.dact then return end
   d_granted = d_granted + 1
+  D.dflow = D.dflow + 1
   D.dprobed = now
   if D.drate then D.dtat = math.max(D.dtat, now) + 1 / D.drate end
 end
