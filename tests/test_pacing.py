@@ -494,3 +494,38 @@ def test_after_a_whole_window_a_decrease_comes_down_to_what_was_served_and_climb
         discovery.answered(discovery.generation, now + 0.01)
         now += 0.01
     assert discovery.rate == pytest.approx(10.0 * (1 + 0.05 * 10 / 60), rel=0.02)  # 20 s back, 10 probing
+
+
+def test_within_the_climb_back_a_429_lowers_the_rate_only_after_the_recovery_time() -> None:
+    # Two 429s 5 s apart, with answers between, are one decrease: a provider that refuses a few
+    # calls at random would otherwise ratchet the rate down faster than it climbs back (issue 19).
+    # Once discovery_recovery_seconds have passed since that decrease, a 429 lowers it again.
+    # (test_quota_redis_discovery plays the same calls on a shared scope: the same rates come out.)
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0)
+    discovery = Discovery(config, None)
+    discovery.rate_limited(0, False, 4.0, served_before=1200)  # 20 per second, then a storm
+    discovery.commit(5.0)
+    discovery.answered(discovery.generation, 5.1)  # the probe got through: calls flow again
+    now = 5.1
+
+    def calls(seconds: float, per_second: int) -> None:
+        nonlocal now
+        for _ in range(round(per_second * seconds)):
+            discovery.commit(now)
+            discovery.answered(discovery.generation, now)
+            now += 1.0 / per_second
+
+    def refused() -> float:
+        discovery.commit(now)
+        discovery.rate_limited(discovery.generation, False, now)
+        assert discovery.rate is not None
+        return discovery.rate
+
+    calls(5.0, 20)  # at the pace
+    first = refused()
+    assert first == pytest.approx(0.8 * 20.0, rel=0.05)  # one decrease: 0.8 of the pace
+    calls(5.0, 10)  # below the pace from here on: it holds nobody back, so no growth
+    assert refused() == first  # 5 s later, in the climb back: no second decrease
+    calls(15.5, 10)  # past discovery_recovery_seconds since the decrease
+    # Lowered again: 0.8 of the rate admitted since calls flowed (308 calls in 25.5 s, below the rate).
+    assert refused() == pytest.approx(0.8 * 308 / 25.5)

@@ -351,6 +351,158 @@ async def test_learning_off_shares_no_pace(redis_url: str, learn: bool) -> None:
         assert granted == 20  # nothing paces: only the configured RPM (6000) counts
 
 
+# -- the decrease rule, as _discovery's (the pure tests of test_pacing, on a shared scope) -------------
+
+
+async def grant(scope: QuotaScope, count: int = 1) -> list[Admission]:
+    """``count`` admissions now, in one round trip, as a leader with that many waiters asks: all granted."""
+    core, shared, now = scope._core, shared_of(scope), scope._clock()
+    grants = [core.try_admit_nowait(0, now) for _ in range(count)]
+    wants = [_Want(0) for _ in grants]
+    shared._admit(wants, await shared._round_trip(wants))
+    # No spares for that demand: the link's flusher would lease them (at a simulated time the event
+    # loop picks) and, open units granted within the last minute, they would hold storm probes up.
+    shared._admitted = 0
+    admissions = []
+    for core_grant, want in zip(grants, wants, strict=True):
+        assert want.ticket is not None, "the shared pace refused a grant the test expects to go"
+        admissions.append(Admission(scope, core_grant, want.ticket))
+    return admissions
+
+
+async def sent(scope: QuotaScope) -> None:
+    """What was released reaches Redis now, before the clock moves (the link's flusher may carry some)."""
+    await flush(scope)
+    shared = shared_of(scope)
+    await until(lambda: not shared.pending)
+
+
+async def answer(scope: QuotaScope, admissions: list[Admission]) -> None:
+    """Answers that were not 429s, sent now."""
+    for admission in admissions:
+        admission.release(0)
+    await sent(scope)
+
+
+async def refuse(scope: QuotaScope, admission: Admission) -> float | None:
+    """A 429 without headers or Retry-After, sent now; return the shared rate the reply gave."""
+    assert admission._scope is scope
+    admission.release_rate_limited(None, 0)
+    await sent(scope)
+    return shared_of(scope).discovery.rate
+
+
+async def served_before(scope: QuotaScope, count: int) -> None:
+    """``count`` calls granted and answered now, a hundred at a time (the scope's concurrency is 1000)."""
+    while count > 0:
+        await answer(scope, await grant(scope, min(100, count)))
+        count -= 100
+
+
+async def test_a_shared_decrease_just_after_a_long_cooldown_measures_the_calls_since_it_not_the_pause(
+    redis_url: str,
+) -> None:
+    # As test_pacing's test of that name: a first 429 after 1,200 calls, 56 s without calls, then
+    # two seconds at the pace and a 429. The decrease starts from the rate admitted since calls
+    # flowed again (the storm's probe got through), not over a window that holds the pause: counted
+    # so, 41 grants over 58 s paced the scope at about 0.6 a second, 3 % of the limit found.
+    clock = Clock()
+    async with processes(redis_url, clock) as (a, b):
+        await served_before(b, 1200)
+        clock.now += 4.0
+        assert await refuse(a, (await grant(a))[0]) == pytest.approx(20.0)  # the first 429: 20 a second
+        clock.now += 56.0
+        probe = await grant(a)  # the storm's probe
+        clock.now += 0.2
+        await answer(a, probe)  # it got through: calls flow again from here
+        for k in range(40):  # two seconds at 20 a second (within the pace), answered, from both processes
+            scope = (a, b)[k % 2]
+            await answer(scope, await grant(scope))
+            clock.now += 0.05
+        rate = await refuse(b, (await grant(b))[0])  # the 41st since the probe's answer, 2 s after it
+    assert rate == pytest.approx(0.8 * 20.0)  # one decrease from the pace (41 / 2 s, at most the rate)
+
+
+async def test_after_a_shared_whole_window_a_decrease_comes_down_to_what_was_served_and_climbs_back_to_it(
+    redis_url: str,
+) -> None:
+    # As test_pacing's test of that name: the provider answered half of the 20 a second the scope
+    # admitted; a 429 after a whole window says its limit is about 10 a second, so the shared rate
+    # comes down from there (not 0.8 of 20) and climbs back to 10, not to the 20 it refused.
+    clock = Clock()
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        await served_before(b, 1200)
+        assert await refuse(a, (await grant(a))[0]) == pytest.approx(20.0)  # the first 429, then a storm
+        start = clock.now
+        clock.now = start + 1.0
+        probe = await grant(a)
+        clock.now = start + 1.1
+        await answer(a, probe)  # calls flow again
+        unanswered: list[Admission] = []
+        for k in range(71):  # 71 s at 20 a second (a second's worth per round trip), half answered
+            clock.now = start + 1.1 + k
+            scope = (a, b)[k % 2]
+            admissions = await grant(scope, 20)
+            clock.now += 0.01
+            await answer(scope, admissions[:10])
+            unanswered += admissions[10:]  # still open when the 429 comes (the provider's other half)
+        clock.now = start + 71.5  # the last window holds 60 whole seconds of 10 answers
+        rate = await refuse(a, unanswered[-1])  # one of A's last grants
+        assert rate == pytest.approx(0.8 * 10.0)  # 600 answers in the window: not 0.8 of the 20 admitted
+        end = clock.now + 30.0
+        k = 0
+        while clock.now < end:  # 30 s more: calls wait for the pace, and every one is answered
+            scope = (a, b)[k % 2]
+            admission, ready = await attempt(scope)
+            if admission is None:
+                assert ready is not None
+                clock.now = max(ready, clock.now + 0.001)
+                continue
+            clock.now += 0.01
+            await answer(scope, [admission])
+            clock.now += 0.01
+            k += 1
+        rate = shared_of(a).discovery.rate
+        assert shared_of(b).discovery.rate == pytest.approx(rate, rel=0.01)  # one rate for both
+    assert rate == pytest.approx(10.0 * (1 + 0.05 * 10 / 60), rel=0.02)  # 20 s back, 10 probing
+
+
+async def test_within_the_climb_back_a_shared_429_lowers_the_rate_only_after_the_recovery_time(
+    redis_url: str,
+) -> None:
+    # As test_pacing's test of that name: two 429s 5 s apart, with answers between, are one decrease
+    # (isolated 429s would ratchet the rate down faster than it climbs); once
+    # discovery_recovery_seconds have passed since that decrease, a 429 lowers the rate again.
+    clock = Clock()
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        await served_before(b, 1200)
+        clock.now += 4.0
+        assert await refuse(a, (await grant(a))[0]) == pytest.approx(20.0)  # the first 429, then a storm
+        clock.now += 1.0
+        probe = await grant(a)
+        clock.now += 0.1
+        await answer(a, probe)
+
+        async def calls(seconds: float, per_second: int) -> None:  # answered, from both processes
+            for k in range(round(per_second * seconds)):
+                scope = (a, b)[k % 2]
+                await answer(scope, await grant(scope))
+                clock.now += 1.0 / per_second
+
+        await calls(5.0, 20)  # at the pace
+        first = await refuse(b, (await grant(b))[0])
+        assert first == pytest.approx(0.8 * 20.0, rel=0.05)  # one decrease: 0.8 of the pace
+        await calls(5.0, 10)  # below the pace from here on: it holds nobody back, so no growth
+        assert await refuse(a, (await grant(a))[0]) == first  # 5 s later, in the climb back: none
+        await calls(15.5, 10)  # past discovery_recovery_seconds since the decrease
+        third = await refuse(b, (await grant(b))[0])
+    # Lowered again: 0.8 of the rate admitted since calls flowed (308 calls in 25.5 s), as in test_pacing.
+    assert third == pytest.approx(0.8 * 308 / 25.5)
+
+
 CLIENTS, MIN_RPM, CAP_RPM = 3, 30.0, 60.0  # a pace of 0.5 to 1 a second: 1.5 to 3 calls of credit
 PROPERTY = RateLimitConfig(slow_start_seconds=0.0, discovery_min_rpm=MIN_RPM, cooldown_seconds=1.0)
 ADMIT = st.tuples(st.just("admit"), st.integers(0, CLIENTS - 1), st.integers(1, 4))  # waiters in one trip
