@@ -14,6 +14,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+import trio_batch_llm._engine._collector as collector_module
 import trio_batch_llm._engine._guards as guards_module
 import trio_batch_llm._engine._item as item_module
 import trio_batch_llm._engine._publish as publish_module
@@ -466,6 +467,70 @@ async def test_the_queue_drain_pauses_the_collector_and_leaves_it_as_found(enabl
     assert batch.failed == 51
     assert during == [False] * 50
 
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+async def test_a_stop_that_cuts_calls_holds_the_collector_off_until_process_all_returns(
+    enabled_before: bool,
+) -> None:
+    # Cutting every call short and reporting the queue is a burst of survivors: a full collection
+    # due in it ran inside the deadline drain (20-35 ms of ~90 at N = 1,000). It runs after the call.
+    seen_when_cut: list[bool] = []
+
+    async def fn(prompt: str) -> str:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            seen_when_cut.append(gc.isenabled())
+        return prompt  # pragma: no cover - never reached
+
+    was = gc.isenabled()
+    if not enabled_before:
+        gc.disable()
+    try:
+        strategy = CallableStrategy(fn)
+        config = ProcessorConfig(concurrency=4, guardrails=GuardrailConfig(batch_timeout=0.05))
+        async with ParallelBatchProcessor[str](config) as proc:
+            for i in range(20):
+                await proc.add_work(LLMWorkItem(item_id=f"i{i}", strategy=strategy, prompt="p"))
+            batch = await proc.process_all()
+            assert gc.isenabled() is enabled_before  # back as found once process_all returned
+        assert gc.isenabled() is enabled_before
+    finally:
+        if was:
+            gc.enable()
+    assert batch.termination.kind == "batch_deadline" and batch.failed == 20
+    assert seen_when_cut == [False] * 4  # the four calls in flight were cut with the collector off
+
+
+def test_the_collector_pause_is_bounded_and_leaves_an_application_pause_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(collector_module.time, "perf_counter", lambda: now[0])
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        pause = collector_module.CollectorPause()
+        pause.begin()
+        assert not gc.isenabled() and pause.active
+        now[0] += collector_module.MAX_PAUSE_SECONDS - 0.01
+        pause.check()
+        assert not gc.isenabled()
+        now[0] += 0.02
+        pause.check()  # a drain waiting on a slow store or stream: the collector runs again
+        assert gc.isenabled() and not pause.active
+        pause.end()  # idempotent
+        assert gc.isenabled()
+        gc.disable()  # the application's own pause: begin() and end() leave it alone
+        pause.begin()
+        pause.end()
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+        else:
+            gc.disable()
 
 @virtual
 async def test_a_close_before_the_batch_deadline_is_an_interruption_not_a_deadline() -> None:

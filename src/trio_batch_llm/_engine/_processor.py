@@ -1,8 +1,8 @@
 """ParallelBatchProcessor: a host, a bounded input stream, workers, and one result terminal.
 
-Lifecycle and modes only. The parts: the input (:mod:`._intake`), the workers
-(:mod:`._workers`) running the item path (:mod:`._item`), the stop rules (:mod:`._stops`),
-publishing (:mod:`._publish`), the result stream and its terminal (:mod:`._channel`).
+Lifecycle and modes only. The parts: the input (:mod:`._intake`), the workers (:mod:`._workers`) running
+the item path (:mod:`._item`), the stop rules (:mod:`._stops`), publishing (:mod:`._publish`), the result
+stream and its terminal (:mod:`._channel`).
 
 - batch mode: ``add_work()`` items, then ``await process_all()`` -> :class:`BatchResult` (without
   ``async with`` too: then the call opens and closes the processor, :mod:`._unowned`);
@@ -87,8 +87,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._init_owner(host, ExecutorHost(cfg, name="ParallelBatchProcessor"), "ParallelBatchProcessor")
         self._hooks = hooks = Hooks.build(
             observers=observers, middlewares=middlewares, post_processor=post_processor,
-            post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout),
-        )
+            post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout))
         self.counters = RunCounters()
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)
         self._resume = resume
@@ -96,8 +95,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                                      start_by=start_deadline(call_start_deadline))  # ahead of the streams
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
-            store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply
-        )
+            store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply)
         self._crew: Crew[TOutput] = Crew(
             runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
             on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,
@@ -138,9 +136,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             raise
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> bool | None:
         await self._exit_owner(exc_type, exc, tb)
         # A crash nobody has seen yet (no process_all(), no reader of the terminal) surfaces here.
         delivered = self._channel is not None and self._channel.failure_delivered
@@ -201,8 +198,10 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             unfinished = self.counters.accepted - self.counters.finished
             raise BatchInterruptedError(f"the batch was interrupted with {unfinished} item(s) unfinished "
                                         "(its workers were cancelled, e.g. by a concurrent close)")
-        return BatchResult.from_results(self._publisher.results, termination=self.termination,
-                                        wall_time=self._publisher.wall_time, input_order=self._intake.order)
+        batch = BatchResult.from_results(self._publisher.results, termination=self.termination,
+                                         wall_time=self._publisher.wall_time, input_order=self._intake.order)
+        self._crew.collector.end()  # what a stop's drain made due is collected after the call, not in it
+        return batch
 
     @property
     def termination(self) -> BatchTermination:
@@ -263,6 +262,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         # CONTRACT C2.6: the stream's finalization runs the ordered close before its terminal.
         await self._crew.done.wait()
         await self._finish_run()
+        self._crew.collector.end()  # (as at the end of process_all)
         if self._crash is not None:
             raise self._crash
         if self._crew.interrupted:
@@ -335,6 +335,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         await runtime.wait_idle()
         self._intake.recv.close()
         await self._finish_run()
+        self._crew.collector.end()  # at the latest: a stop's pause of the collector ends with the run
         await self._hooks.aclose()
 
     def results_statistics(self) -> ResultChannelStatistics:
@@ -344,7 +345,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         return self._channel.statistics()
 
     def statistics(self) -> ProcessorStatistics:
-        return ProcessorStatistics(
-            mode=self._mode.value, state=self._ledger.state, workers=self._crew.live,
-            queued=self._intake.queued, counters=self.counters.snapshot(), termination=self._policy.kind,
-        )
+        return ProcessorStatistics(mode=self._mode.value, state=self._ledger.state, workers=self._crew.live,
+                                   queued=self._intake.queued, counters=self.counters.snapshot(),
+                                   termination=self._policy.kind)

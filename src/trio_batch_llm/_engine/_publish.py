@@ -4,7 +4,7 @@ Every result of a processor goes through :meth:`Publisher.publish`, and the repo
 stopped queue (:meth:`Publisher.drain`) goes through the same steps. The drain has one
 fast mode, for batch mode without a store or a per-item progress callback: then no step
 awaits, so it builds and settles the not-executed results in chunks between two
-checkpoints, with the cyclic collector paused (:func:`_no_collection`).
+checkpoints, with the cyclic collector paused (:func:`~._collector.no_collection`).
 
 A result is stored before anything else sees it (CONTRACT: a crash loses no published
 result), and put on the stream last.
@@ -12,9 +12,7 @@ result), and put on the stream last.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Final, Generic, TypeVar
 
 import anyio
@@ -32,6 +30,7 @@ from .._values._requests import LLMWorkItem, request_text
 from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import RunCounters
 from ._channel import ResultChannel
+from ._collector import no_collection
 from ._stops import Stop, StopPolicy
 
 __all__ = ["DRAIN_CHUNK", "Publisher"]
@@ -40,28 +39,6 @@ TOutput = TypeVar("TOutput")
 
 DRAIN_CHUNK: Final = 1000
 """Not-executed results built between two checkpoints when a stopped queue is reported (~1-2 ms)."""
-
-
-@contextmanager
-def _no_collection() -> Iterator[None]:
-    """Pause the cyclic garbage collector over a synchronous loop whose allocations all survive.
-
-    Building thousands of results at a stop allocates ~4 container objects each, and every one
-    of them is kept: a collection in the middle (gen0 every 700 allocations, and a full collection
-    of the whole heap when enough survivors pile up) can free none of them, yet it was measured
-    to take half of a deadline drain at N = 1,000 (60-110 ms of 160-300 ms). The collector runs
-    as usual at the next allocation after the loop. Only ever around code that does not await:
-    the switch is process-wide, so the pause must last no longer than the loop (a few ms for
-    10,000 items), and a collector the application disabled stays disabled.
-    """
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if paused:
-            gc.enable()
 
 
 class Publisher(Generic[TOutput]):
@@ -235,7 +212,7 @@ class Publisher(Generic[TOutput]):
         # the stop's verdicts): counted per chunk, not per result.
         bulk = not self._observing and self.tracker is None and self.failures.skips(category)
         while True:
-            with _no_collection():  # no await in this loop
+            with no_collection():  # no await in this loop
                 left = self._drain_chunk(recv.receive_nowait, reason, category, bulk)
             if left is not None:
                 self._drained = left

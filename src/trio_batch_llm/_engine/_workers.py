@@ -18,6 +18,7 @@ import anyio
 from .._observe._events import ItemStarted
 from .._values._ramp import StartupRampConfig
 from .._values._results import WorkItemResult
+from ._collector import CollectorPause
 from ._guards import DeadlineWatcher, Guard
 from ._item import RETRY, ItemRunner
 from ._item_run import ItemRun
@@ -71,6 +72,8 @@ class Crew(Generic[TOutput]):
         self._stop_deadline = math.inf  # the batch deadline, once started
         self.live = 0
         self.done = anyio.Event()
+        self.collector = CollectorPause()
+        """Held off from a stop that cuts calls until the run ends (the processor ends it)."""
         self.interrupted = False
         """Whether a worker was cancelled (the batch did not run to its end)."""
 
@@ -94,6 +97,8 @@ class Crew(Generic[TOutput]):
 
     def cut_calls(self, reason: str) -> None:
         """A stop that cuts calls short: every item in flight, and no item starts after it."""
+        if self.live > 0:
+            self.collector.begin()  # cancelling every call and reporting the queue: a burst of survivors
         for guard in self._watcher.guards:
             guard.stop(reason)
 
@@ -221,6 +226,7 @@ class Crew(Generic[TOutput]):
                 result = await self._hooks.after_item(run.item, result)
             await self._publisher.publish(result, run.added)
             guard.run = None
+        self.collector.check()
         await self._publisher.drain(recv)
 
     def _cut_short(self, run: ItemRun[TOutput]) -> WorkItemResult[TOutput]:
