@@ -27,7 +27,7 @@ and engine layers can both use it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from .._values._categories import ErrorCategory
 
@@ -164,16 +164,15 @@ class FailureLog:
         key = category.value
         seen = self._counts.get(key, 0)
         self._counts[key] = seen + 1
-        extra = {"item_id": item_id, "attempt": attempts, "category": key, "error_type": _error_type(exc)}
         if seen == 0:
             engine_logger.warning(
                 "item %r failed after %d attempt(s): %s (%s); further %s failures in this %s are"
                 " logged at DEBUG", item_id, attempts, key, _error_type(exc), key, self._owner,
-                extra=extra,
+                extra=_failure_fields(item_id, attempts, key, exc),
             )
-        elif engine_logger.isEnabledFor(logging.DEBUG):
+        elif engine_logger.isEnabledFor(logging.DEBUG):  # (a thousand cut at once: nothing built for none)
             engine_logger.debug("item %r failed after %d attempt(s): %s (%s)", item_id, attempts, key,
-                                _error_type(exc), extra=extra)
+                                _error_type(exc), extra=_failure_fields(item_id, attempts, key, exc))
 
     @staticmethod
     def skips(category: ErrorCategory | None) -> bool:
@@ -191,6 +190,10 @@ class FailureLog:
             text = ", ".join(f"{key}={count}" for key, count in sorted(self._counts.items()))
             engine_logger.info("%s finished with failures: %s", self._owner, text,
                                extra={"failures": dict(self._counts)})
+
+
+def _failure_fields(item_id: str, attempts: int, key: str, exc: BaseException | None) -> dict[str, Any]:
+    return {"item_id": item_id, "attempt": attempts, "category": key, "error_type": _error_type(exc)}
 
 
 _STOP_VERDICTS: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})

@@ -51,7 +51,11 @@ class ItemTiming:
     def close_attempt(self, attempt: int) -> None:
         """The call ``attempt`` ended: book the time since the previous one ended as its record."""
         booked = self.attempts
-        self.attempts.append(AttemptTiming(
+        if not booked:  # the first call (nearly every item's only one): all the time so far is its
+            booked.append(AttemptTiming(attempt, execution=self.execution, admission_wait=self.admission_wait,
+                                        cooldown=self.cooldown, backoff=self.backoff))
+            return
+        booked.append(AttemptTiming(
             attempt,
             execution=self.execution - sum(a.execution for a in booked),
             admission_wait=self.admission_wait - sum(a.admission_wait for a in booked),
