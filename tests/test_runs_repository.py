@@ -614,19 +614,28 @@ class _HeldWatcher:
     def __init__(self, db: str | Path) -> None:
         self.repo = repository_at(db)
         self.stop = threading.Event()
+        self.reading = threading.Event()
         self.seen: list[int] = []
         self.thread = threading.Thread(target=self._watch)
 
     def _watch(self) -> None:
         self.repo.open()
         try:
-            while not self.stop.is_set():
+            while True:  # one reading at least, and one after the racers are done
+                stopping = self.stop.is_set()
                 self.seen.append(self.repo.held_tokens(SCOPE))
+                self.reading.set()
+                if stopping:
+                    return
         finally:
+            self.reading.set()
             self.repo.close()
 
     def __enter__(self) -> _HeldWatcher:
+        # Reading before the racers start: on a loaded machine the watcher's own open could
+        # otherwise take until the race was over, and it would have seen nothing (CI, once).
         self.thread.start()
+        self.reading.wait()
         return self
 
     def __exit__(self, *exc: object) -> None:
