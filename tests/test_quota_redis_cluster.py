@@ -8,10 +8,9 @@ layout, and through ``MOVED`` once a slot moved after the client read it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -23,6 +22,7 @@ from trio_batch_llm._admission._redis_quota import RedisSharedQuota, _Want, scop
 
 from ._servers.redis import PASSWORD
 from ._servers.redis_cluster import RedisClusterServers
+from .test_quota_redis import registries
 
 pytestmark = pytest.mark.anyio
 
@@ -40,17 +40,6 @@ def _coredis_cluster_layout_leak() -> Iterator[None]:
             yield
         finally:
             gc.collect()
-
-
-@contextlib.asynccontextmanager
-async def registries(config: ProcessorConfig, count: int = 2) -> AsyncIterator[list[QuotaRegistry]]:
-    async with anyio.create_task_group() as tg:
-        made = [QuotaRegistry(backend=config.quota_backend, spawn=tg.start_soon) for _ in range(count)]
-        try:
-            yield made
-        finally:
-            for registry in made:
-                await registry.aclose()
 
 
 def keys_of(scope: QuotaScope) -> list[str]:
