@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 import shutil
 import signal
 import socket
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from . import unavailable
 
 PASSWORD = "s3cret-Redis-pw"
 
@@ -94,10 +95,7 @@ def start_redis() -> RedisServer:
     try:
         return RedisServer()
     except Exception as exc:  # reported as the skip/failure reason
-        reason = f"Redis test server unavailable: {exc}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        unavailable(f"Redis test server unavailable: {exc}")
 
 
 @pytest.fixture(scope="session")
