@@ -221,6 +221,51 @@ async def test_local_waiters_keep_their_fifo(redis_url: str) -> None:
         held.pop().release_unused()
 
 
+class SlowTrips:
+    """The process's clock, which a round trip advances by ``trip`` seconds (the script reads it first)."""
+
+    def __init__(self, trip: float) -> None:
+        self.now, self.trip = 1000.0, trip
+
+    def __call__(self) -> float:
+        return self.now
+
+    def script(self) -> float:
+        self.now += self.trip  # the reply arrives this much later on the process's clock
+        return self.now
+
+
+@pytest.mark.parametrize(("trip", "max_lease", "spares"), [
+    (0.001, 1024, 100),  # fast round trips: the demand seen since the last one
+    (3.0, 1024, 150),  # slow ones: two round trips at the pace (100 in 4 s = 25/s, 3 s each)
+    (3.0, 64, 64),  # never more than max_lease
+])
+async def test_a_lease_covers_two_round_trips_at_the_recent_pace(
+    redis_url: str, trip: float, max_lease: int, spares: int,
+) -> None:
+    clock = SlowTrips(trip)
+    config = ProcessorConfig(concurrency=1000, max_requests_per_minute=1_000_000,
+                             quota_backend=RedisQuotaBackend(redis_url, max_lease=max_lease))
+    async with anyio.create_task_group() as tg:
+        registry = QuotaRegistry(backend=config.quota_backend, clock=clock, spawn=tg.start_soon)
+        try:
+            scope = registry.scope_for(("provider", "key-fingerprint"), config)
+            assert registry._link is not None
+            registry._link.script_clock = clock.script
+            shared = scope._shared
+            assert shared is not None
+            started = clock.now
+            wants = [_Want(0)]
+            shared._admit(wants, await shared._round_trip(wants))  # a leader's: the count starts here
+            assert wants[0].ticket is not None and scope.statistics().backend_spares == 0
+            clock.now = started + 4.0
+            shared._admitted = 100  # admitted since, from spares or by leaders
+            shared._admit([], await shared._round_trip([], refill=True))
+            assert scope.statistics().backend_spares == spares
+        finally:
+            await registry.aclose()
+
+
 async def test_an_unreachable_redis_admits_nothing_then_fails_clearly() -> None:
     # coredis 6.9 leaves the memory streams of a connection that never connected unclosed (its
     # Connection.__init__ makes them): their ResourceWarning is expected here, and only here.

@@ -23,11 +23,14 @@ leader's, or the link's flusher a few milliseconds later.
 Late is always the strict side: an end stamped later counts longer, a refund
 sent later frees later.
 
-**Spares.** With an RPM limit and no TPM limit, a round trip also leases up to
-``min(max_lease, limit // 20, admissions since the last round trip)`` spare
+**Spares.** With an RPM limit and no TPM limit, a round trip also leases spare
 units, counted in Redis like any admitted call; the next admissions take them
-without a round trip. Unused spares go back after ``lease_seconds``, and at once
-when discovery is active (none is leased then).
+without a round trip. It leases what this process admitted since the last round
+trip, or, if more, what it will admit in two round trips at its recent pace (so
+a slow round trip, e.g. on an event loop busy with 200 calls, never leaves the
+admissions waiting for it), never more than ``min(max_lease, limit // 20)`` held
+in all. Unused spares go back after ``lease_seconds``, and at once when
+discovery is active (none is leased then).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ __all__ = ["RedisSharedQuota", "SharedTicket", "scope_key"]
 
 _POLL_FIRST: Final = 0.02  # seconds: how soon a blocked leader asks again when nothing local changed
 _POLL_MAX: Final = 0.5
+_RTT_DECAY: Final = 0.8  # each round trip, the remembered slowest one counts this much less
 
 
 def scope_key(namespace: str, key: object) -> str:
@@ -98,10 +102,10 @@ class RedisSharedQuota:
     """The shared RPM/TPM of one scope (see the module docstring)."""
 
     __slots__ = (
-        "_admitted", "_budgets", "_carrying", "_cool", "_ends", "_keys", "_leader", "_link", "_queue",
-        "_refilling", "_refunds", "_settles", "_spare_cap", "_spares", "_token_budgets", "_wake", "closed",
-        "discovery", "hold", "limit", "name", "on_cooldown", "pacing_margin", "requests_per_minute",
-        "round_trips", "tpm", "window",
+        "_admitted", "_budgets", "_carrying", "_cool", "_demand_at", "_ends", "_keys", "_leader", "_link",
+        "_pace", "_queue", "_refilling", "_refunds", "_round_trip_seconds", "_settles", "_spare_cap",
+        "_spares", "_token_budgets", "_wake", "closed", "discovery", "hold", "limit", "name", "on_cooldown",
+        "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
     )
 
     def __init__(
@@ -129,6 +133,9 @@ class RedisSharedQuota:
         self._wake: anyio.Event | None = None
         self._spares: deque[tuple[str, float]] = deque()  # (unit, leased at, on the link's clock)
         self._admitted = 0  # admissions since the last round trip: the demand a lease may cover
+        self._demand_at: float | None = None  # when that count began (on the link's clock)
+        self._pace = 0.0  # admissions per second over recent round trips
+        self._round_trip_seconds = 0.0  # the recent slowest round trip, decaying
         self._ends: list[str] = []
         self._refunds: list[str] = []
         self._settles: list[tuple[str, int, int]] = []  # (unit, reserved, actual)
@@ -269,11 +276,9 @@ class RedisSharedQuota:
         spares = self._spares
         while spares and spares[0][1] + self._link.backend.lease_seconds <= now:
             self._refunds.append(spares.popleft()[0])
-        # Spares cover the demand seen since the last round trip, never more than the cap in all.
         spare = 0
         if wants or refill:
-            spare = max(0, min(self._spare_cap - len(spares), self._admitted))
-            self._admitted = 0
+            spare = self._lease_size(now)
         ends, refunds, settles, cool = self._ends, self._refunds, self._settles, self._cool
         budgets, token_budgets = self._budgets, self._token_budgets
         self._ends, self._refunds, self._settles, self._cool, self._budgets = [], [], [], None, []
@@ -299,6 +304,7 @@ class RedisSharedQuota:
         self._carrying += carrying
         try:
             reply = await self._link.run_script(self._keys, args)
+            self._round_trip_seconds = max(self._link.clock() - now, self._round_trip_seconds * _RTT_DECAY)
             self.discovery.read(reply.generation, reply.discovered_rate)
             if self.discovery.active and spares:  # a spare would go unpaced: back to Redis, soon
                 self._refunds += [unit for unit, _ in spares]
@@ -319,6 +325,21 @@ class RedisSharedQuota:
             raise
         finally:
             self._carrying -= carrying
+
+    def _lease_size(self, now: float) -> int:
+        """Spare units to ask for: the demand since the last round trip, or two round trips' worth of it.
+
+        Never more than the cap held in all. A spare counts in Redis like an admitted call, so no
+        lease can over-admit; an unused one goes back after ``lease_seconds``, so a larger lease only
+        holds room from the other processes a little longer.
+        """
+        admitted, self._admitted = self._admitted, 0
+        started, self._demand_at = self._demand_at, now
+        if started is not None and now > started:
+            recent = admitted / (now - started)
+            self._pace = max(recent, (self._pace + recent) / 2)  # up at once, down by halves
+        ahead = math.ceil(2 * self._pace * self._round_trip_seconds)
+        return max(0, min(self._spare_cap - len(self._spares), max(admitted, ahead - len(self._spares))))
 
     # -- settling (synchronous: called from Admission's release methods) ----------
 

@@ -71,7 +71,7 @@ class RedisQuotaBackend:
         connect_timeout: float = 2.0,
         command_timeout: float = 5.0,
         max_call_seconds: float = 600.0,
-        max_lease: int = 256,
+        max_lease: int = 1024,
         lease_seconds: float = 1.0,
         cluster: bool = False,
     ) -> None:
