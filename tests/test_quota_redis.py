@@ -116,13 +116,17 @@ async def test_tpm_reservations_are_shared_and_refunded(redis_url: str) -> None:
         assert waited.cancelled_caught  # 10 + 200 > 100: nothing fits until the debt leaves the window
 
 
-async def test_a_429_pauses_every_process(redis_url: str) -> None:
+@pytest.mark.parametrize("how", ["release", "report"])
+async def test_a_429_pauses_every_process(redis_url: str, how: str) -> None:
     config = ProcessorConfig(concurrency=4, max_requests_per_minute=100,
                              quota_backend=RedisQuotaBackend(redis_url))
     async with registries(config) as made:
         a, b = scopes(made, config)
-        admission = await a.admit()
-        admission.release_rate_limited(retry_after=30.0)
+        if how == "release":
+            admission = await a.admit()
+            admission.release_rate_limited(retry_after=30.0)
+        else:  # a 429 not tied to an admission (QuotaScope.report_rate_limit)
+            assert a.report_rate_limit(retry_after=30.0)
         with anyio.fail_after(5):
             while True:  # b learns of the cooldown at its next round trip
                 with anyio.move_on_after(0.2):

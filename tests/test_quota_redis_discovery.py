@@ -211,7 +211,8 @@ async def test_two_processes_pace_at_one_shared_rate(redis_url: str, rpm: float 
     assert 0.8 * LIMIT <= rates[0] <= 1.2 * LIMIT and abs(rates[0] - rates[1]) <= 0.1 * LIMIT
 
 
-async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
+@pytest.mark.parametrize("how", ["release", "report"])
+async def test_a_429_in_one_process_slows_the_other(redis_url: str, how: str) -> None:
     clock = Clock()
     provider = Provider(clock)
     slow_recovery = RateLimitConfig(slow_start_seconds=0.0, discovery_recovery_seconds=300.0)
@@ -226,7 +227,11 @@ async def test_a_429_in_one_process_slows_the_other(redis_url: str) -> None:
         while admission is None:
             admission, ready = await attempt(a)
             clock.now = max(clock.now + 0.01, ready or 0.0)
-        admission.release_rate_limited(None, 0)  # a 429 without headers, seen by A alone
+        if how == "release":
+            admission.release_rate_limited(None, 0)  # a 429 without headers, seen by A alone
+        else:  # the same 429, reported apart from the call (QuotaScope.report_rate_limit)
+            admission.release(0)
+            assert not a.report_rate_limit()
         await flush(a)
         t = clock.now
         after = (await drive([b], provider, clock, until=t + 30.0))[0]

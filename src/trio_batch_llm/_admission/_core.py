@@ -328,6 +328,12 @@ class QuotaCore:
         """Join a cooldown reported from elsewhere (another process): pause until ``now + seconds``."""
         return self._cool_down(seconds, now, None)
 
+    def discovery_signal(self, observation: RateLimitObservation | None, retry_after: float | None,
+                         now: float) -> bool | None:
+        """Whether a 429 feeds discovery (None: not), and if so whether it asked to wait."""
+        pacing = self.pacing
+        return None if pacing is None else pacing.discovery_signal(observation, retry_after, now)
+
     def report_rate_limit(
         self, retry_after: float | None, now: float, *, admitted_generation: int | None = None
     ) -> bool:

@@ -394,10 +394,18 @@ class RedisSharedQuota:
             self._settles.append((ticket.unit, ticket.tokens, 0))
         self._kick()
 
-    def publish_cooldown(self, seconds: float) -> None:
-        """A 429 here started a cooldown: every process sharing the scope pauses as long."""
-        if seconds > 0 and math.isfinite(seconds):
-            self._cool = seconds if self._cool is None else max(seconds, self._cool)
+    def rate_limited(self, ticket: SharedTicket | None, asked_to_wait: bool | None, cooldown: float) -> None:
+        """A 429 in this process: every process sharing the scope pauses ``cooldown`` seconds.
+
+        ``asked_to_wait`` is None for a 429 that reported a budget (discovery does not learn from
+        it); otherwise the shared discovery learns from it, as a 429 to the call of ``ticket``, or,
+        for one reported apart from any call (None), to a call of the generation in force.
+        """
+        if asked_to_wait is not None:
+            generation = self.discovery.generation if ticket is None else ticket.generation
+            self.discovery.rate_limited(generation, asked_to_wait)
+        if cooldown > 0 and math.isfinite(cooldown):
+            self._cool = cooldown if self._cool is None else max(cooldown, self._cool)
             self._kick()
 
     @property

@@ -150,9 +150,8 @@ class Admission:
             return 0.0
         self._grant = None
         scope = self._scope
-        before = PaceWatch.of(scope._core)
-        now = scope._clock()
-        core = scope._core
+        core, now = scope._core, scope._clock()
+        before = PaceWatch.of(core)
         wait, woken = core.release_rate_limited(grant, retry_after, actual_tokens, now, observation)
         before.log_changes(scope.name, core, now, retry_after)
         _wake(woken)
@@ -160,12 +159,9 @@ class Admission:
         if shared is not None:
             ticket = self._shared
             if ticket is not None:
-                pacing = core.pacing
-                asked = None if pacing is None else pacing.discovery_signal(observation, retry_after, now)
-                if asked is not None:  # a 429 with no budget reported: the shared discovery learns from it
-                    shared.discovery.rate_limited(ticket.generation, asked)
                 shared.settle_ended(ticket, actual_tokens, observation)
-            shared.publish_cooldown(core.cooldown.remaining(now))  # every process pauses, not just this one
+            shared.rate_limited(ticket, core.discovery_signal(observation, retry_after, now),
+                                core.cooldown.remaining(now))
         return wait
 
     def release_unused(self) -> None:
@@ -363,10 +359,17 @@ class QuotaScope:
     # -- rate limits and lifecycle -----------------------------------------
 
     def report_rate_limit(self, retry_after: float | None = None) -> bool:
-        """Report a rate limit not tied to an admission; return whether a new cooldown started."""
-        before = PaceWatch.of(self._core)
-        started = self._core.report_rate_limit(retry_after, now := self._clock())
-        before.log_changes(self.name, self._core, now, retry_after)
+        """Report a rate limit not tied to an admission; return whether a new cooldown started.
+
+        On a scope shared through Redis it reaches every process, as a released 429 does.
+        """
+        core = self._core
+        before = PaceWatch.of(core)
+        started = core.report_rate_limit(retry_after, now := self._clock())
+        before.log_changes(self.name, core, now, retry_after)
+        if (shared := self._shared) is not None:
+            shared.rate_limited(None, core.discovery_signal(None, retry_after, now),
+                                core.cooldown.remaining(now))
         return started
 
     def close(self) -> None:
