@@ -470,67 +470,109 @@ async def test_the_queue_drain_pauses_the_collector_and_leaves_it_as_found(enabl
 
 
 @pytest.mark.parametrize("enabled_before", [True, False])
-async def test_a_stop_that_cuts_calls_holds_the_collector_off_until_process_all_returns(
-    enabled_before: bool,
+@pytest.mark.parametrize("stop", ["deadline", "graceful"])
+async def test_a_stop_defers_full_collections_until_process_all_returns(
+    enabled_before: bool, stop: str,
 ) -> None:
-    # Cutting every call short and reporting the queue is a burst of survivors: a full collection
-    # due in it ran inside the deadline drain (20-35 ms of ~90 at N = 1,000). It runs after the call.
-    seen_when_cut: list[bool] = []
+    # Settling every call in flight and reporting the queue is a burst of survivors: a full
+    # collection due in it ran inside the drain (deadline: 20-35 ms of ~90 at N = 1,000; graceful:
+    # 25-28 ms of ~65). It runs after the call; the young generations are collected meanwhile.
+    found = gc.get_threshold()
+    seen: list[int] = []  # the oldest generation's threshold as each call in flight ended
+    release = anyio.Event()
 
     async def fn(prompt: str) -> str:
+        if prompt == "trigger":
+            await anyio.lowlevel.checkpoint()
+            raise ProviderError("401", category=ErrorCategory.AUTHENTICATION)
         try:
-            await anyio.sleep_forever()
+            if stop == "deadline":
+                await anyio.sleep_forever()
+            await release.wait()
         finally:
-            seen_when_cut.append(gc.isenabled())
-        return prompt  # pragma: no cover - never reached
+            seen.append(gc.get_threshold()[2])
+        return prompt
 
     was = gc.isenabled()
     if not enabled_before:
         gc.disable()
     try:
         strategy = CallableStrategy(fn)
-        config = ProcessorConfig(concurrency=4, guardrails=GuardrailConfig(batch_timeout=0.05))
-        async with ParallelBatchProcessor[str](config) as proc:
-            for i in range(20):
-                await proc.add_work(LLMWorkItem(item_id=f"i{i}", strategy=strategy, prompt="p"))
+        if stop == "deadline":
+            guard = GuardrailConfig(batch_timeout=0.05)
+        else:
+            guard = GuardrailConfig(abort_on_error_categories=frozenset({ErrorCategory.AUTHENTICATION}),
+                                    abort_mode=AbortMode.DRAIN_ACTIVE)
+        class LetGo:  # the calls in flight end once the stop has reported the queue
+            def on_event(self, event: Any) -> None:
+                failed = isinstance(event, ItemFailed)
+                if failed and event.result.error_category is ErrorCategory.NOT_EXECUTED:
+                    release.set()
+
+        async with ParallelBatchProcessor[str](ProcessorConfig(concurrency=4, guardrails=guard),
+                                               observers=[LetGo()]) as proc:
+            prompts = ["p"] * 3 + ["trigger" if stop == "graceful" else "p"] + ["q"] * 16
+            for i, prompt in enumerate(prompts):
+                await proc.add_work(LLMWorkItem(item_id=f"i{i}", strategy=strategy, prompt=prompt))
             batch = await proc.process_all()
-            assert gc.isenabled() is enabled_before  # back as found once process_all returned
-        assert gc.isenabled() is enabled_before
+            assert gc.get_threshold() == found  # back as found once process_all returned
+        assert gc.isenabled() is enabled_before and gc.get_threshold() == found
     finally:
         if was:
             gc.enable()
-    assert batch.termination.kind == "batch_deadline" and batch.failed == 20
-    assert seen_when_cut == [False] * 4  # the four calls in flight were cut with the collector off
+    assert batch.failed == (20 if stop == "deadline" else 17)
+    deferred = collector_module.DEFERRED if enabled_before else found[2]
+    assert seen == [deferred] * (4 if stop == "deadline" else 3)
 
 
-def test_the_collector_pause_is_bounded_and_leaves_an_application_pause_alone(
+def test_the_collector_pause_is_bounded_and_leaves_the_applications_settings_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [100.0]
     monkeypatch.setattr(collector_module.time, "perf_counter", lambda: now[0])
-    was = gc.isenabled()
+    was, found = gc.isenabled(), gc.get_threshold()
     gc.enable()
+    gc.set_threshold(700, 10, 10)
+    deferred = collector_module.DEFERRED
     try:
         pause = collector_module.CollectorPause()
         pause.begin()
-        assert not gc.isenabled() and pause.active
+        assert gc.isenabled() and gc.get_threshold() == (700, 10, deferred) and pause.active
         now[0] += collector_module.MAX_PAUSE_SECONDS - 0.01
         pause.check()
-        assert not gc.isenabled()
+        assert gc.get_threshold() == (700, 10, deferred)
         now[0] += 0.02
-        pause.check()  # a drain waiting on a slow store or stream: the collector runs again
-        assert gc.isenabled() and not pause.active
+        pause.check()  # a drain waiting on a slow store, a stream or long calls: full collections again
+        assert gc.get_threshold() == (700, 10, 10) and not pause.active
         pause.end()  # idempotent
-        assert gc.isenabled()
+        assert gc.get_threshold() == (700, 10, 10)
+
+        other = collector_module.CollectorPause()  # two processors stopping at once
+        pause.begin()
+        other.begin()
+        assert not other.active  # inside the first one's pause: nothing of its own to restore
+        other.end()
+        assert gc.get_threshold() == (700, 10, deferred)
+        pause.end()
+        assert gc.get_threshold() == (700, 10, 10)
+
+        pause.begin()
+        gc.set_threshold(500, 5, 5)  # the application's own setting, made during the pause, stays
+        pause.end()
+        assert gc.get_threshold() == (500, 5, 5)
+
         gc.disable()  # the application's own pause: begin() and end() leave it alone
         pause.begin()
+        assert not pause.active and gc.get_threshold() == (500, 5, 5)
         pause.end()
         assert not gc.isenabled()
     finally:
+        gc.set_threshold(*found)
         if was:
             gc.enable()
         else:
             gc.disable()
+
 
 @virtual
 async def test_a_close_before_the_batch_deadline_is_an_interruption_not_a_deadline() -> None:

@@ -1,13 +1,19 @@
-"""Keeping Python's cyclic garbage collector out of a stop's drain.
+"""Keeping Python's full garbage collections out of a stop's drain.
 
-A stop that cuts every call short, then reports a queue of thousands as not executed, is
-a burst of allocations that all survive (results, their dicts, the cut calls' exceptions):
-a collection inside it can free little, yet a full one walks the whole heap. Measured on
-the deadline drain at N = 1,000 (1,000 calls cut, 10,000 queued, Trio): a full collection
-landed inside the drain in most runs and cost 20-35 ms of its 85-95 ms; with the collector
-held off it took 56-61 ms. The switch is process-wide, so each pause is bounded: the
-collector runs again when the drain is over, or after :data:`MAX_PAUSE_SECONDS` at most,
-and a collector the application disabled stays disabled.
+A stop reports a queue of thousands as not executed and settles every call in flight,
+cut short or finished: a burst of allocations that all survive (results, their dicts,
+the cut calls' exceptions). A collection inside it frees little, yet a full one walks the
+whole heap. Measured at N = 1,000 (10,000 queued, Trio): a full collection landed inside
+the deadline drain in most runs and cost 20-35 ms of its 85-95 ms, and inside the graceful
+drain in every run after the first, 25-28 ms of about 65 ms.
+
+So from a stop until its drain is over, :class:`CollectorPause` defers full collections
+only: the threshold of the oldest generation is raised, the young generations are collected
+as usual, so short-lived cycles are still freed. The thresholds are process-wide, so each
+pause is bounded: they are restored when the drain is over, or at the first item settled
+after :data:`MAX_PAUSE_SECONDS`, and thresholds the application changed meanwhile (or a
+collector it disabled) are left as they are. :func:`no_collection` pauses the collector
+outright over one synchronous loop.
 """
 
 from __future__ import annotations
@@ -21,8 +27,12 @@ from typing import Final, final
 __all__ = ["MAX_PAUSE_SECONDS", "CollectorPause", "no_collection"]
 
 MAX_PAUSE_SECONDS: Final = 1.0
-"""The longest a stop's drain holds the collector off (real seconds): a drain that waits on a
-slow store or a slow stream consumer must not leave cycles uncollected for that long."""
+"""The longest a stop's drain defers full collections (real seconds), checked as items settle:
+a drain that waits on a slow store, a slow stream consumer or long calls must not keep old
+cycles uncollected for that long."""
+
+DEFERRED: Final = 1 << 30
+"""The oldest generation's threshold during a pause: no full collection falls due."""
 
 
 @contextmanager
@@ -40,12 +50,13 @@ def no_collection() -> Iterator[None]:
 
 @final
 class CollectorPause:
-    """The collector held off from a stop until its drain ends (:meth:`end`), bounded in time."""
+    """Full collections deferred from a stop until its drain ends (:meth:`end`), bounded in time."""
 
-    __slots__ = ("_since",)
+    __slots__ = ("_saved", "_since")
 
     def __init__(self) -> None:
         self._since: float | None = None  # real time the pause began; None: not paused by us
+        self._saved = (0, 0, 0)  # the thresholds found at begin()
 
     @property
     def active(self) -> bool:
@@ -53,8 +64,11 @@ class CollectorPause:
 
     def begin(self) -> None:
         if self._since is None and gc.isenabled():
-            gc.disable()
-            self._since = time.perf_counter()
+            thresholds = gc.get_threshold()
+            if thresholds[2] != DEFERRED:  # not inside another processor's pause
+                self._saved = thresholds
+                gc.set_threshold(thresholds[0], thresholds[1], DEFERRED)
+                self._since = time.perf_counter()
 
     def check(self) -> None:
         """End the pause if it has lasted :data:`MAX_PAUSE_SECONDS`."""
@@ -65,4 +79,6 @@ class CollectorPause:
     def end(self) -> None:
         if self._since is not None:
             self._since = None
-            gc.enable()
+            young, middle, oldest = gc.get_threshold()
+            if oldest == DEFERRED:  # still ours: the application set none meanwhile
+                gc.set_threshold(young, middle, self._saved[2])

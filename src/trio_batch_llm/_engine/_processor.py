@@ -285,8 +285,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         if stop is None:
             return
         log_stop(stop.kind, stop.reason)
-        if stop.cancel_active:
-            self._crew.cut_calls(stop.reason)
+        self._crew.stop(stop.reason, cut_calls=stop.cancel_active)
         # Queued items drain as "not executed"; new input is refused. The stream's input is
         # thereby finished too, so its finalization can end it cleanly.
         self._intake.close()

@@ -95,12 +95,16 @@ class Crew(Generic[TOutput]):
         if self._watch or self._stop_deadline != math.inf:
             runtime.start_soon(self._watcher.run, name="deadlines")
 
-    def cut_calls(self, reason: str) -> None:
-        """A stop that cuts calls short: every item in flight, and no item starts after it."""
+    def stop(self, reason: str, *, cut_calls: bool) -> None:
+        """A stop was decided; with ``cut_calls``, every item in flight is cut short and none starts.
+
+        What is in flight and queued settles now, a burst of survivors: full collections wait.
+        """
         if self.live > 0:
-            self.collector.begin()  # cancelling every call and reporting the queue: a burst of survivors
-        for guard in self._watcher.guards:
-            guard.stop(reason)
+            self.collector.begin()
+        if cut_calls:
+            for guard in self._watcher.guards:
+                guard.stop(reason)
 
     def close(self) -> None:
         """The batch is over: stop watching deadlines."""
@@ -214,6 +218,7 @@ class Crew(Generic[TOutput]):
             if policy.kind is not None:
                 # The batch stopped while this item ran: report the queue, then leave at once
                 # rather than pulling every queued item through the stream.
+                self.collector.check()
                 await publisher.drain(recv)
                 return True
 
