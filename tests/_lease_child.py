@@ -10,6 +10,7 @@ the final status; exits 0 when the run is terminal.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from trio_batch_llm import ArtifactStoreError, ProcessorConfig
 from trio_batch_llm._runs import open_run
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 
+CONCURRENCY = int(os.environ.get("LEASE_CHILD_CONCURRENCY", "4"))  # benchmarks/scale.py sets it
+
 
 async def main(url: str, run_id: str, source: str, base_url: str, lease: float) -> None:
     strategy = OpenAICompatibleStrategy("mock-model", base_url=base_url, api_key="sk-test")
@@ -26,7 +29,7 @@ async def main(url: str, run_id: str, source: str, base_url: str, lease: float) 
         while True:
             try:
                 async with await open_run(url, run_id, strategy, Path(source), lease_seconds=lease,
-                                          config=ProcessorConfig(concurrency=4), poll_interval=0.05,
+                                          config=ProcessorConfig(concurrency=CONCURRENCY), poll_interval=0.05,
                                           slice_items=50) as run:
                     snap = await run.wait()
                     print(snap.status, flush=True)
