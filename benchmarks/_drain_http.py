@@ -10,8 +10,8 @@ strategy cleanup, so the floor closes its client inside the timed section too).
   the client holds no connection to the server and that the server saw every
   request disconnect.
 - graceful: the requests answer ``latency`` seconds after they arrive
-  (``[[latency:L]]``); the stop is ``proc._request_stop(..., cancel_active=False)``
-  (DRAIN_ACTIVE semantics; the private trigger, because a failing trigger
+  (``[[latency:L]]``); the stop is ``proc.request_stop()``
+  (calls in flight finish, as with DRAIN_ACTIVE; a stop from outside, because a failing trigger
   request cannot be timed to arrive after the other N). The sample is the drain
   beyond the moment the last in-flight answer was due: (last arrival + L),
   using the server's arrival clock (``time.monotonic()``, shared by both
@@ -119,7 +119,7 @@ async def ours_http_graceful(n: int, server: MockServerProcess) -> dict[str, Any
     async with anyio.create_task_group() as tg:
         tg.start_soon(body)
         ready = await _wait_for_server(server, base, n)
-        proc._request_stop("aborted", "benchmark stop", cancel_active=False)
+        proc.request_stop("benchmark stop")  # calls in flight finish, the queue is not executed
     t_done, batch = done
     due = ready["last_arrival"] + latency
     return {"ms": (t_done - due) * 1000, "termination": batch.termination.kind,
