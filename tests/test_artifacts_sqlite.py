@@ -202,3 +202,55 @@ def test_a_file_created_by_another_process_while_it_is_classified_is_seen_in_one
         assert not conn.in_transaction
     finally:
         conn.close()
+
+
+_DIE_MID_TRANSACTION = r"""
+import os, signal, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA cache_size=2")  # the transaction's pages spill into the file: its journal is hot
+conn.execute("BEGIN")
+conn.execute("CREATE TABLE junk (x)")
+conn.execute("INSERT INTO junk VALUES (randomblob(1000))")
+for _ in range(9):
+    conn.execute("INSERT INTO junk SELECT randomblob(1000) FROM junk")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def die_mid_transaction(path: Path) -> None:
+    """A writer in rollback-journal mode killed mid-transaction: a hot journal, as SIGKILL leaves it."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", _DIE_MID_TRANSACTION, str(path)], check=False)
+    assert Path(f"{path}-journal").stat().st_size > 0
+
+
+async def test_iter_results_replays_a_dead_writers_hot_journal_in_our_file(tmp_path: Path) -> None:
+    # A read-only connection cannot roll a hot journal back, and SQLite refuses every read until
+    # one does (CI, once: the crash fuzz killed a writer while its file was being set up).
+    path = tmp_path / "run.sqlite"
+    async with SqliteArtifactStore(path, identity=IDENTITY) as store:
+        for i in range(3):
+            await store.append(result(i), fingerprint=fp(i))
+    await independent(path, "PRAGMA journal_mode=DELETE")
+    await anyio.to_thread.run_sync(die_mid_transaction, path)
+    reader = SqliteArtifactStore(path, identity=IDENTITY)
+    seen = await anyio.to_thread.run_sync(lambda: [r.item_id for r in reader.iter_results()])
+    assert seen == ["item-0", "item-1", "item-2"]  # everything committed, nothing of the dead transaction
+    tables = await independent(path, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+    assert tables == [("meta",), ("results",)]
+
+
+async def test_iter_results_leaves_a_foreign_files_hot_journal_alone(tmp_path: Path) -> None:
+    path = tmp_path / "other.sqlite"
+    await independent(path, "CREATE TABLE theirs (x)")
+    await anyio.to_thread.run_sync(die_mid_transaction, path)
+    before = await anyio.to_thread.run_sync(path.read_bytes)
+    reader = SqliteArtifactStore(path, identity=IDENTITY)
+    with pytest.raises(ArtifactStoreError, match="not provably ours") as caught:
+        await anyio.to_thread.run_sync(lambda: list(reader.iter_results()))
+    assert str(path) in str(caught.value)
+    after = await anyio.to_thread.run_sync(path.read_bytes)
+    journal = Path(f"{path}-journal")
+    assert after == before and await anyio.to_thread.run_sync(journal.exists)  # not rolled back by us

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import math
@@ -84,6 +85,7 @@ _SCHEMA: Final = (
 )
 
 _SQLITE_BUSY: Final = 5
+_NEEDS_RECOVERY: Final = frozenset({"SQLITE_READONLY_ROLLBACK", "SQLITE_READONLY_RECOVERY"})
 _MAX_MILLISECONDS: Final = 2**31 - 1  # sqlite3_busy_timeout() takes a C int
 _FIRST_PAUSE: Final = 0.001
 _LONGEST_PAUSE: Final = 0.05
@@ -222,25 +224,71 @@ class SqliteFile:
 
         For writing, a foreign file is refused first (:func:`classify_database`,
         before WAL mode would change it), then WAL mode and ``synchronous`` are
-        set. A read-only connection changes nothing; its caller checks the file.
+        set. A read-only connection changes nothing (but see :meth:`_connect_read_only`); its
+        caller checks the file.
         """
         if read_only:
-            target: str | Path = self._path.resolve().as_uri() + "?mode=ro"
-        else:
-            target = self._path
-        conn = sqlite3.connect(target, uri=read_only, isolation_level=None, check_same_thread=False)
+            return self._connect_read_only()
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
         try:
             set_busy_timeout(conn, self._busy_timeout)  # not connect(timeout=): it overflows past 24 days
-            if not read_only:
-                classify_database(conn, self._path)
-                mode = self.retry(conn, lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
-                if str(mode).lower() != "wal":
-                    raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
-                conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
+            classify_database(conn, self._path)
+            mode = self.retry(conn, lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+            if str(mode).lower() != "wal":
+                raise ArtifactStoreError(f"{self._path}: SQLite refused WAL mode (journal_mode={mode})")
+            conn.execute("PRAGMA synchronous=" + ("FULL" if self._fsync else "NORMAL"))
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """A read-only connection; first, the recovery a writer killed mid-transaction left undone.
+
+        A hot rollback journal (a writer killed before the file was in WAL mode, e.g. while
+        it was being created) or a WAL index to rebuild must be replayed before anything can
+        be read, and a read-only connection may not: SQLite refuses every read with
+        ``SQLITE_READONLY_ROLLBACK`` / ``_RECOVERY``. A read-write connection then does only
+        that, as the store's own next open would: the dead writer's uncommitted transaction
+        is undone, nothing committed changes, and no statement of ours writes.
+        """
+        target = self._path.resolve().as_uri() + "?mode=ro"
+        for attempt in range(2):
+            conn = sqlite3.connect(target, uri=True, isolation_level=None, check_same_thread=False)
+            try:
+                set_busy_timeout(conn, self._busy_timeout)
+                self.retry(conn, functools.partial(_first_read, conn))
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if attempt or getattr(exc, "sqlite_errorname", "") not in _NEEDS_RECOVERY:
+                    raise
+                if not self._header_allows_recovery():
+                    raise ArtifactStoreError(
+                        f"{self._path}: a writer died in the middle of a transaction and the file is not"
+                        " provably ours, so it is not recovered here; open it with the program that wrote it"
+                    ) from None
+                recover = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+                try:
+                    set_busy_timeout(recover, self._busy_timeout)
+                    self.retry(recover, functools.partial(_first_read, recover))
+                finally:
+                    recover.close()
+                continue
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
+
+    def _header_allows_recovery(self) -> bool:
+        """Whether the file's header, read as bytes, is ours (application id), or of a database in
+        which no table was ever created (schema cookie 0): a file being created when its writer died."""
+        with self._path.open("rb") as raw:
+            header = raw.read(100)
+        if len(header) < 100:
+            return True
+        return (int.from_bytes(header[68:72], "big") == APPLICATION_ID
+                or int.from_bytes(header[40:44], "big") == 0)
 
     def retry(self, conn: sqlite3.Connection, step: Callable[[], T]) -> T:
         """``step()`` through :func:`retry_busy`, bounded by this file's ``busy_timeout``."""
@@ -325,3 +373,8 @@ class SqliteFile:
                     logger.warning("%s: could not checkpoint the WAL on close: %s", self._path, exc)
         with self.errors("closing"):
             conn.close()
+
+
+def _first_read(conn: sqlite3.Connection) -> object:
+    """A read that makes SQLite replay whatever recovery a file needs (or refuse, read-only)."""
+    return conn.execute("PRAGMA schema_version").fetchone()
