@@ -252,33 +252,34 @@ class SqliteFile:
         that, as the store's own next open would: the dead writer's uncommitted transaction
         is undone, nothing committed changes, and no statement of ours writes.
         """
-        target = self._path.resolve().as_uri() + "?mode=ro"
-        for attempt in range(2):
-            conn = sqlite3.connect(target, uri=True, isolation_level=None, check_same_thread=False)
-            try:
-                set_busy_timeout(conn, self._busy_timeout)
-                self.retry(conn, functools.partial(_first_read, conn))
-            except sqlite3.OperationalError as exc:
-                conn.close()
-                if attempt or getattr(exc, "sqlite_errorname", "") not in _NEEDS_RECOVERY:
-                    raise
-                if not self._header_allows_recovery():
-                    raise ArtifactStoreError(
-                        f"{self._path}: a writer died in the middle of a transaction and the file is not"
-                        " provably ours, so it is not recovered here; open it with the program that wrote it"
-                    ) from None
-                recover = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-                try:
-                    set_busy_timeout(recover, self._busy_timeout)
-                    self.retry(recover, functools.partial(_first_read, recover))
-                finally:
-                    recover.close()
-                continue
-            except BaseException:
-                conn.close()
+        try:
+            return self._open_read_only()
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorname", "") not in _NEEDS_RECOVERY:
                 raise
-            return conn
-        raise AssertionError("unreachable")  # pragma: no cover - the second attempt returns or raises
+        if not self._header_allows_recovery():
+            raise ArtifactStoreError(
+                f"{self._path}: a writer died in the middle of a transaction and the file is not"
+                " provably ours, so it is not recovered here; open it with the program that wrote it"
+            )
+        recover = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        try:
+            set_busy_timeout(recover, self._busy_timeout)
+            self.retry(recover, functools.partial(_first_read, recover))
+        finally:
+            recover.close()
+        return self._open_read_only()
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self._path.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            set_busy_timeout(conn, self._busy_timeout)
+            self.retry(conn, functools.partial(_first_read, conn))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _header_allows_recovery(self) -> bool:
         """Whether the file's header, read as bytes, is ours (application id), or of a database in
