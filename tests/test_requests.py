@@ -7,6 +7,7 @@ backends, for both OpenAI strategies and both APIs.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ from trio_batch_llm import (
     JsonlArtifactStore,
     LLMCallStrategy,
     LLMWorkItem,
+    ParallelBatchProcessor,
+    ProcessorConfig,
     ResumePolicy,
     process_prompts,
 )
@@ -228,3 +231,56 @@ def test_cli_jsonl_rows_with_messages_and_params(tmp_path: Path) -> None:
     problem = classify_line(path, json.dumps({"id": "a", "messages": "hi"}), 4)
     assert 'line 4, field "messages"' in str(problem)
     assert classify_line(path, json.dumps({"id": "a", "prompt": "x"}), 5) == ("a", "x", None)
+
+
+class TextOnlyCounting(LLMCallStrategy[str]):
+    """Takes text: records each prompt and how deep below its worker each call runs."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+        self.depth: list[int] = []
+
+    async def execute(self, prompt: str, attempt: int, timeout: float | None,
+                      state: RetryState | None = None) -> tuple[str, TokenUsage | None, Any]:
+        self.prompts.append(prompt)
+        self.depth.append(_frames_to_worker())
+        return prompt.upper(), None, None
+
+
+def _frames_to_worker() -> int:
+    """Python frames between this call and the worker task that runs it (``Crew._work``)."""
+    frame = sys._getframe(1)
+    depth = 0
+    while frame is not None and frame.f_code.co_qualname != "Crew._work":
+        depth += 1
+        frame = frame.f_back
+    assert frame is not None, "not called from a worker"
+    return depth
+
+
+async def test_a_text_strategys_execute_is_awaited_straight_from_the_item_path() -> None:
+    # A cancellation unwinds every frame of every call in flight: each one costs a frame object
+    # and a traceback (about 2 us a worker on asyncio). The worker's loop, the item path, the
+    # call: nothing in between, not even the default execute_request, which only passes the text.
+    strategy = TextOnlyCounting()
+    async with ParallelBatchProcessor[str](ProcessorConfig(concurrency=2)) as proc:
+        for i in range(3):
+            await proc.add_work(LLMWorkItem(item_id=f"i{i}", strategy=strategy, prompt=f"p{i}"))
+        batch = await proc.process_all()
+    assert sorted(r.output or "" for r in batch.results) == ["P0", "P1", "P2"]
+    assert strategy.depth == [3, 3, 3]  # execute <- ItemRunner.drive <- Crew._loop <- Crew._work
+
+
+async def test_an_execute_request_set_on_the_instance_is_still_the_call() -> None:
+    strategy = TextOnlyCounting()
+    seen: list[str] = []
+
+    async def on_instance(request: LLMRequest, attempt: int, timeout: float | None,
+                          state: RetryState | None = None) -> tuple[str, TokenUsage | None, Any]:
+        seen.append(request.text)
+        return "instance", None, None
+
+    strategy.execute_request = on_instance  # type: ignore[method-assign]
+    batch = await process_prompts(strategy, ["a", "b"], concurrency=1)
+    assert [r.output for r in batch.results] == ["instance", "instance"]
+    assert seen == ["a", "b"] and strategy.prompts == []

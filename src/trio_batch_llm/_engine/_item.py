@@ -1,10 +1,9 @@
 """One item's path: admit → attempt → parse → decide, one function per stage, over a :class:`Binding`.
 
-Shared by the processor's workers and the pool's callers. A :class:`Binding` is what
-the path needs of one strategy, resolved once per owner: the prepared strategy, its
-quota scope, whether its prompts need a token estimate, its classifier. Nothing on the
-hot path calls back into the host. An :class:`ItemRun` is one item on its way; it
-survives its guard firing (:mod:`._guards`), so the caller can go on with it::
+Shared by the processor's workers and the pool's callers. A :class:`Binding` is what the
+path needs of one strategy, resolved once per owner (:mod:`._item_run`): nothing on the hot
+path calls back into the host. An :class:`ItemRun` is one item on its way; it survives its
+guard firing (:mod:`._guards`), so the caller can go on with it::
 
     result = await runner.drive(run, guard)     # in the guard's scope
     ...the scope caught a deadline or a stop:
@@ -15,10 +14,9 @@ In :meth:`ItemRunner.drive`, per attempt:
 - :meth:`~ItemRunner.admit`: a slot, an RPM unit, a TPM reservation and the end of any
   cooldown; no call starts at or after a start limit (the item or batch deadline, the
   processor's ``call_start_deadline``);
-- :meth:`~ItemRunner.attempt`: ``strategy.execute`` under the attempt deadline; a failure
-  is classified here (the one ``except Exception`` boundary), and the admission is given
-  back here, in :meth:`~ItemRunner.settle`, with the strategy's metadata or the failure's
-  exception at hand;
+- :meth:`~ItemRunner.attempt`: one call under the attempt deadline, awaited in ``drive``;
+  a failure is classified in :meth:`~ItemRunner.attempt_failed` (the one ``except
+  Exception`` boundary); :meth:`~ItemRunner.settle` gives the admission back;
 - :meth:`~ItemRunner.parse`: the raw output becomes the item's output;
 - :meth:`~ItemRunner.decide`: a failed attempt becomes the item's result, or the wait
   before the next attempt (separate budgets for rate limits and other failures; no retry
@@ -41,15 +39,7 @@ from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._classify import Classification
-from ._item_run import (
-    Binding,
-    Failure,
-    ItemRun,
-    Retries,
-    as_triple,
-    rate_limit_observation,
-    start_deadline,
-)
+from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, rate_limit_observation, start_deadline
 from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
@@ -188,9 +178,23 @@ class ItemRunner(Generic[TOutput]):
                 held = run.held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit: between calls, never the attempt's own deadline
                     return self.cut(run, guard)  # type: ignore[return-value]
-                outcome = await self.attempt(binding, run, held, guard)
-                if not isinstance(outcome, Failure):
-                    output, meta = outcome
+                # Stage 2's call is awaited here, not in attempt(): a cancellation unwinds one frame
+                # fewer per call in flight (a frame object and a traceback: ~2 µs a worker, asyncio).
+                timeout = self.attempt(run, guard)
+                state = run.retries.state if run.retries is not None else None
+                run.calling = True
+                try:
+                    execute_text = binding.execute_text
+                    if execute_text is not None:
+                        returned = await execute_text(run.item.request.text, run.attempts, timeout, state)
+                    else:
+                        returned = await binding.strategy.execute_request(run.item.request, run.attempts,
+                                                                          timeout, state)
+                    output, usage, meta = as_triple(returned)
+                except Exception as exc:  # noqa: BLE001 - the one classification boundary
+                    outcome = self.attempt_failed(binding, run, held, guard, exc)
+                else:
+                    self.attempt_returned(run, held, usage, meta)
                     try:
                         output = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
@@ -233,39 +237,39 @@ class ItemRunner(Generic[TOutput]):
             return None
         return admission
 
-    async def attempt(
-        self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard
-    ) -> tuple[Any, Any] | Failure:
-        """Stage 2: one call under the attempt deadline; ``(raw output, metadata)`` or the failure."""
-        clock = self._clock
+    def attempt(self, run: ItemRun[TOutput], guard: Guard) -> float | None:
+        """Stage 2, before its call: count the attempt, start its clock and deadline; its timeout.
+
+        :meth:`drive` awaits the call, then :meth:`attempt_returned` or :meth:`attempt_failed`."""
         run.attempts += 1
-        attempt = run.attempts
-        started = clock()
+        started = self._clock()
         run.switch("execution", started)
         timeout = self._attempt_timeout
         if timeout is not None and started + timeout < run.outer:
             guard.set_deadline(started + timeout)
         else:
             guard.set_deadline(run.outer)
-        state = run.retries.state if run.retries is not None else None
-        run.calling = True
-        try:
-            returned = await binding.strategy.execute_request(run.item.request, attempt, timeout, state)
-            output, usage, meta = as_triple(returned)
-        except Exception as exc:  # noqa: BLE001 - the one classification boundary
-            run.calling = False
-            run.switch("backoff", clock())
-            guard.set_deadline(run.start_limit)
-            failed_usage = getattr(exc, "token_usage", None)
-            add_usage(run.usage, failed_usage)
-            verdict = binding.classify(exc)
-            wait = self.settle(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
-            return Failure(exc, verdict, wait)  # noqa: ASYNC910 - execute() is the checkpoint (or raised before one)
+        return timeout
+
+    def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Any, meta: Any) -> None:
+        """Stage 2, the call answered: its usage is the item's, its admission goes back."""
         run.calling = False
         if usage:
             add_usage(run.usage, usage)
         self.settle(run, held, usage, meta=meta, exc=None, verdict=None)
-        return output, meta
+
+    def attempt_failed(
+        self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
+    ) -> Failure:
+        """Stage 2, the call raised (or answered nothing :func:`as_triple` can read): classify it."""
+        run.calling = False
+        run.switch("backoff", self._clock())
+        guard.set_deadline(run.start_limit)
+        failed_usage = getattr(exc, "token_usage", None)
+        add_usage(run.usage, failed_usage)
+        verdict = binding.classify(exc)
+        wait = self.settle(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
+        return Failure(exc, verdict, wait)
 
     @staticmethod
     def settle(
@@ -279,12 +283,10 @@ class ItemRunner(Generic[TOutput]):
     ) -> float:
         """Give an attempt's admission back: the one place, for every call that returned or raised.
 
-        ``meta`` is what the strategy returned with a success, ``exc`` a failure's exception;
-        the rate-limit headers either carries (``metadata["rate_limit"]``) go to the scope as
-        an observation. Returns this item's own wait before a retry: non-zero only for a 429
-        whose headers say capacity remains. A call cut short (its deadline, a stop, a
-        cancellation) is released by :meth:`drive` instead, with its usage unknown.
-        """
+        The rate-limit headers a success's ``meta`` or a failure's ``exc`` carries
+        (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
+        own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
+        A call cut short is released by :meth:`drive` instead, with its usage unknown."""
         run.held = None
         observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
                                              held.now)
@@ -297,13 +299,10 @@ class ItemRunner(Generic[TOutput]):
     def parse(self, binding: Binding, raw: Any, meta: Any) -> Any:
         """Stage 3: the call's raw output -> the item's output (``strategy.parse_output``).
 
-        Raises a parse failure (any ``Exception``; ``ProviderError(category=PARSE)`` to
-        say so, as a response model's :class:`StructuredOutputError` does) when ``raw``
-        cannot become an output: :meth:`decide` treats it as a failed attempt whose
-        tokens were spent, retried (PARSE) at once, without backoff: asking again is
-        the remedy, and the provider is not overloaded. A strategy that does not
-        override ``parse_output`` costs nothing here.
-        """
+        A parse failure (any ``Exception``; ``ProviderError(category=PARSE)`` says so, as
+        :class:`StructuredOutputError` does) is a failed attempt whose tokens were spent,
+        retried at once, without backoff: asking again is the remedy, and the provider is not
+        overloaded. A strategy that does not override ``parse_output`` costs nothing here."""
         if binding.parses:
             return binding.strategy.parse_output(raw, meta if isinstance(meta, dict) else {})
         return raw
