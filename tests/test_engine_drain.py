@@ -688,3 +688,50 @@ async def test_a_worker_takes_queued_items_without_a_scheduler_round_up_to_a_str
     # scheduler runs the ticker before the worker in one batch and after it in the next (Trio).
     assert max(streaks) <= 2 * NOWAIT_STREAK + 1
     assert 2 <= len(streaks) <= 4  # a few rounds for 48 items, not one per item
+
+
+async def test_an_item_that_finishes_as_a_stop_cuts_calls_keeps_its_result_and_its_after_hook() -> None:
+    # A stop that cuts calls records itself on every guard at once, but on asyncio cancels their
+    # scopes from a loop callback a moment later (_backends.cancel_scopes). A call that returned
+    # in that moment must not await its after-hook inside a scope about to be cancelled: the hook
+    # would be cut off and run again, and the finished call reported as cut short.
+    from trio_batch_llm import BaseMiddleware, WorkItemResult
+
+    release = anyio.Event()
+    after: Counter[str] = Counter()
+
+    async def fn(prompt: str) -> str:
+        if prompt == "trigger":
+            await anyio.lowlevel.checkpoint()
+            raise ProviderError("401", category=ErrorCategory.AUTHENTICATION)
+        if prompt == "b":
+            await release.wait()
+            return "b done"
+        await anyio.sleep_forever()
+        raise AssertionError("cancelled")
+
+    class ReleaseAtTheStop:  # "b" returns in the instant the stop is decided
+        def on_event(self, event: Any) -> None:
+            if isinstance(event, ItemFailed) and event.result.item_id == "t":
+                release.set()
+
+    class SlowAfter(BaseMiddleware):
+        async def after_process(self, result: WorkItemResult[Any]) -> WorkItemResult[Any]:
+            after[result.item_id] += 1
+            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
+            return result
+
+    guard = GuardrailConfig(abort_on_error_categories=frozenset({ErrorCategory.AUTHENTICATION}),
+                            abort_mode=AbortMode.CANCEL_ACTIVE)
+    async with ParallelBatchProcessor[str](ProcessorConfig(concurrency=3, guardrails=guard),
+                                           middlewares=[SlowAfter()], observers=[ReleaseAtTheStop()]) as proc:
+        for item_id, prompt in [("b", "b"), ("x", "x"), ("t", "trigger"), ("q", "q")]:
+            await proc.add_work(LLMWorkItem(item_id=item_id, strategy=CallableStrategy(fn), prompt=prompt))
+        batch = await proc.process_all()
+    by_id = batch.by_id()
+    assert len(batch.results) == 4 and set(by_id) == {"b", "x", "t", "q"}
+    assert (by_id["b"].success, by_id["b"].output) == (True, "b done")
+    assert by_id["x"].error_category is ErrorCategory.ABORTED
+    assert by_id["q"].error_category is ErrorCategory.NOT_EXECUTED
+    assert after["b"] == 1  # once, not cut off and run again

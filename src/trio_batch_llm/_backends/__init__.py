@@ -17,6 +17,9 @@ What differs, in the engine's own vocabulary (CONTRACT C3):
   the caller's own cancelled scopes (asyncio: anyio must not take it for its
   own cancellation);
 - how a thread asks the loop to run a callback soon, without blocking;
+- what cancelling many scopes at once costs: anyio on asyncio writes the calling
+  task's repr into every scope's cancel reason (about 10 µs a scope), so there a
+  stop cancels its guards from a loop callback, outside any task;
 - keeping a Ctrl+C out of the closer's own code: Trio raises
   ``KeyboardInterrupt`` wherever unprotected code runs, so the close is
   marked KI-protected and Trio holds the interrupt for its next checkpoint.
@@ -25,14 +28,18 @@ What differs, in the engine's own vocabulary (CONTRACT C3):
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Literal, Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import sniffio
+
+if TYPE_CHECKING:
+    import anyio
 
 __all__ = [
     "Backend",
     "LoopHandle",
+    "cancel_scopes",
     "capture_loop_handle",
     "current_backend",
     "describe_wait_delivery",
@@ -78,6 +85,23 @@ def capture_loop_handle() -> LoopHandle:
     from . import _asyncio
 
     return _asyncio.capture_loop_handle()
+
+
+def cancel_scopes(scopes: Sequence[anyio.CancelScope], reason: str) -> None:
+    """Cancel every scope of ``scopes`` (a stop cutting a thousand calls short), at least cost.
+
+    On Trio at once. On asyncio from a callback the loop runs next, outside any task: anyio
+    formats the calling task's repr into each scope's reason there (about 10 µs, a tenth of
+    a deadline drain at N = 1,000), and none outside a task. The caller must treat the scopes
+    as cancelled from now on (the guards record their stop first, and each worker checks it).
+    """
+    if current_backend() == "trio":
+        for scope in scopes:
+            scope.cancel(reason)
+        return
+    from . import _asyncio
+
+    _asyncio.cancel_scopes_soon(scopes, reason)
 
 
 def describe_wait_delivery(exc: BaseException) -> str:

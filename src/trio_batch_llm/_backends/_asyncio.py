@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, final
 
-__all__ = ["AsyncioLoopHandle", "capture_loop_handle", "describe_wait_delivery", "propagate_past_scopes"]
+if TYPE_CHECKING:
+    import anyio
+
+__all__ = [
+    "AsyncioLoopHandle", "cancel_scopes_soon", "capture_loop_handle", "describe_wait_delivery",
+    "propagate_past_scopes",
+]
 
 
 @final
@@ -28,6 +34,17 @@ class AsyncioLoopHandle:
 
 def capture_loop_handle() -> AsyncioLoopHandle:
     return AsyncioLoopHandle(asyncio.get_running_loop())
+
+
+def cancel_scopes_soon(scopes: Sequence[anyio.CancelScope], reason: str) -> None:
+    # A callback runs outside any task: anyio's cancel() then skips formatting the task into
+    # its reason. A scope left (or cancelled) before the callback runs is not affected.
+    asyncio.get_running_loop().call_soon(_cancel_all, list(scopes), reason)
+
+
+def _cancel_all(scopes: list[anyio.CancelScope], reason: str) -> None:
+    for scope in scopes:
+        scope.cancel(reason)
 
 
 def describe_wait_delivery(exc: BaseException) -> str:

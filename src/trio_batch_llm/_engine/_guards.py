@@ -85,12 +85,12 @@ class Guard:
         elif deadline < watcher.wake_at:
             watcher.wake_by(deadline)
 
-    def stop(self, reason: str) -> None:
-        """A stop that cuts calls short: cancel the item in hand, and refuse every later one."""
+    def stop(self, reason: str) -> anyio.CancelScope | None:
+        """A stop that cuts calls short: refuse every later item; the scope of the one in hand to
+        cancel (the caller cancels every guard's at once: :func:`~.._backends.cancel_scopes`)."""
         if self.stopped is None:
             self.stopped = reason
-        if self.armed:
-            self.scope.cancel(reason)
+        return self.scope if self.armed else None
 
     def fire(self) -> None:
         """The watcher saw this guard's deadline come (a stopped guard was cancelled already)."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 import anyio
 
+from .._backends import cancel_scopes
 from .._observe._events import ItemStarted
 from .._values._ramp import StartupRampConfig
 from .._values._results import WorkItemResult
@@ -103,8 +104,8 @@ class Crew(Generic[TOutput]):
         if self.live > 0:
             self.collector.begin()
         if cut_calls:
-            for guard in self._watcher.guards:
-                guard.stop(reason)
+            in_hand = [scope for guard in self._watcher.guards if (scope := guard.stop(reason)) is not None]
+            cancel_scopes(in_hand, reason)
 
     def close(self) -> None:
         """The batch is over: stop watching deadlines."""
@@ -206,8 +207,9 @@ class Crew(Generic[TOutput]):
                 result = await runner.drive(run, guard) if verdict == RETRY else verdict
             if result is None:
                 result = self._cut_short(run)
-            if guard.scope.cancel_called:
-                # Cancelled as the item finished: leave this scope before awaiting anything.
+            if guard.scope.cancel_called or guard.stopped is not None:
+                # Cancelled as the item finished (or about to be: a stop cancels every guard's
+                # scope from one callback on asyncio): leave this scope before awaiting anything.
                 run.result = result
                 return False  # noqa: ASYNC910 - drive() checkpointed
             if hooks is not None:
