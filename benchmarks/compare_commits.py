@@ -1,6 +1,6 @@
 """Commits side by side: drain.py and throughput.py (latency, cpu) for each, in ABBA order.
 
-    python benchmarks/compare_commits.py BEFORE AFTER [LATER ...] [--rounds 2] [--out DIR]
+    python benchmarks/compare_commits.py BEFORE AFTER [LATER ...] [--rounds 2] [--kinds drain,tp] [--out DIR]
     python benchmarks/compare_commits.py --report DIR
 
 The sides are named ``before``, ``after``, then ``later1``, ``later2``, ...; every side
@@ -59,7 +59,7 @@ def side_names(count: int) -> list[str]:
     return ["before", "after", *(f"later{n}" for n in range(1, count - 1))]
 
 
-def measure(commits: list[str], rounds: int, out: Path) -> None:
+def measure(commits: list[str], rounds: int, out: Path, kinds: tuple[str, ...] = ("drain", "tp")) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -72,7 +72,7 @@ def measure(commits: list[str], rounds: int, out: Path) -> None:
             scripts[side] = tmp / f"scripts-{side}"
             shutil.copytree(HERE, scripts[side], ignore=shutil.ignore_patterns("results", "__pycache__"))
         try:
-            for kind in ("drain", "tp"):
+            for kind in kinds:
                 for n in range(rounds):
                     order = list(sides) if n % 2 == 0 else list(reversed(sides))
                     for side in order:
@@ -106,6 +106,13 @@ def report_pair(out: Path, after: str) -> None:
         for row in data["records"]:
             key = (side, row["group"], row["scenario"], str(row["n"]), row["backend"], row["impl"])
             samples[key] += row["samples_ms"]
+    if samples:
+        drain_table(samples, sides)
+    tp_table(out, after)
+
+
+def drain_table(samples: dict[tuple[str, ...], list[float]], sides: tuple[str, str]) -> None:
+    after = sides[1]
     # The floor is the same code on both sides (this checkout's scripts), so its difference between
     # the sides is noise: the last columns divide each side's p50 by the p50 of both sides' floors.
     print("| group | stop | N | backend | before p95/floor | after p95/floor | before p50/floor"
@@ -126,6 +133,9 @@ def report_pair(out: Path, after: str) -> None:
         (b95, b50, bboth), (a95, a50, aboth) = cells["before"], cells[after]
         print(f"| {group} | {stop} | {n} | {backend} | {b95:.2f} | {a95:.2f} | {b50:.2f} | {a50:.2f}"
               f" | {100 * (a50 / b50 - 1):+.0f} % | {bboth:.2f} | {aboth:.2f} | {100 * (aboth / bboth - 1):+.0f} % |")
+
+
+def tp_table(out: Path, after: str) -> None:
     ratios: dict[tuple[str, str, str], list[float]] = collections.defaultdict(list)
     for side, data in _runs(out, "tp"):
         for section, key in (("latency", "vs_bare"), ("cpu", "cpu_vs_bare")):
@@ -147,6 +157,7 @@ def main() -> None:
     parser.add_argument("commits", nargs="*", metavar="COMMIT")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "compare_commits")
+    parser.add_argument("--kinds", default="drain,tp", help="what to run: drain, tp or both (drain,tp)")
     parser.add_argument("--report", type=Path, help="only print the report of a DIR measured before")
     args = parser.parse_args()
     if args.report is not None:
@@ -154,7 +165,10 @@ def main() -> None:
         return
     if len(args.commits) < 2:
         parser.error("BEFORE and AFTER commits are required (or --report DIR)")
-    measure(args.commits, args.rounds, args.out)
+    kinds = tuple(kind.strip() for kind in args.kinds.split(","))
+    if not kinds or not set(kinds) <= {"drain", "tp"}:
+        parser.error(f"--kinds={args.kinds!r}: drain, tp or drain,tp")
+    measure(args.commits, args.rounds, args.out, kinds)
     report(args.out)
 
 

@@ -5,11 +5,15 @@
 STOP is cancel, graceful or deadline; BACKEND trio, asyncio or uvloop. Each round runs
 one subprocess per side (order reversed every other round), with ``PYTHONPATH`` set to
 that side's ``src`` and this checkout's ``_drain_inproc`` for both, so only the library
-differs; each subprocess takes SAMPLES pairs of (floor, ours) at N calls in flight (1,000
-unless an ``N=`` argument says). Prints each side's p50 of ours and of the floor, their ratio,
-and ours against the floor pooled over both sides (the floor is the same code on both, so
-its difference between sides is noise). ``compare_commits.py`` is the full
-A/B (every row, HTTP and throughput too); this is the one to iterate with.
+differs. Each subprocess runs one untimed (floor, ours) pair, then takes SAMPLES pairs at
+N calls in flight (1,000 unless an ``N=`` argument says). Prints each side's p50 of ours
+and of the floor, their ratio, and ours against the floor pooled over every side (the
+floor is the same code on all of them, so its difference between sides is noise).
+
+Each process draws its own hash seed and memory layout, which moves a small-N drain by
+tens of per cent: an A/A of one tree against itself at N = 10 differed by 43 % with 4
+processes a side, by 2-7 % with 20. Use many ROUNDS and few SAMPLES. ``compare_commits.py``
+is the full A/B (every row, HTTP and throughput too); this is the one to iterate with.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ pairs = {"cancel": ((d.floor_cancel,), (d.ours_cancel,)),
          "graceful": ((d.floor_graceful, 0.05), (d.ours_graceful, 0.05)),
          "deadline": ((d.floor_deadline, 0.3), (d.ours_deadline, 0.3))}
 (floor, *fa), (ours, *oa) = pairs[stop]
+one(floor, n, *fa), one(ours, n, *oa)  # warm-up, not kept: first-use costs (lazy imports, caches)
 out = {"floor": [], "ours": []}
 for _ in range(samples):
     out["floor"].append(one(floor, n, *fa))
