@@ -141,6 +141,8 @@ def tp_table(out: Path, after: str) -> None:
         for section, key in (("latency", "vs_bare"), ("cpu", "cpu_vs_bare")):
             for row in data[section]:
                 ratios[(section, row["variant"], side)].append(row[key])
+    if not ratios:
+        return
     print("\n| section | variant | before (mean of runs) | after | change (positive: worse) |")
     print("|---|---|---:|---:|---:|")
     for section, variant in sorted({(k[0], k[1]) for k in ratios}):
