@@ -1,6 +1,6 @@
-"""One in-process drain row, two library trees, alternating subprocesses: a quick A/B.
+"""One in-process drain row, two or more library trees, alternating subprocesses: a quick A/B.
 
-    python benchmarks/drain_ab.py ROUNDS SAMPLES STOP BACKEND NAME=SRC_DIR NAME=SRC_DIR [N=1000]
+    python benchmarks/drain_ab.py ROUNDS SAMPLES STOP BACKEND NAME=SRC_DIR NAME=SRC_DIR [NAME=SRC_DIR ...] [N=1000]
 
 STOP is cancel, graceful or deadline; BACKEND trio, asyncio or uvloop. Each round runs
 one subprocess per side (order reversed every other round), with ``PYTHONPATH`` set to
@@ -61,11 +61,11 @@ def main(argv: list[str]) -> None:
                                   capture_output=True, text=True, check=True)
             for kind, values in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 pooled[side][kind] += values
-    both_floors = statistics.median([ms for got in pooled.values() for ms in got["floor"]])
+    all_floors = statistics.median([ms for got in pooled.values() for ms in got["floor"]])
     for side, got in pooled.items():
         ours, floor = statistics.median(got["ours"]), statistics.median(got["floor"])
         print(f"{side:8} ours p50 {ours:7.3f} ms  floor p50 {floor:7.3f} ms  ratio {ours / floor:.3f}"
-              f"  to both floors {ours / both_floors:.3f}  samples {len(got['ours'])}")
+              f"  to both floors {ours / all_floors:.3f}  samples {len(got['ours'])}")
 
 
 if __name__ == "__main__":
