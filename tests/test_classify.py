@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion
 
 from trio_batch_llm import ErrorCategory, ItemDeadlineExceeded, ProviderError
-from trio_batch_llm._engine._classify import Classification, classify, parse_retry_after
+from trio_batch_llm._engine._classify import Classification, classify
+from trio_batch_llm._values._retry_after import parse_retry_after
 
 C = ErrorCategory
 NOW = 1_700_000_000.0  # a fixed wall clock for HTTP-date Retry-After values

@@ -27,7 +27,8 @@ from trio_batch_llm._strategies._factory import llm
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 from trio_batch_llm._strategies.openai._keys import Secret
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
-from trio_batch_llm._strategies.openai._wire_errors import error_from_status, parse_retry_after
+from trio_batch_llm._strategies.openai._wire_errors import error_from_status
+from trio_batch_llm._values._retry_after import retry_after_from_headers as parse_retry_after
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,8 @@ Two dialects, the first one present wins:
   ``tokens_remaining`` 0, so a 429 from it is never taken for a blip.
 
 In both, ``retry-after-ms`` (milliseconds) wins over ``retry-after`` (seconds
-or an HTTP date).
+or an HTTP date), read by :func:`~trio_batch_llm._values._retry_after.retry_after_from_headers`,
+the one Retry-After reader every path shares.
 
 Times: ``now`` is the caller's clock (the quota scope's monotonic clock) at the
 moment the answer arrived, and every reset is placed on it (``reset_at = now +
@@ -31,7 +32,6 @@ when an absolute time is present.
 
 from __future__ import annotations
 
-import email.utils
 import math
 import re
 import time
@@ -39,6 +39,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, final
+
+from .._values._retry_after import MAX_HEADER_CHARS as _MAX_HEADER_CHARS
+from .._values._retry_after import decimal_number as _number
+from .._values._retry_after import retry_after_from_headers
 
 __all__ = [
     "RATE_LIMIT_METADATA_KEY",
@@ -53,12 +57,10 @@ RATE_LIMIT_METADATA_KEY: Final = "rate_limit"
 
 _PREFIXES: Final = ("x-ratelimit-", "anthropic-ratelimit-")
 _RETRY_AFTER: Final = frozenset({"retry-after", "retry-after-ms"})
-_MAX_HEADER_CHARS: Final = 256  # a value longer than this is not a number or a time
 _UNIT_SECONDS: Final[Mapping[str, float]] = {
     "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9,
 }
 _DURATION_PART: Final = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|h|m|s)")
-_DECIMAL: Final = frozenset("0123456789.")
 _EPOCH_SECONDS: Final = 1e9  # a bare reset this large is a Unix time (2001 onwards), not a duration
 
 Dialect = Literal["openai", "anthropic", "retry-after"]
@@ -131,7 +133,7 @@ def parse_rate_limit_headers(
     if not values:
         return None
     clock = _WallClock(wall_time)
-    retry_after = _retry_after(values, clock)
+    retry_after = retry_after_from_headers(values, now=clock)
     budgets = _openai(values, now, clock)
     dialect: Dialect = "openai"
     if budgets is None:
@@ -171,13 +173,6 @@ def parse_duration(text: str) -> float | None:
     if position != len(text) or position == 0 or not math.isfinite(total):
         return None
     return total
-
-
-def _number(text: str) -> float | None:
-    """A finite, non-negative decimal number (no sign, no exponent, no inf/nan), or ``None``."""
-    if not text or not _DECIMAL.issuperset(text) or text.count(".") > 1 or text == ".":
-        return None
-    return float(text)
 
 
 def _count(text: str | None) -> int | None:
@@ -225,33 +220,6 @@ class _WallClock:
         if self._value is None:
             self._value = time.time()
         return self._value
-
-
-def _retry_after(values: Mapping[str, str], wall: _WallClock) -> float | None:
-    millis = values.get("retry-after-ms")
-    if millis is not None:
-        value = _number(millis.strip())
-        if value is not None:
-            return value / 1000.0
-    text = values.get("retry-after")
-    if text is None:
-        return None
-    text = text.strip()
-    seconds = _number(text)
-    if seconds is not None:
-        return seconds
-    if len(text) > _MAX_HEADER_CHARS:
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:  # "-0000": UTC, with no claim about local time
-        when = when.replace(tzinfo=UTC)
-    try:
-        return max(0.0, when.timestamp() - wall())
-    except (OverflowError, OSError, ValueError):
-        return None
 
 
 def _reset_at(text: str | None, now: float, wall: _WallClock) -> float | None:

@@ -14,25 +14,22 @@ from the same generator (anthropic and friends use the same class names).
 
 from __future__ import annotations
 
-import email.utils
 import json
 import math
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC
 from typing import Final, TypeAlias, final
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded, ProviderError
+from .._values._retry_after import parse_retry_after, retry_after_from_headers
 
 __all__ = [
     "Classification",
     "ErrorClassifier",
     "StrategyClassifier",
     "classify",
-    "parse_retry_after",
 ]
 
 ClassifierVerdict: TypeAlias = ErrorCategory | tuple[ErrorCategory, float | None] | None
@@ -303,68 +300,12 @@ def _as_status(value: object) -> int | None:
 def _retry_after_of(exc: Exception, now: float | None) -> float | None:
     own = getattr(exc, "retry_after", None)
     if own is not None:
-        seconds = parse_retry_after(own, now=now) if isinstance(own, str) else _clean_seconds(own)
+        seconds = parse_retry_after(own, now=now) if isinstance(own, (str, bytes)) else _clean_seconds(own)
         if seconds is not None:
             return seconds
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None) if response is not None else None
-    if headers is None:
-        return None
-    millis = _header(headers, "retry-after-ms")
-    if millis is not None:
-        seconds = _parse_delta(millis)
-        if seconds is not None:
-            return seconds / 1000.0
-    value = _header(headers, "retry-after")
-    return parse_retry_after(value, now=now) if value is not None else None
-
-
-def _header(headers: object, name: str) -> str | None:
-    """``headers[name]`` for httpx-style (case-insensitive) headers or a plain mapping."""
-    getter = getattr(headers, "get", None)
-    if getter is None:
-        return None
-    value = getter(name)
-    if value is None and isinstance(headers, Mapping):
-        for key, candidate in headers.items():
-            if isinstance(key, str) and key.lower() == name:
-                value = candidate
-                break
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    return value if isinstance(value, str) else None
-
-
-def parse_retry_after(value: str, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header value, or ``None`` if it is not one.
-
-    Accepts delta-seconds (``"120"``; a decimal such as ``"1.5"`` too, as some
-    providers send) and an HTTP-date, which is measured from ``now`` (wall-clock
-    seconds since the epoch, ``time.time()`` by default) and clamped at 0 when
-    it lies in the past. Negative, non-finite and unparseable values give ``None``.
-    """
-    value = value.strip()
-    if not value:
-        return None
-    seconds = _parse_delta(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:  # "-0000" means UTC with no claim about local time
-        when = when.replace(tzinfo=UTC)
-    reference = time.time() if now is None else now
-    return max(0.0, when.timestamp() - reference)
-
-
-def _parse_delta(value: str) -> float | None:
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    return None if headers is None else retry_after_from_headers(headers, now=now)
 
 
 def _clean_seconds(value: object) -> float | None:

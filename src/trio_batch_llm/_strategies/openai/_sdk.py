@@ -26,11 +26,12 @@ from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError
 from ..._values._prompts import LLMRequest
 from ..._values._results import RetryState, TokenUsage
+from ..._values._retry_after import retry_after_from_headers
 from ..._values._urls import is_openai_api, redact_url
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
 from ._keys import Secret, endpoint_api_key
 from ._wire import parse_response_body
-from ._wire_errors import parse_retry_after, status_category
+from ._wire_errors import status_category
 
 __all__ = ["OpenAIStrategy"]
 
@@ -184,7 +185,7 @@ class OpenAIStrategy(_EndpointStrategy):
         """File an SDK status error by the wire table; ``None`` leaves the rest to the default classifier."""
         if isinstance(exception, self._openai.APIStatusError):
             category = status_category(exception.status_code, exception.body)
-            return category, parse_retry_after(exception.response.headers)
+            return category, retry_after_from_headers(exception.response.headers)
         return None
 
 

@@ -8,20 +8,18 @@ key); :class:`OpenAIStrategy` files the SDK's own status errors with the same
 
 from __future__ import annotations
 
-import email.utils
 import json
-import math
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
+from ..._values._retry_after import retry_after_from_headers
 from ._keys import Secret
 
-__all__ = ["decode_error_body", "error_from_status", "parse_retry_after", "status_category"]
+__all__ = ["decode_error_body", "error_from_status", "status_category"]
 
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 CONTENT_POLICY_CODES = frozenset(
@@ -43,41 +41,6 @@ def decode_error_body(content: bytes) -> Any:
         return content.decode("utf-8", "replace")
 
 
-def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` (OpenAI, preferred) or ``Retry-After``.
-
-    ``Retry-After`` may be delta-seconds or an HTTP date (compared with the wall
-    clock ``now``, default ``time.time()``). Garbage and negative values are ignored.
-    """
-    lowered = {k.lower(): v for k, v in headers.items()}
-    millis = _non_negative_float(lowered.get("retry-after-ms"))
-    if millis is not None:
-        return millis / 1000.0
-    value = lowered.get("retry-after")
-    if value is None:
-        return None
-    seconds = _non_negative_float(value)
-    if seconds is not None:
-        return seconds
-    try:
-        when = email.utils.parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP date is always GMT; tolerate a missing zone
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-def _non_negative_float(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value.strip())
-    except ValueError:
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
-
-
 def error_from_status(
     status: int, headers: Mapping[str, str], body: Any, *, secret: Secret | None = None
 ) -> ProviderError:
@@ -97,7 +60,7 @@ def error_from_status(
         message = secret.redact(message)
     reported = rate_limit_headers(headers)
     return ProviderError(
-        message, category=category, retry_after=parse_retry_after(headers), status_code=status,
+        message, category=category, retry_after=retry_after_from_headers(headers), status_code=status,
         metadata={RATE_LIMIT_METADATA_KEY: reported} if reported else None,
     )
 
