@@ -173,7 +173,7 @@ FAKE_CASES: list[tuple[str, Exception, ErrorCategory]] = [
     ("connection-reset", ConnectionResetError(), C.TRANSIENT),
     ("oserror", OSError("network unreachable"), C.TRANSIENT),
     ("json", json.JSONDecodeError("Expecting value", "x", 0), C.PARSE),
-    ("value-error", ValueError("bad"), C.UNKNOWN),
+    ("value-error", ValueError("bad"), C.LOGIC_ERROR),
     ("runtime-error", RuntimeError("boom"), C.UNKNOWN),
 ]
 

@@ -158,6 +158,7 @@ STORED = {
     ErrorCategory.TRANSIENT: False,
     ErrorCategory.SERVER: False,
     ErrorCategory.PARSE: False,
+    ErrorCategory.LOGIC_ERROR: False,
     ErrorCategory.UNKNOWN: False,
     ErrorCategory.AUTHENTICATION: False,
     ErrorCategory.INSUFFICIENT_BALANCE: False,

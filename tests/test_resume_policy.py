@@ -51,6 +51,7 @@ REPLAYED_UNDER_REUSE_ALL: dict[ErrorCategory | None, bool] = {
     ErrorCategory.CONTEXT_LENGTH: True,
     ErrorCategory.CONTENT_POLICY: True,
     ErrorCategory.PARSE: False,
+    ErrorCategory.LOGIC_ERROR: False,
     ErrorCategory.UNKNOWN: False,
     ErrorCategory.DEADLINE: False,
     ErrorCategory.ABORTED: False,

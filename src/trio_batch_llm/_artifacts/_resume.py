@@ -22,8 +22,9 @@ Always rerun, whatever the policy:
 
 * engine verdicts (``DEADLINE``, ``ABORTED``, ``BUDGET``, ``NOT_EXECUTED``):
   they say nothing about the item itself;
-* configuration failures (``AUTHENTICATION``, ``INSUFFICIENT_BALANCE``): the
-  operator fixes the key or the balance and resumes to get real answers;
+* configuration failures (``AUTHENTICATION``, ``INSUFFICIENT_BALANCE``) and
+  bugs in the strategy (``LOGIC_ERROR``): the operator fixes the key, the
+  balance or the code and resumes to get real answers;
 * retryable failures that ran out of retries (``RATE_LIMIT``, ``TIMEOUT``,
   ``TRANSIENT``, ``SERVER``, ``PARSE``, ``UNKNOWN``): a later run may well
   succeed, so rerunning is the safe choice;
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 CONFIGURATION_FAILURES: Final = frozenset(
-    {ErrorCategory.AUTHENTICATION, ErrorCategory.INSUFFICIENT_BALANCE}
+    {ErrorCategory.AUTHENTICATION, ErrorCategory.INSUFFICIENT_BALANCE, ErrorCategory.LOGIC_ERROR}
 )
 
 

@@ -10,6 +10,20 @@ MRO and the attributes ``status_code``, ``response.status_code``,
 ``response.headers``, ``code`` and ``body`` -- so this module imports neither
 ``openai`` nor ``httpx2``. Matching by name also covers the other SDKs built
 from the same generator (anthropic and friends use the same class names).
+
+The built-in rules, most specific first: a :class:`ProviderError`'s own word; an
+item deadline; an SDK class name; an HTTP status; then by built-in type --
+timeouts, socket errors, an answer that does not decode (``JSONDecodeError``,
+``UnicodeDecodeError``: ``PARSE``), a request that cannot be encoded. Only an
+exception no rule above knows, of type ``ValueError``, ``TypeError``,
+``KeyError``, ``AttributeError`` or ``NameError``, is ``LOGIC_ERROR``: a bug in
+the strategy's code, not retried. Libraries' exceptions of those types that are
+about data keep their rule (pydantic's ``ValidationError`` is ``PARSE`` by name),
+and a ``ValueError`` that says "429" in words is still a rate limit. Anything
+else is ``UNKNOWN``, which is retried.
+
+``Retry-After`` is read by :mod:`trio_batch_llm._values._retry_after`, the one
+reader every path shares.
 """
 
 from __future__ import annotations
@@ -73,6 +87,9 @@ _BY_CLASS_NAME: Final[Mapping[str, ErrorCategory]] = {
     # The output hit max_tokens before a structured answer was complete.
     "LengthFinishReasonError": ErrorCategory.PARSE,
     "APIResponseValidationError": ErrorCategory.PARSE,
+    # pydantic's (a ValueError) and jsonschema's: an answer that does not validate, not a bug in the
+    # code that checked it; retried like any other PARSE failure (async-batch-llm retries it too).
+    "ValidationError": ErrorCategory.PARSE,
     # httpx / httpx2 (HTTPStatusError is decided by its response's status)
     "TimeoutException": ErrorCategory.TIMEOUT,
     "ConnectError": ErrorCategory.TRANSIENT,
@@ -119,6 +136,8 @@ _TEXT_SCAN_LIMIT: Final = 4096
 _RATE_LIMIT_TEXT: Final = re.compile(
     r"(?<![\w.])429(?![\w.])|rate[ _-]?limit|too many requests|resource_exhausted", re.IGNORECASE
 )
+_PYTHON_WORDED_BUGS: Final = (TypeError, KeyError, AttributeError, NameError)
+"""With ``ValueError``, the exceptions that are ``LOGIC_ERROR`` when no more specific rule knows them."""
 _CLASS_NAME_CACHE_SIZE: Final = 1024
 _class_name_cache: dict[type[Exception], ErrorCategory | None] = {}
 
@@ -225,16 +244,24 @@ def _category_by_builtin_type(exc: Exception) -> ErrorCategory:
         return ErrorCategory.TIMEOUT
     if isinstance(exc, OSError):  # ConnectionError and the rest of the socket family
         return ErrorCategory.TRANSIENT
-    if isinstance(exc, json.JSONDecodeError):
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+        # An answer that is not JSON, or not text: the data was bad, not the code; asking again may help.
         return ErrorCategory.PARSE
     if isinstance(exc, UnicodeEncodeError):
         # Text that cannot be encoded (a lone surrogate in a request an SDK builds) fails alike every time.
         return ErrorCategory.INVALID_REQUEST
+    if isinstance(exc, _PYTHON_WORDED_BUGS):
+        # Python's own words about the code ("'NoneType' object has no attribute 'text'", a key's repr):
+        # never a provider's message, so the rate-limit wording below must not read them.
+        return ErrorCategory.LOGIC_ERROR
     if _RATE_LIMIT_TEXT.search(str(exc)[:_TEXT_SCAN_LIMIT]):
         # An SDK or wrapper that says "429" only in words: retrying it without a cooldown
         # would hammer the provider (async-batch-llm reads the text too).
         return ErrorCategory.RATE_LIMIT
-    # A plain ValueError may be a bug as easily as a bad answer: UNKNOWN.
+    if isinstance(exc, ValueError):
+        # Reached only when no rule above knew it (no SDK class, no status, not a decoding
+        # failure of an answer): a bug in the strategy, which another call would pay for again.
+        return ErrorCategory.LOGIC_ERROR
     return ErrorCategory.UNKNOWN
 
 

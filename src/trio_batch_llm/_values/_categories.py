@@ -14,9 +14,13 @@ __all__ = ["ErrorCategory"]
 class ErrorCategory(enum.StrEnum):
     """Why an item failed; decides whether and how it is retried.
 
-    The first eleven members classify provider failures. The last four are the
-    engine's own verdicts (a deadline, an abort, a spent budget, an item that
-    never ran); a resume always reruns items that ended with one of those.
+    The first twelve members classify a failed attempt: eleven say what the
+    provider (or the way to it) did, and ``LOGIC_ERROR`` says the caller's own
+    code failed (a ``ValueError``, ``TypeError``, ``KeyError``, ``AttributeError``
+    or ``NameError`` with nothing more specific to it: a bug, so calling again
+    would only pay for it again). The last four are the engine's own verdicts (a
+    deadline, an abort, a spent budget, an item that never ran); a resume always
+    reruns items that ended with one of those.
     """
 
     RATE_LIMIT = "rate_limit"
@@ -29,6 +33,7 @@ class ErrorCategory(enum.StrEnum):
     CONTEXT_LENGTH = "context_length"
     CONTENT_POLICY = "content_policy"
     PARSE = "parse"
+    LOGIC_ERROR = "logic_error"  # async-batch-llm's value, so its users' strings keep meaning it
     UNKNOWN = "unknown"
     DEADLINE = "deadline"
     ABORTED = "aborted"
