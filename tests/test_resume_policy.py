@@ -16,6 +16,7 @@ from trio_batch_llm import (
     ArtifactIdentity,
     ArtifactStoreError,
     ErrorCategory,
+    FakeStrategy,
     LLMWorkItem,
     ResumePolicy,
     WorkItemResult,
@@ -237,7 +238,7 @@ def open_store(kind: str, path: Path) -> JsonlArtifactStore | SqliteArtifactStor
 
 
 def item(item_id: str, prompt: str) -> LLMWorkItem[Any]:
-    return LLMWorkItem(item_id=item_id, strategy=None, prompt=prompt, context={"n": item_id})  # type: ignore[arg-type]
+    return LLMWorkItem(item_id=item_id, strategy=FakeStrategy(), prompt=prompt, context={"n": item_id})
 
 
 async def first_run(kind: str, path: Path) -> None:

@@ -17,6 +17,7 @@ from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
 from .._values._results import ItemTiming, RetryState, WorkItemResult
+from .._values._usage import check_token_usage
 from ._classify import Classification, classify
 
 if TYPE_CHECKING:
@@ -100,11 +101,19 @@ class Failure:
 
 
 def as_triple(returned: Any) -> tuple[Any, Any, Any]:
-    """``execute()``'s answer as ``(output, usage, metadata)``; async-batch-llm's ``(output, usage)`` too."""
+    """``execute()``'s answer as ``(output, usage, metadata)``; async-batch-llm's ``(output, usage)`` too.
+
+    Its token usage is checked here, inside the attempt: a bad report is that item's failure
+    (``TypeError``/``ValueError``: a ``LOGIC_ERROR``), never a crash of the batch."""
     if type(returned) is tuple and len(returned) == 2:
+        check_token_usage(returned[1], _ANSWER)
         return returned[0], returned[1], {}
     output, usage, meta = returned
+    check_token_usage(usage, _ANSWER)
     return output, usage, meta
+
+
+_ANSWER = "the strategy's answer"
 
 
 def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitObservation | None:

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._categories import ErrorCategory
+from ._usage import check_token_usage
 
 if TYPE_CHECKING:
     from ._results import WorkItemResult
@@ -83,7 +84,9 @@ class ProviderError(BatchLLMError):
     The classifier takes it at its word: ``category`` decides retrying, and
     ``retry_after`` (seconds) a minimum wait before the next attempt.
     ``token_usage`` reports what a failed but billed attempt consumed (for
-    example a response that failed to parse); the engine counts it.
+    example a response that failed to parse); the engine counts it. It is
+    checked here: a key that is not a ``TokenUsage`` key, or a count that is
+    not a whole number >= 0, raises ``ValueError``/``TypeError`` naming it.
     ``metadata`` is what the answer said besides, as a success's metadata
     would: under ``"rate_limit"``, its rate-limit headers (name -> value),
     which the engine's quota scope learns the provider's limits from.
@@ -100,6 +103,7 @@ class ProviderError(BatchLLMError):
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
+        check_token_usage(token_usage, "ProviderError(token_usage=...)")
         self.category = ErrorCategory(category)
         self.retry_after = retry_after
         self.status_code = status_code

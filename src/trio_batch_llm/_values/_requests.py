@@ -8,10 +8,14 @@ same rules before any work starts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
+# The one strategy type an item may carry (the engine calls its methods by name). _strategies._base
+# imports no module that imports this one, so the import is safe at load time, and a module-level
+# name keeps the check in LLMWorkItem.__post_init__ to one isinstance.
+from .._strategies._base import LLMCallStrategy
 from ._prompts import (
     PARAM_KEYS,
     LLMRequest,
@@ -23,9 +27,6 @@ from ._prompts import (
     request_of_text,
     request_text,
 )
-
-if TYPE_CHECKING:
-    from .._strategies._base import LLMCallStrategy
 
 __all__ = [
     "PARAM_KEYS",
@@ -74,6 +75,33 @@ class LLMWorkItem(Generic[TOutput]):
     prompt: Prompt
     context: Any = None
     params: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse what no worker could run, now, naming the field and (a shortened repr of) the value.
+
+        Types only, and cheap for the common item (an ASCII id, an ``LLMCallStrategy``, a text
+        prompt, no params): a few type checks, nothing built. What is inside messages and params,
+        and what needs the whole prompt or context read (a lone surrogate, nesting), is checked at
+        intake, where every way in applies it once and can say where the item came from.
+        """
+        item_id = self.item_id
+        if type(item_id) is not str or not item_id or not item_id.isascii():
+            problem = item_id_problem(item_id)
+            if problem is not None:
+                raise ValueError(f"LLMWorkItem: item_id={item_id!r:.80} {problem}")
+        strategy: object = self.strategy
+        if not isinstance(strategy, LLMCallStrategy):
+            raise TypeError(f"LLMWorkItem(item_id={item_id!r:.80}): strategy={strategy!r:.80} must be "
+                            "an LLMCallStrategy instance (CallableStrategy wraps an async function)")
+        prompt: object = self.prompt  # typed as a Prompt; checked because callers pass anything
+        if type(prompt) is not str and (isinstance(prompt, (bytes, bytearray))
+                                        or not isinstance(prompt, (str, Sequence))):
+            raise TypeError(f"LLMWorkItem(item_id={item_id!r:.80}): prompt={prompt!r:.80} must be a str "
+                            "or a list of chat messages")
+        params: object = self.params
+        if params is not None and not isinstance(params, Mapping):
+            raise TypeError(f"LLMWorkItem(item_id={item_id!r:.80}): params={params!r:.80} must be a mapping "
+                            "of request parameters, or None")
 
     @property
     def request(self) -> LLMRequest:
