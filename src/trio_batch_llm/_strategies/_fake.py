@@ -57,6 +57,10 @@ class FakeStrategy(LLMCallStrategy[str]):
         for name, rate in (("failure_rate", failure_rate), ("rate_limit_rate", rate_limit_rate)):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name}={rate!r}: must be between 0 and 1")
+        # Reported as every answer's usage: a bad count is refused here, not on every item.
+        if not (isinstance(tokens, tuple) and len(tokens) == 2
+                and all(type(n) is int and n >= 0 for n in tokens)):
+            raise ValueError(f"tokens={tokens!r:.80}: must be (input, output), two whole numbers >= 0")
         self.latency = latency
         self.script = dict(script or {})
         self.failure_rate = failure_rate

@@ -202,15 +202,23 @@ def _usage(raw: Any, input_key: str, output_key: str, details_key: str, output_d
     for source, target in ((input_key, "input_tokens"), (output_key, "output_tokens"),
                            ("total_tokens", "total_tokens")):
         value = raw.get(source)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if _is_count(value):
             usage[target] = value  # type: ignore[literal-required]
     details = raw.get(details_key)
-    if isinstance(details, Mapping) and isinstance(details.get("cached_tokens"), int):
+    if isinstance(details, Mapping) and _is_count(details.get("cached_tokens")):
         usage["cached_input_tokens"] = details["cached_tokens"]
     out_details = raw.get(output_details_key)
-    if isinstance(out_details, Mapping) and isinstance(out_details.get("reasoning_tokens"), int):
+    if isinstance(out_details, Mapping) and _is_count(out_details.get("reasoning_tokens")):
         usage["reasoning_tokens"] = out_details["reasoning_tokens"]
     return usage or None
+
+
+def _is_count(value: object) -> bool:
+    """A count a provider may report: an ``int`` (not a ``bool``) >= 0; anything else is unknown.
+
+    A negative or boolean count is the provider's glitch: kept, it would fail the strategy's own
+    answer at the engine's check of token usage (a LOGIC_ERROR), blaming our code for it."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _parse_error(what: str) -> ProviderError:
