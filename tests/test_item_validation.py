@@ -203,3 +203,10 @@ def test_fake_strategy_refuses_token_counts_it_would_report(tokens: Any) -> None
     # It reports them as each answer's usage: refused here, not as a LOGIC_ERROR on every item.
     with pytest.raises((TypeError, ValueError), match="tokens="):
         FakeStrategy(tokens=tokens)
+
+
+def test_the_known_keys_are_token_usages_keys() -> None:
+    from trio_batch_llm import TokenUsage
+    from trio_batch_llm._values._usage import TOKEN_USAGE_KEYS
+
+    assert frozenset(TokenUsage.__optional_keys__) == TOKEN_USAGE_KEYS

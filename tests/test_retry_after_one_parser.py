@@ -84,10 +84,12 @@ def _sdk_error(headers: dict[str, str]) -> openai.RateLimitError:
     return openai.RateLimitError("rate limited", response=response, body=None)
 
 
+SDK = OpenAIStrategy("m", api_key="sk-test-0000", base_url="http://127.0.0.1:9/v1")
+
+
 def _paths(headers: dict[str, str]) -> dict[str, float | None]:
     observation = parse_rate_limit_headers(headers, 0.0)
-    sdk = OpenAIStrategy("m", api_key="sk-test-0000", base_url="http://127.0.0.1:9/v1")
-    verdict = sdk.classify_error(_sdk_error(headers))
+    verdict = SDK.classify_error(_sdk_error(headers))
     assert verdict is not None
     return {
         "observation": None if observation is None else observation.retry_after,

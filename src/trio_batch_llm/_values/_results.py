@@ -16,6 +16,8 @@ from ._models import is_pydantic_model_class
 from ._pricing import BUILT_IN_RATES, CostSum, Rates, cost_line
 from ._timing import ItemTiming
 from ._urls import redact_urls
+from ._usage import add_usage as add_usage  # the engine and the CLI import it from here
+from ._usage import usage_total as usage_total  # where the engine has always imported it from
 
 __all__ = [
     "BatchResult",
@@ -57,39 +59,6 @@ class TokenUsage(TypedDict, total=False):
     total_tokens: int
     cached_input_tokens: int
     reasoning_tokens: int
-
-
-def _count(value: object) -> int | None:
-    """``value`` when it is a token count (an ``int``, not a ``bool``, >= 0), else ``None``."""
-    if type(value) is int:
-        return value if value >= 0 else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def usage_total(usage: Mapping[str, Any] | None) -> int | None:
-    """Total tokens of ``usage``, or ``None`` when unknown (never a silent zero).
-
-    Strategies' answers and ``ProviderError`` are checked where they are made; a failure's
-    ``token_usage`` may be any exception's attribute, so what is not a count is read as unknown.
-    """
-    if not usage or not isinstance(usage, Mapping):
-        return None
-    total = _count(usage.get("total_tokens"))
-    if total is not None:
-        return total
-    parts = [_count(usage.get("input_tokens")), _count(usage.get("output_tokens"))]
-    if all(p is None for p in parts):
-        return None
-    return sum(p for p in parts if p is not None)
-
-
-def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
-    """Add ``usage`` into the running sum ``into``, key by key (what is not a count is left out)."""
-    if not usage or not isinstance(usage, Mapping):
-        return
-    for key, value in usage.items():
-        if (type(value) is int and value >= 0) or _count(value) is not None:
-            into[key] = into.get(key, 0) + value
 
 
 @final

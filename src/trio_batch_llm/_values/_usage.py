@@ -11,19 +11,24 @@ item's failure, a ``LOGIC_ERROR``, and the batch goes on).
 
 The check runs once per answer on the hot path: one pass over the report's few
 keys, no allocation unless it fails.
+
+Here too are the two readers the engine sums usage with (:func:`add_usage`,
+:func:`usage_total`). A failure's ``token_usage`` may be any exception's
+attribute, unchecked, so they read only counts and take anything else as unknown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
-from ._results import TokenUsage
+__all__ = ["TOKEN_USAGE_KEYS", "add_usage", "check_token_usage", "token_usage_problem", "usage_total"]
 
-__all__ = ["TOKEN_USAGE_KEYS", "check_token_usage", "token_usage_problem"]
-
-TOKEN_USAGE_KEYS: Final = frozenset(TokenUsage.__optional_keys__)
-"""The keys a token usage report may have (all of :class:`TokenUsage`'s)."""
+TOKEN_USAGE_KEYS: Final = frozenset(
+    {"input_tokens", "output_tokens", "total_tokens", "cached_input_tokens", "reasoning_tokens"}
+)
+"""The keys a token usage report may have: all of :class:`TokenUsage`'s (a test holds them equal;
+``_results`` imports this module, so it cannot be read from the class here)."""
 _KNOWN: Final = ", ".join(sorted(TOKEN_USAGE_KEYS))
 
 
@@ -66,3 +71,36 @@ def check_token_usage(usage: object, where: str) -> None:
         kind, problem = found
         space = "" if problem.startswith("[") else " "
         raise kind(f"{where}: token usage{space}{problem}")
+
+
+def _count(value: object) -> int | None:
+    """``value`` when it is a token count (an ``int``, not a ``bool``, >= 0), else ``None``."""
+    if type(value) is int:
+        return value if value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_total(usage: Mapping[str, Any] | None) -> int | None:
+    """Total tokens of ``usage``, or ``None`` when unknown (never a silent zero).
+
+    Strategies' answers and ``ProviderError`` are checked where they are made; a failure's
+    ``token_usage`` may be any exception's attribute, so what is not a count is read as unknown.
+    """
+    if not usage or not isinstance(usage, Mapping):
+        return None
+    total = _count(usage.get("total_tokens"))
+    if total is not None:
+        return total
+    parts = [_count(usage.get("input_tokens")), _count(usage.get("output_tokens"))]
+    if all(p is None for p in parts):
+        return None
+    return sum(p for p in parts if p is not None)
+
+
+def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
+    """Add ``usage`` into the running sum ``into``, key by key (what is not a count is left out)."""
+    if not usage or not isinstance(usage, Mapping):
+        return
+    for key, value in usage.items():
+        if (type(value) is int and value >= 0) or _count(value) is not None:
+            into[key] = into.get(key, 0) + value
