@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
+from .._values._config import ArtifactIdentity
 from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._batch import BatchEndpoint
@@ -112,7 +113,22 @@ class LLMCallStrategy(Generic[TOutput]):
 
     @property
     def model_name(self) -> str | None:
-        """The model this strategy calls, when it has one (for artifacts and summaries)."""
+        """The model this strategy calls, when it has one (for artifacts and summaries).
+
+        A strategy used with a checkpoint store must declare it (or :attr:`artifact_identity`),
+        or the store be given ``identity=``: a resume never guesses which model wrote a result.
+        """
+        return None
+
+    @property
+    def artifact_identity(self) -> ArtifactIdentity | None:
+        """The checkpoint identity this strategy declares whole, or ``None`` (the default).
+
+        ``None`` lets :func:`infer_artifact_identity` build it from :attr:`provider_name`,
+        :attr:`model_name`, :attr:`system_prompt`, :attr:`params` and :attr:`response_model`.
+        A declared identity's provider and model are used as given; its ``prompt_version``
+        and ``parser_version``, when ``None``, are filled from those settings.
+        """
         return None
 
     # What a request is made of, as far as the strategy decides it (artifact identities and
