@@ -50,11 +50,27 @@ from ._worker_gate import WorkerGate
 if TYPE_CHECKING:
     from .._strategies._base import LLMCallStrategy
 
-__all__ = ["ThreadedStore", "logger"]
+__all__ = ["ThreadedStore", "append_result", "logger"]
 
 logger = logging.getLogger("trio_batch_llm.artifacts")
 
 EncodedT = TypeVar("EncodedT")
+
+
+def _as_stored(stored: Any) -> Any:
+    """What a resume gives back for a strategy without ``decode_output``: the stored value."""
+    return stored
+
+
+async def append_result(
+    store: Any, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None, strategy: object
+) -> None:
+    """``store.append(...)`` for the engine: a built-in store is also given the item's ``strategy``
+    (to refuse an output a resume would not give back); another store takes the protocol's arguments."""
+    if isinstance(store, ThreadedStore):
+        await store.append(result, fingerprint=fingerprint, prompt=prompt, strategy=strategy)
+    else:
+        await store.append(result, fingerprint=fingerprint, prompt=prompt)
 
 
 class ThreadedStore(abc.ABC, Generic[EncodedT]):
@@ -218,9 +234,14 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         return await gate.run(self._count_sync)
 
     async def append(
-        self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None
+        self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None,
+        strategy: object = None,
     ) -> None:
         """Return only once ``result`` is written and flushed (fsynced or committed).
+
+        ``strategy`` is the item's: a resume passes the stored output through its
+        ``decode_output``, so an output it would not give back is refused
+        (:class:`ArtifactEncodeError`, see ``_codec.py``). The engine always passes it.
 
         Concurrent appends are group-committed: one write for all that are
         pending. If this call is cancelled, the record is either not written at
@@ -231,7 +252,8 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         assert committer is not None
         try:
             encoded = self._encode(
-                result, self._stored_output(result), fingerprint, prompt if self._store_prompts else None
+                result, self._stored_output(result, strategy), fingerprint,
+                prompt if self._store_prompts else None,
             )
         except (TypeError, ValueError, RecursionError) as exc:
             await anyio.lowlevel.checkpoint()
@@ -240,12 +262,15 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
             ) from exc
         await committer.submit(encoded)
 
-    def _stored_output(self, result: WorkItemResult[Any]) -> JSONValue:
+    def _stored_output(self, result: WorkItemResult[Any], strategy: object) -> JSONValue:
         """What is kept of the output (ValueError if the id or the output cannot be kept)."""
         problem = item_id_problem(result.item_id)
         if problem is not None:
             raise ValueError(f"its item_id {problem}")
-        return self._codec.encode(result.output)
+        replay = None
+        if strategy is not None:  # as the resume plan decodes: any object may stand in as a strategy
+            replay = getattr(strategy, "decode_output", None) or _as_stored
+        return self._codec.encode(result.output, replay=replay)
 
     def statistics(self) -> StoreStatistics:
         stats = self._committer.statistics() if self._committer is not None else None

@@ -9,6 +9,7 @@ import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
 from .._values._config import ArtifactIdentity
+from .._values._models import is_pydantic_model_class
 from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._batch import BatchEndpoint
@@ -64,10 +65,15 @@ class LLMCallStrategy(Generic[TOutput]):
         return raw  # type: ignore[no-any-return]
 
     def decode_output(self, stored: Any) -> TOutput:
-        """A stored output (plain JSON) back to what :meth:`parse_output` made (identity by default).
+        """A stored output (plain JSON) back to what :meth:`parse_output` made.
 
-        A resume replays a stored output through it: a response model's strategy gives the model back.
+        A resume replays a stored output through it. By default a strategy whose
+        :attr:`response_model` is a pydantic model class gives that model back
+        (a store keeps its ``model_dump(mode="json")``); anything else is returned as stored.
         """
+        model: Any = self.response_model
+        if isinstance(stored, dict) and is_pydantic_model_class(model):
+            return model.model_validate(stored)  # type: ignore[no-any-return]
         return stored  # type: ignore[no-any-return]
 
     async def prepare(self) -> None:
