@@ -334,3 +334,37 @@ def test_every_setting_of_the_bundled_strategies_is_in_the_identity() -> None:
     assert variants[-1].provider == "openai" and variants[0].provider == "openai-compatible"
     fakes = {infer_artifact_identity(FakeStrategy(model=name)) for name in ("a", "b")}
     assert len(fakes) == 2
+
+
+def test_a_store_inferred_from_one_strategy_refuses_another(tmp_path: Path) -> None:
+    store = JsonlArtifactStore(tmp_path / "out.jsonl")
+    first = store.infer_identity(Configured(model="model-a"))
+    assert store.infer_identity(Configured(model="model-a")) == first  # the same identity: fine
+    with pytest.raises(ConfigurationError, match=r"inferred from another strategy.*model-a"):
+        store.infer_identity(Configured(model="model-b"))
+    # A given identity wins over any strategy, as before.
+    given = JsonlArtifactStore(tmp_path / "given.jsonl", identity=ArtifactIdentity("mine", "m"))
+    assert given.infer_identity(Configured(model="model-b")) == ArtifactIdentity("mine", "m")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "sqlite"])
+async def test_an_item_of_another_strategy_is_refused_by_an_inferred_identity(tmp_path: Path,
+                                                                              kind: str) -> None:
+    """process_prompts takes LLMWorkItems with strategies of their own: the identity inferred from
+    the batch's strategy does not describe them, so such an item is refused before any call."""
+    path = tmp_path / f"out.{kind}"
+    cheap, other = Configured(model="model-a"), Configured(model="model-b")
+    items = [LLMWorkItem(item_id="a", strategy=cheap, prompt="a"),
+             LLMWorkItem(item_id="b", strategy=other, prompt="b")]
+    with pytest.raises(ConfigurationError, match=r"item_id='b'.*inferred from another strategy"):
+        await process_prompts(cheap, items, artifact_store=_store(kind, path))
+    assert cheap.calls == 0 and other.calls == 0
+    # Items of strategies with the same identity are fine; so is a given identity, for any mix.
+    same = Configured(model="model-a")
+    batch = await process_prompts(cheap, [items[0], LLMWorkItem(item_id="c", strategy=same, prompt="c")],
+                                  artifact_store=_store(kind, path))
+    assert batch.succeeded == 2
+    given = ArtifactIdentity("mine", "escalating")
+    batch = await process_prompts(cheap, items, artifact_store=_store(kind, tmp_path / f"g.{kind}",
+                                                                      identity=given))
+    assert batch.succeeded == 2

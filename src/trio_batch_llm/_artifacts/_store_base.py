@@ -96,6 +96,7 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         self._path = Path(path)
         self._identity = identity
         self._identity_fp = "" if identity is None else identity_fingerprint(identity)
+        self._inferred = False  # the identity was inferred from a strategy, not given
         self._store_prompts = bool(store_prompts)
         self._allow_identity_mismatch = bool(allow_identity_mismatch)
         self._state: StoreState = "unopened"
@@ -118,15 +119,29 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
 
     def infer_identity(self, strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
         """The identity in force: the one given at construction (it wins), else, the first time,
-        ``infer_artifact_identity(strategy)``. ``process_prompts``, ``process_stream`` and
-        ``open_run`` call it before opening the store; call it yourself before handing a store
-        built without an identity to a :class:`ParallelBatchProcessor`."""
+        ``infer_artifact_identity(strategy)``; once inferred, a strategy with another identity is
+        refused. ``process_prompts``, ``process_stream`` and ``open_run`` call it before opening the
+        store; call it yourself before handing a store built without an identity to a
+        :class:`ParallelBatchProcessor`."""
         if self._identity is None:
             if self._state != "unopened":
                 raise ArtifactStoreError(f"{self._path}: the identity is fixed once the store is opened")
             self._identity = infer_artifact_identity(strategy)
             self._identity_fp = identity_fingerprint(self._identity)
+            self._inferred = True
+        elif self._inferred and infer_artifact_identity(strategy) != self._identity:
+            # Inferred from another strategy: its records would be stamped with that one's model.
+            raise ConfigurationError(
+                "strategy", strategy,
+                f"{self._path}: the store's identity was inferred from another strategy "
+                f"({self._identity!r}); use a store per strategy, or pass identity= to the store",
+            )
         return self._identity
+
+    def strategy_check(self) -> Callable[[LLMCallStrategy[Any]], ArtifactIdentity] | None:
+        """What the resume plan checks each item's strategy with: :meth:`infer_identity` when the
+        identity was inferred (an item of another strategy is refused), else ``None``."""
+        return self.infer_identity if self._inferred else None
 
     @property
     def _known_identity(self) -> ArtifactIdentity:
