@@ -14,6 +14,7 @@ from typing import Any, Final, TypeAlias, final
 __all__ = [
     "PARAM_KEYS",
     "REQUEST_TEXT_PREFIX",
+    "ROW_KEYS",
     "LLMRequest",
     "Message",
     "Prompt",
@@ -22,6 +23,7 @@ __all__ = [
     "prompt_text",
     "request_of_text",
     "request_text",
+    "row_problem",
 ]
 
 Message: TypeAlias = Mapping[str, Any]
@@ -35,6 +37,9 @@ PARAM_KEYS: Final = frozenset({
 })
 """The request parameters an item (or a strategy's ``params=``) may set; ``max_tokens`` is an alias."""
 _ALIASES: Final = {"max_tokens": "max_output_tokens"}
+ROW_KEYS: Final = frozenset({"id", "item_id", "prompt", "messages", "params", "context"})
+"""The keys of a request given as a mapping: a ``process_prompts`` entry, a JSONL row of the command
+line or of a run's source. One rule (:func:`row_problem`) for every reader."""
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -67,6 +72,28 @@ def check_prompt(prompt: object, where: str) -> Prompt:
                                     'be a content part with a "type" (e.g. {"type": "text", "text": ...})')
         messages.append(dict(message))
     return messages
+
+
+def row_problem(row: Mapping[Any, Any]) -> tuple[str, str] | None:
+    """``(field, problem)`` when the keys of a request row break the rule, or ``None``.
+
+    A row has ``"id"`` (or ``"item_id"``, not both), exactly one of ``"prompt"`` and
+    ``"messages"``, and optionally ``"params"`` and ``"context"``. Any other key is refused
+    rather than ignored: a misspelt ``"temprature"`` or a top-level ``"system"`` would
+    otherwise run the item without it. Whether a row needs an id is its reader's rule.
+    """
+    for key in row:
+        if key not in ROW_KEYS:
+            return str(key), ('unknown key; a row has "id", "prompt" or "messages", and optionally '
+                              '"params" and "context" (request parameters such as "temperature" or '
+                              '"system" go in "params")')
+    if "id" in row and "item_id" in row:
+        return "item_id", 'give "id" or "item_id", not both'
+    if "prompt" in row and "messages" in row:
+        return "messages", 'give exactly one of "prompt" and "messages", not both'
+    if "prompt" not in row and "messages" not in row:
+        return "prompt", 'missing (give "prompt", or chat messages in "messages")'
+    return None
 
 
 def check_params(params: object, where: str) -> dict[str, Any]:
