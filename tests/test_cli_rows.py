@@ -53,7 +53,9 @@ def test_the_cli_refuses_the_row_naming_file_line_and_field(
 
 
 @pytest.mark.parametrize(("name", "row", "field", "problem"), BAD_ROWS, ids=[case[0] for case in BAD_ROWS])
-async def test_the_api_refuses_the_same_rows(name: str, row: dict[str, Any], field: str, problem: str) -> None:
+async def test_the_api_refuses_the_same_rows(
+    name: str, row: dict[str, Any], field: str, problem: str,
+) -> None:
     strategy = FakeStrategy()
     with pytest.raises(ValueError, match=f"prompts\\[1\\], field '{field}': {problem}"):
         await process_prompts(strategy, [{"id": "ok", "prompt": "fine"}, row])
@@ -68,7 +70,7 @@ async def test_a_runs_jsonl_source_refuses_the_same_rows(
 
     source = write(tmp_path / "in.jsonl", '{"id": "ok", "prompt": "fine"}\n' + json.dumps(row) + "\n")
     strategy = FakeStrategy()
-    with pytest.raises(Exception, match=f"field '{field}': {problem}") as caught:  # noqa: PT011
+    with pytest.raises(Exception, match=f"field '{field}': {problem}") as caught:
         async with await open_run(tmp_path / "runs.sqlite", "r", strategy, source) as run:
             await run.wait()
     assert "entry 1" in str(caught.value)

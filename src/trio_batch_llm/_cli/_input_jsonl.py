@@ -166,9 +166,9 @@ def _full_check(
     if not isinstance(value, dict):
         return InputError(path, f'expected an object with "id" and "prompt", or a string; '
                                 f"found {_json_type(value)}", line=number)
-    found = row_problem(value)
-    if found is not None:
-        return InputError(path, found[1], line=number, field=found[0])
+    keys = row_problem(value)
+    if keys is not None:
+        return InputError(path, keys[1], line=number, field=keys[0])
     item_id, problem = _json_id(value)
     if problem is None and escaped and (found := item_id_problem(item_id)) is not None:
         problem = f"{item_id!r} {found}"

@@ -28,7 +28,6 @@ from ._args import (
     positive_float,
     positive_int,
     probability,
-    quota_backend,
 )
 from ._runs_parser import add_runs_parser
 
@@ -103,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
     run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
     run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
-    run.add_argument("--quota", type=quota_backend, metavar="redis://...",
+    run.add_argument("--quota", metavar="redis://...",
                      help="share --rpm/--tpm and cooldowns with every process using this Redis")
     run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
                      help="seconds one attempt may take (default 120)")

@@ -69,8 +69,7 @@ def item_of_mapping(entry: Mapping[Any, Any], index: int, strategy: LLMCallStrat
     """``{"id", "prompt"|"messages", "params", "context"}`` as an item (``item_id`` is taken for ``id``)."""
     found = row_problem(entry)  # the rule every reader shares (the command line's, a run's source)
     if found is not None:
-        field, problem = found
-        raise ValueError(f"{where}, field {field!r}: {problem}")
+        raise ValueError(f"{where}, field {found[0]!r}: {found[1]}")
     item_id = entry.get("id", entry.get("item_id", f"item-{index}"))
     problem = item_id_problem(item_id)
     if problem is not None:
