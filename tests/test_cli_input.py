@@ -227,8 +227,7 @@ def test_input_error_carries_its_location(tmp_path: Path) -> None:
     with pytest.raises(InputError) as caught:
         read_input(source)
     error = caught.value
-    assert (error.path, error.line, error.field) == (str(source), 1, "prompt")
-    assert error.problem == 'missing (give "prompt", or chat messages in "messages")'
+    assert (error.path, error.line, error.field, error.problem) == (str(source), 1, "prompt", "missing")
 
 
 _chars = st.characters(codec="utf-8", exclude_categories=["Cs"])

@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "of an id winning (a resume supersedes earlier records), with the columns id, "
                     "success, output, error, error_category, attempts, input_tokens, output_tokens, "
                     "total_tokens, execution_seconds and context. Outputs and contexts that are not "
-                    "text are written as JSON. OUT is replaced only once it is complete.",
+                    "text are written as JSON. OUT is replaced only once it is complete, with the mode "
+                    "the umask gives a new file. OUT is never CHECKPOINT, --prompts INPUT or another "
+                    "checkpoint (links to one included): export only replaces a table.",
     )
     export.add_argument("checkpoint", metavar="CHECKPOINT", help="the checkpoint file to read")
     export.add_argument("out", metavar="OUT", help="the table to write")

@@ -92,7 +92,7 @@ def row_problem(row: Mapping[Any, Any]) -> tuple[str, str] | None:
     if "prompt" in row and "messages" in row:
         return "messages", 'give exactly one of "prompt" and "messages", not both'
     if "prompt" not in row and "messages" not in row:
-        return "prompt", 'missing (give "prompt", or chat messages in "messages")'
+        return "prompt", "missing"  # the command line's word for it, as for an id
     return None
 
 
