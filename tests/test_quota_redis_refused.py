@@ -164,3 +164,13 @@ def test_a_working_backend_still_runs(capsys: pytest.CaptureFixture[str], tmp_pa
     code, output, _ = _cli(capsys, tmp_path, redis_url)
     assert "error: --quota" not in output and PASSWORD not in output  # past the check: the run ran
     assert code == 1  # the run's one call went to a closed port
+
+
+def test_the_resume_note_names_the_quota_flag_not_base_url() -> None:
+    from trio_batch_llm._cli._render import redaction_note, shown_command
+
+    command = shown_command(["run", "in.jsonl", "--quota", f"redis://:{WRONG}@127.0.0.1:6379/0", "--resume"])
+    assert WRONG not in command
+    assert redaction_note(command) == " (the password in --quota is shown as <redacted>: put it back)"
+    keyed = shown_command(["run", "in.jsonl", "--base-url", "http://u:sk-1@h/v1", "--resume"])
+    assert "--api-key-env" in redaction_note(keyed)

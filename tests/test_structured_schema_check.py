@@ -167,3 +167,14 @@ async def test_a_recursive_schema_runs_against_the_mock() -> None:
         batch = await process_prompts(strategy, ["a", "b"])
     assert all(result.success for result in batch.results), [r.error for r in batch.results]
     assert all(result.error_category is not ErrorCategory.UNKNOWN for result in batch.results)
+
+
+@pytest.mark.anyio
+async def test_an_items_own_response_format_schema_is_checked_before_any_call() -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "Bad", "schema": {"type": "banana"}}}
+    async with serve_mock(MockServerConfig(api_key=KEY)) as server:
+        strategy = OpenAICompatibleStrategy("m", base_url=server.base_url, api_key=KEY)
+        with pytest.raises(ValueError, match=r"params\['response_format'\].*type='banana'"):
+            await process_prompts(strategy, ["fine", {"id": "b", "prompt": "x",
+                                                      "params": {"response_format": bad}}])
+        assert server.requests == []

@@ -50,7 +50,7 @@ def load_response_schema(path: str) -> dict[str, Any]:
         raise UsageError(f'{flag}: not a JSON schema (no "type", "properties", "$ref" or "anyOf" key)')
     problem = response_schema_problem(schema)  # the check ResponseModel makes, named by the file here
     if problem is not None:
-        raise UsageError(f"{flag}: this JSON schema {problem}")
+        raise UsageError(f"{flag}: the JSON schema {problem}")
     return schema
 
 

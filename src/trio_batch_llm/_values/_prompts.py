@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias, final
 
+from ._schema_check import response_schema_problem
+
 __all__ = [
     "PARAM_KEYS",
     "REQUEST_TEXT_PREFIX",
@@ -137,7 +139,9 @@ def _param_problem(name: str, value: Any) -> str | None:
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         return None if ok else "must be a str or a list of str"
     if name in ("response_format", "extra_body"):
-        return None if isinstance(value, Mapping) else "must be a mapping"
+        if not isinstance(value, Mapping):
+            return "must be a mapping"
+        return _response_format_problem(value) if name == "response_format" else None
     if name == "tools":
         ok = isinstance(value, list) and all(isinstance(v, Mapping) for v in value)
         return None if ok else "must be a list of tool mappings"
@@ -146,6 +150,16 @@ def _param_problem(name: str, value: Any) -> str | None:
     if name == "logprobs":
         return None if isinstance(value, bool) else "must be a bool"
     return None
+
+
+def _response_format_problem(value: Mapping[str, Any]) -> str | None:
+    """A ``json_schema`` response format's schema, checked as ``response_model=`` checks one."""
+    inner = value.get("json_schema")
+    schema = inner.get("schema") if isinstance(inner, Mapping) else value.get("schema")
+    if value.get("type") != "json_schema" or schema is None:
+        return None
+    problem = response_schema_problem(schema)
+    return None if problem is None else f"holds a malformed JSON schema: the schema {problem}"
 
 
 def prompt_text(prompt: Prompt) -> str:

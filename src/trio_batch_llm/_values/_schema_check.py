@@ -194,7 +194,7 @@ def _loop_problem(root: Mapping[str, Any]) -> str | None:
                 yield key, node[key]
 
     done: set[int] = set()
-    for _, start in _nodes(root, "$"):
+    for where, start in _nodes(root, "$"):
         if id(start) in done:
             continue
         # Depth-first along the same-value passes only, with the path held on a stack.
@@ -210,8 +210,8 @@ def _loop_problem(root: Mapping[str, Any]) -> str | None:
                 continue
             how, target = step
             if id(target) in on_path:
-                return (f"{how} leads back to itself without descending into a property or an item: "
-                        "checking an answer against it would never end")
+                return (f"at {where}: {how} leads back to itself without descending into a property or "
+                        "an item: checking an answer against it would never end")
             if id(target) not in done:
                 on_path[id(target)] = how
                 stack.append((target, iter(list(passes(target)))))

@@ -66,7 +66,7 @@ class ResponseModel:
             # recurse without end) at parse time, or make the provider answer 400 to every call.
             problem = response_schema_problem(model)
             if problem is not None:
-                raise ConfigurationError("response_model", _SHOWN, f"this JSON schema {problem}")
+                raise ConfigurationError("response_model", _SHOWN, f"the JSON schema {problem}")
             try:
                 schema = json.loads(json.dumps(dict(model), allow_nan=False))  # a private, plain copy
             except (TypeError, ValueError) as exc:
