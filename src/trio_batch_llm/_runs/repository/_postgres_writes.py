@@ -43,6 +43,8 @@ def insert_items(conn: Conn, location: str, run_id: str, items: Sequence[NewItem
                  checkpoint: SourceCheckpoint) -> None:
     """Add ``items`` (pending, numbered on from the run's count) and move the source checkpoint."""
     count, _ = lock_run(conn, location, run_id)
+    if items and _replayed(conn, run_id, items, checkpoint):
+        return
     seen: set[str] = set()
     for item in items:
         if item.item_id in seen:
@@ -72,6 +74,22 @@ def insert_items(conn: Conn, location: str, run_id: str, items: Sequence[NewItem
         (len(items), checkpoint.position, checkpoint.cursor, checkpoint.fingerprint,
          checkpoint.last_item_id, int(checkpoint.exhausted), utc_now(), run_id),
     )
+
+
+def _replayed(conn: Conn, run_id: str, items: Sequence[NewItem], checkpoint: SourceCheckpoint) -> bool:
+    """Whether this very slice is stored already: a retry of an ingest whose commit went through but
+    whose answer was lost with the connection. (A slice moves the checkpoint forward, so a genuine
+    duplicate id arrives under an older stored checkpoint and is refused as before.)"""
+    row = conn.execute(
+        "SELECT source_position, source_cursor, source_last_item FROM runs WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    if row is None or tuple(row) != (checkpoint.position, checkpoint.cursor, checkpoint.last_item_id):
+        return False
+    stored = conn.execute(
+        "SELECT COUNT(*) FROM run_items WHERE run_id = %s AND item_id = ANY(%s)",
+        (run_id, [item.item_id for item in items]),
+    ).fetchone()
+    return stored is not None and int(stored[0]) == len({item.item_id for item in items})
 
 
 def mark_done(conn: Conn, location: str, run_id: str, results: Sequence[NewResult], *,
