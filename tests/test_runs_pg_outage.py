@@ -34,11 +34,13 @@ from trio_batch_llm._runs.repository._client import RepositoryClient
 from trio_batch_llm._runs.repository._locate import describe_store, repository_at
 from trio_batch_llm._runs.repository._postgres import PostgresRunRepository
 from trio_batch_llm.cli import main
+from trio_batch_llm.testing import MockServerConfig, serve_mock
 
 from ._runs_child import IDENTITY, CountingStrategy, prompts
 from ._servers.postgres import PASSWORD, USER, PostgresServer
 from .conftest import trio_virtual_clock
-from .test_cli_runs import RUN, cli
+from .test_cli import MODEL, spawn
+from .test_cli_runs import RUN, cli, start_args, write_items
 
 EXIT_UNAVAILABLE = 69
 
@@ -59,6 +61,12 @@ def _conninfo(server: PostgresServer, url: str) -> str:
 async def _start_again(server: PostgresServer) -> None:
     with anyio.CancelScope(shield=True):  # even when the test failed: later tests need the server
         await anyio.to_thread.run_sync(server.start)
+
+
+async def _until_done(url: str, count: int) -> None:
+    with anyio.fail_after(30):
+        while (await anyio.to_thread.run_sync(read_run_snapshot, url, RUN)).done < count:
+            await anyio.sleep(0.05)
 
 
 # --- riding out an outage (a real server) ------------------------------------------------------
@@ -216,6 +224,50 @@ async def test_runs_start_exits_unavailable_when_the_server_is_down(anyio_backen
                                "--lease-seconds", "30")
     assert code == EXIT_UNAVAILABLE, out + err
     assert "unreachable" in err and "the run failed" not in err and PASSWORD not in out + err
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # subprocesses; the drivers' loop is immaterial here
+@pytest.mark.timeout(120)
+async def test_runs_start_rides_out_a_restart_and_past_the_bound_exits_unavailable(
+    anyio_backend: str, postgres_server: PostgresServer, postgres_url: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "in.jsonl"
+    write_items(source, [f"prompt {n}" for n in range(6)])
+    async with serve_mock(MockServerConfig(model=MODEL, latency=0.3)) as server:
+        # Under the bound: the server is down for 2 s while the driver works; it finishes the run.
+        args = start_args(server, postgres_url, source, "trio", "--concurrency", "1", "--lease-seconds", "30")
+        async with spawn(*args) as driver:
+            await server.wait_for(lambda stats: stats.requests >= 2)
+            await anyio.to_thread.run_sync(postgres_server.stop, "fast")
+            try:
+                await anyio.sleep(2.0)
+            finally:
+                await _start_again(postgres_server)
+        assert driver.returncode == 0, driver.output
+        assert f"run {RUN}: completed" in driver.output and server.stats.requests == 6
+        assert PASSWORD not in driver.output
+
+    write_items(source, ["a", "b [[hang]]", "c"])
+    other = postgres_server.new_database()
+    async with serve_mock(MockServerConfig(model=MODEL)) as server:
+        # Past the bound: status 69, "unreachable", never "the run failed"; the run stays running.
+        args = start_args(server, other, source, "trio",
+                          "--concurrency", "1", "--lease-seconds", "30", "--unreachable-timeout", "1")
+        async with spawn(*args) as driver:
+            await server.wait_for(lambda stats: stats.hangs == 1)
+            await _until_done(other, 1)  # "a" recorded (its record may trail "b"'s request)
+            await anyio.to_thread.run_sync(postgres_server.stop, "fast")
+            try:
+                with anyio.fail_after(30):
+                    await driver.process.wait()
+            finally:
+                await _start_again(postgres_server)
+        assert driver.returncode == EXIT_UNAVAILABLE, driver.output
+        assert "unreachable for 1 s" in driver.output and "the run failed" not in driver.output
+        assert PASSWORD not in driver.output
+    snap = read_run_snapshot(other, RUN)
+    assert (snap.status, snap.done, snap.termination) == ("running", 1, None)
 
 
 # --- libpq keyword strings -------------------------------------------------------------------
