@@ -67,7 +67,7 @@ from ._ingest import Ingestor, decode_context
 from ._schema import ClaimLostError, LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
 from .repository._client import RepositoryClient
 
-__all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
+__all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result", "only_of"]
 
 # Results the engine gives items it stopped: not the item's outcome, so it stays pending.
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
@@ -248,10 +248,10 @@ class SegmentDriver(DriverBase):
                         await self._record(seg, proc, lease)
                         tg.cancel_scope.cancel("segment finished")
         except Exception as exc:
-            if _only(exc, ClaimLostError) is not None:
+            if only_of(exc, ClaimLostError) is not None:
                 await anyio.lowlevel.checkpoint()
                 return  # another process holds the claim now: this segment is over, the run is not
-            lost = _only(exc, DatabaseUnavailableError if lease is None else ArtifactStoreError)
+            lost = only_of(exc, DatabaseUnavailableError if lease is None else ArtifactStoreError)
             if lost is not None:
                 # This driver lost the database (down past the bound, cut off; with leases any
                 # database error). The run is not failed: other drivers go on, and wait() may be
@@ -477,7 +477,7 @@ class SegmentDriver(DriverBase):
                 return
 
 
-def _only(exc: Exception, kind: type[ArtifactStoreError]) -> ArtifactStoreError | None:
+def only_of(exc: Exception, kind: type[ArtifactStoreError]) -> ArtifactStoreError | None:
     """``exc`` if it (or every exception of its group) is a ``kind``: the first one."""
     if isinstance(exc, kind):
         return exc
@@ -485,7 +485,7 @@ def _only(exc: Exception, kind: type[ArtifactStoreError]) -> ArtifactStoreError 
         matched, rest = exc.split(kind)
         if matched is not None and rest is None:
             first = matched.exceptions[0]
-            return _only(first, kind) if isinstance(first, Exception) else None
+            return only_of(first, kind) if isinstance(first, Exception) else None
     return None
 
 
