@@ -268,7 +268,10 @@ class Run:
         Raises ``TimeoutError`` at the deadline (``timeout`` seconds from now);
         see the module docstring for what happens to work in flight then. If
         the run fails while this call drives it, the failure is stored and the
-        original exception raised.
+        original exception raised. A database outage longer than ``open_run``'s
+        ``unreachable_timeout`` raises :class:`DatabaseUnavailableError` and
+        stores nothing: the run stays ``running``, and ``wait()`` may be called
+        again (shorter outages are ridden out).
         """
         self._check_open()
         deadline = deadline_after(timeout)
