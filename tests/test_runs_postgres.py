@@ -343,3 +343,20 @@ def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_reservation_replayed_after_its_answer_was_lost_changes_nothing(postgres_url: str) -> None:
+    from trio_batch_llm._runs._schema import NewSubmission
+
+    repo = _open(postgres_url)
+    try:
+        repo.attach(SPEC)
+        repo.ingest("r", [NewItem(i, "p", None, "f") for i in "abc"], SourceCheckpoint(3, exhausted=True))
+        sub = NewSubmission(submission_id="s1", scope="sc", item_ids=("a", "b"), tokens=40)
+        assert repo.reserve_submission("r", sub, capacity_limit=50)
+        assert repo.reserve_submission("r", sub, capacity_limit=50)  # the same one again: no error
+        assert repo.held_tokens("sc") == 40 and len(repo.submissions("r")) == 1
+        with pytest.raises(ValueError, match="submission id 's1' is taken"):  # another one, same id
+            repo.reserve_submission("r", NewSubmission("s1", "sc", ("c",), 5), capacity_limit=None)
+    finally:
+        repo.close()

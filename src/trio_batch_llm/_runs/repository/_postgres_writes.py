@@ -166,6 +166,8 @@ def reserve(conn: Conn, location: str, run_id: str, submission: NewSubmission,
     if the scope has no room. The scope's advisory lock is held to the end of the transaction."""
     sid = submission.submission_id
     lock_run(conn, location, run_id)
+    if _reserved_already(conn, run_id, submission):
+        return True  # a retry of a reservation whose commit went through but whose answer was lost
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"scope:{submission.scope}",))
     held = held_tokens(conn, submission.scope)
     if capacity_limit is not None and held + submission.tokens > capacity_limit:
@@ -187,6 +189,22 @@ def reserve(conn: Conn, location: str, run_id: str, submission: NewSubmission,
         raise ValueError(_not_pending(conn, location, run_id, submission))  # rolls everything back
     conn.execute("UPDATE runs SET updated_at = %s WHERE run_id = %s", (now, run_id))
     return True
+
+
+def _reserved_already(conn: Conn, run_id: str, submission: NewSubmission) -> bool:
+    row = conn.execute(
+        "SELECT run_id, scope, state, items, tokens FROM run_submissions WHERE submission_id = %s",
+        (submission.submission_id,),
+    ).fetchone()
+    if row is None or tuple(row) != (run_id, submission.scope, "reserved", len(submission.item_ids),
+                                     submission.tokens):
+        return False
+    batched = conn.execute(
+        "SELECT COUNT(*) FROM run_items WHERE run_id = %s AND submission = %s AND state = 'batched'"
+        " AND item_id = ANY(%s)",
+        (run_id, submission.submission_id, list(submission.item_ids)),
+    ).fetchone()
+    return batched is not None and int(batched[0]) == len(submission.item_ids)
 
 
 def _not_pending(conn: Conn, location: str, run_id: str, submission: NewSubmission) -> str:
