@@ -135,6 +135,54 @@ async def test_past_the_bound_the_driver_stops_with_database_unavailable(
     assert snap.status == "running" and snap.termination is None  # not failed: any driver continues
 
 
+@pytest.mark.anyio
+@pytest.mark.timeout(90)
+async def test_a_claim_lost_with_the_connection_ends_the_segment_not_the_run(
+    anyio_backend: str, postgres_url: str
+) -> None:
+    # One driver at a time (no leases). Its session is cut and another process takes the claim
+    # before it reconnects: it stops driving (no stored failure, no error out of wait()), watches,
+    # and drives again once the claim is free.
+    strategy = CountingStrategy(signal_at_call=3, hold_from_call=3)
+    other = PostgresRunRepository(postgres_url)
+    outcome: dict[str, Any] = {}
+    with anyio.fail_after(60):
+        async with await open_run(postgres_url, "job", strategy, prompts(10), identity=IDENTITY,
+                                  config=ProcessorConfig(concurrency=2), poll_interval=0.5) as run:
+            async def drive() -> None:
+                outcome["snap"] = await run.wait()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                await strategy.reached.wait()
+                await anyio.to_thread.run_sync(other.open)
+
+                def cut_and_claim() -> bool:
+                    import psycopg
+
+                    with psycopg.connect(postgres_url, autocommit=True) as admin:
+                        admin.execute("SELECT pg_terminate_backend(%s)",
+                                      (run._repo._conn.info.backend_pid,))  # type: ignore[attr-defined]
+                    return other.try_claim("job")
+
+                assert await anyio.to_thread.run_sync(cut_and_claim)
+                strategy.release.set()
+                await anyio.sleep(1.5)  # the driver meets the lost claim, and watches
+                assert "snap" not in outcome
+                assert (await run.snapshot()).status == "running"
+                await anyio.to_thread.run_sync(other.close)  # the claim is free again
+    snap = outcome["snap"]
+    assert (snap.status, snap.done, snap.last_sequence, snap.failed) == ("completed", 10, 10, 0)
+    results = [r.result.item_id for r in await _results(postgres_url)]
+    assert sorted(results) == sorted(set(results)) and len(results) == 10
+
+
+async def _results(url: str) -> list[Any]:
+    from trio_batch_llm._runs import iter_run_results
+
+    return await anyio.to_thread.run_sync(lambda: list(iter_run_results(url, "job")))
+
+
 # --- the window, in virtual time --------------------------------------------------------------
 
 

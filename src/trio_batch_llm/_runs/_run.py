@@ -30,7 +30,7 @@ from .._values._errors import ConfigurationError, DatabaseUnavailableError
 from ._batch_drive import BatchSegmentDriver
 from ._drive import Segment, SegmentDriver, deadline_after
 from ._reader import export_results_jsonl, load_results
-from ._schema import RunResult, RunSnapshot, RunStateError, RunTermination
+from ._schema import ClaimLostError, RunResult, RunSnapshot, RunStateError, RunTermination
 from .repository._client import RepositoryClient
 
 __all__ = ["Run"]
@@ -316,8 +316,12 @@ class Run:
             snap = await self._db.call(self._repo.snapshot, self._run_id)
             if snap.terminal:
                 return snap
-            if snap.status == "running" and self._segment is None and await self._drive_once(deadline):
-                continue
+            if snap.status == "running" and self._segment is None:
+                try:
+                    if await self._drive_once(deadline):
+                        continue
+                except ClaimLostError:
+                    continue  # lost with the connection before its segment began: claim (or not) again
             changed = self._changed
             with anyio.move_on_after(self._poll_interval):
                 await changed.wait()
