@@ -19,7 +19,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from trio_batch_llm import ArtifactIdentity, ArtifactStoreError, ConfigurationError, ProcessorConfig
+from trio_batch_llm import (
+    ArtifactIdentity,
+    ArtifactStoreError,
+    ConfigurationError,
+    DatabaseUnavailableError,
+    ProcessorConfig,
+)
 from trio_batch_llm._runs import (
     PostgresRunRepository,
     iter_run_results,
@@ -27,7 +33,7 @@ from trio_batch_llm._runs import (
     open_run,
     read_run_snapshot,
 )
-from trio_batch_llm._runs._schema import NewItem, NewResult, RunSpec, SourceCheckpoint
+from trio_batch_llm._runs._schema import ClaimLostError, NewItem, NewResult, RunSpec, SourceCheckpoint
 from trio_batch_llm._runs.repository._postgres_tables import SCHEMA_TABLE, SCHEMA_VERSION
 from trio_batch_llm._runs.repository._postgres_writes import mark_done
 from trio_batch_llm.testing import MockServerConfig, serve_mock
@@ -279,3 +285,78 @@ async def test_the_scaling_out_example_runs_on_postgresql(
     printed = capsys.readouterr().out
     assert "60 results from 3 drivers; re-executed after a lease expiry: 0" in printed
     assert "the mock answered 60 requests" in printed
+
+
+def test_an_ingest_replayed_after_its_answer_was_lost_changes_nothing(postgres_url: str) -> None:
+    # A retry after a commit whose answer went with the connection: the same slice again is a
+    # no-op, not "duplicate item_id"; a genuine duplicate (under a later checkpoint) is still refused.
+    repo = _open(postgres_url)
+    try:
+        repo.attach(SPEC)
+        items = [NewItem(i, "p", None, "f") for i in "ab"]
+        first = repo.ingest("r", items, SourceCheckpoint(2, cursor=10, last_item_id="b"))
+        again = repo.ingest("r", items, SourceCheckpoint(2, cursor=10, last_item_id="b"))
+        assert (first.items, again.items, again.pending) == (2, 2, 2)
+        with pytest.raises(ValueError, match="duplicate item_id='a'"):
+            repo.ingest("r", [NewItem("a", "p", None, "f")], SourceCheckpoint(3, cursor=12, last_item_id="a"))
+    finally:
+        repo.close()
+
+
+def test_after_a_claim_was_lost_its_holder_ingests_no_more_until_it_claims_again(postgres_url: str) -> None:
+    first, second = _open(postgres_url), _open(postgres_url)
+    try:
+        first.attach(SPEC)
+        assert first.try_claim("r")
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first._conn.info.backend_pid,))
+        with pytest.raises(ArtifactStoreError):
+            first.snapshot("r")
+        assert second.try_claim("r")
+        with pytest.raises(ClaimLostError):
+            first.snapshot("r")
+        # Another process ingests now: two ingesters would both take the next slice.
+        with pytest.raises(ClaimLostError, match="was lost to another process"):
+            first.ingest("r", [NewItem("a", "p", None, "f")], SourceCheckpoint(1))
+        second.release("r")
+        assert first.try_claim("r")
+        assert first.ingest("r", [NewItem("a", "p", None, "f")], SourceCheckpoint(1)).items == 1
+    finally:
+        first.close()
+        second.close()
+
+
+def test_only_connection_failures_count_as_unreachable(
+    postgres_url: str, postgres_server: PostgresServer
+) -> None:
+    with pytest.raises(DatabaseUnavailableError):  # nothing listens there
+        _open(postgres_url.replace(f":{postgres_server.port}/", f":{_closed_port()}/"))
+    for refused in (postgres_url.replace(PASSWORD, "wrong"), postgres_url.rsplit("/", 1)[0] + "/nosuchdb"):
+        with pytest.raises(ArtifactStoreError) as caught:
+            _open(refused)
+        assert not isinstance(caught.value, DatabaseUnavailableError), caught.value
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_reservation_replayed_after_its_answer_was_lost_changes_nothing(postgres_url: str) -> None:
+    from trio_batch_llm._runs._schema import NewSubmission
+
+    repo = _open(postgres_url)
+    try:
+        repo.attach(SPEC)
+        repo.ingest("r", [NewItem(i, "p", None, "f") for i in "abc"], SourceCheckpoint(3, exhausted=True))
+        sub = NewSubmission(submission_id="s1", scope="sc", item_ids=("a", "b"), tokens=40)
+        assert repo.reserve_submission("r", sub, capacity_limit=50)
+        assert repo.reserve_submission("r", sub, capacity_limit=50)  # the same one again: no error
+        assert repo.held_tokens("sc") == 40 and len(repo.submissions("r")) == 1
+        with pytest.raises(ValueError, match="submission id 's1' is taken"):  # another one, same id
+            repo.reserve_submission("r", NewSubmission("s1", "sc", ("c",), 5), capacity_limit=None)
+    finally:
+        repo.close()

@@ -84,6 +84,7 @@ from ._values._errors import BatchInterruptedError as BatchInterruptedError
 from ._values._errors import BatchLLMError as BatchLLMError
 from ._values._errors import CleanupInterruptedError as CleanupInterruptedError
 from ._values._errors import ConfigurationError as ConfigurationError
+from ._values._errors import DatabaseUnavailableError as DatabaseUnavailableError
 from ._values._errors import ItemDeadlineExceeded as ItemDeadlineExceeded
 from ._values._errors import LLMCallError as LLMCallError
 from ._values._errors import ProviderError as ProviderError
@@ -139,6 +140,7 @@ __all__ = [
     "DEFAULT_LATENCY_BUCKETS",
     "DEFAULT_MODEL_RATES",
     "DEFAULT_MODEL_RATES_AS_OF",
+    "DatabaseUnavailableError",
     "DefaultErrorClassifier",
     "ErrorCategory",
     "ErrorClassifier",

@@ -11,11 +11,15 @@ from typing import Final
 
 import anyio
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "UsageError", "api_key_from", "signal_receiver"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_USAGE", "UsageError", "api_key_from",
+           "signal_receiver"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+# sysexits.h's EX_UNAVAILABLE ("a service is unavailable"): the run database could not be reached.
+# Not 1 (the run did not fail) nor 2 (the usage was fine): a scheduler may simply try again later.
+EXIT_UNAVAILABLE: Final = 69
 
 
 class UsageError(Exception):

@@ -7,7 +7,9 @@ Each command lives in its own module, imported only when it runs (so
 ``demo`` in :mod:`._demo`; ``serve-mock`` is the small handler below.
 The argument checks are in :mod:`._args`, everything the commands print in
 :mod:`._render`. Every command checks its arguments before
-doing anything; a bad one exits with status 2.
+doing anything; a bad one exits with status 2. A run database that cannot be
+reached (:class:`DatabaseUnavailableError`, from any command) exits with
+status 69, ``EX_UNAVAILABLE``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ._args import (
     positive_int,
     probability,
 )
+from ._command import EXIT_UNAVAILABLE
 from ._runs_parser import add_runs_parser
 
 __all__ = ["build_parser", "main"]
@@ -241,9 +244,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(args_list)
     except SystemExit as exc:  # argparse printed the problem (or --help)
         return exc.code if isinstance(exc.code, int) else 2
+    from .._values._errors import DatabaseUnavailableError
+
     with _cli_logging():
         try:
             return int(args.handler(args, args_list))
+        except DatabaseUnavailableError as exc:
+            from ._render import say
+
+            say(f"error: the run database is unreachable: {exc}")
+            return EXIT_UNAVAILABLE
         except KeyboardInterrupt:
             print("trio-batch-llm: interrupted", file=sys.stderr)
             return 130

@@ -1,9 +1,11 @@
-"""The DB argument of the ``runs`` commands: a SQLite file's path or a ``postgresql://`` URL.
+"""The DB argument of the ``runs`` commands: a SQLite file's path, or a PostgreSQL database.
 
+A PostgreSQL database is a ``postgresql://`` URL or a libpq keyword string
+(``"host=... dbname=... password=..."``); anything else is a path.
 :class:`RunDb` is what the commands pass around: ``target`` goes to
-``open_run`` and the readers as it is (the URL with its password), while
-``str()`` -- everything printed, every hint and error -- is the path, or the
-URL with its credentials redacted.
+``open_run`` and the readers as it is (with its password), while ``str()``
+-- everything printed, every hint and error -- is the path, or the URL or
+keyword string with its credentials redacted.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import final
 
-from .._runs.repository._postgres import is_postgres_url
-from .._values._urls import redact_url
+from .._runs.repository._conninfo import display, is_postgres_store
 from ._command import UsageError
 
 __all__ = ["RunDb"]
@@ -26,7 +27,7 @@ class RunDb:
 
     @classmethod
     def of(cls, text: str) -> RunDb:
-        return cls(text if is_postgres_url(text) else Path(text))
+        return cls(text if is_postgres_store(text) else Path(text))
 
     @property
     def is_url(self) -> bool:
@@ -37,7 +38,7 @@ class RunDb:
         return self.target if isinstance(self.target, Path) else None
 
     def __str__(self) -> str:
-        return redact_url(self.target) if isinstance(self.target, str) else str(self.target)
+        return display(self.target) if isinstance(self.target, str) else str(self.target)
 
     def exists(self) -> bool:
         """Whether there may be runs there (a URL: the server says, when it is asked)."""

@@ -12,7 +12,8 @@ at :data:`_NEVER_CALLED`.
 
 Exit status: 0 done; 1 the run refused (a :class:`RunStateError`: pausing a
 completed run, resolving when nothing is unresolved) or the operation failed;
-2 bad usage (no such database or run, a bad path).
+2 bad usage (no such database or run, a bad path); 69 the database was
+unreachable (:class:`DatabaseUnavailableError` goes up to ``main``, which says so).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import anyio
 from .._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
 from .._runs._reader import read_lease_report
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
-from .._values._errors import ArtifactStoreError, BatchLLMError, RunStateError
+from .._values._errors import ArtifactStoreError, BatchLLMError, DatabaseUnavailableError, RunStateError
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
 from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json, status_json
 from ._runs_db import RunDb
@@ -57,6 +58,8 @@ def stored_snapshot(db: RunDb, run_id: str) -> RunSnapshot:
         return read_run_snapshot(db.target, run_id)
     except RunStateError as exc:  # "no run named ..."
         raise UsageError(str(exc)) from None
+    except DatabaseUnavailableError:
+        raise  # not a usage error: main() exits with EXIT_UNAVAILABLE
     except ArtifactStoreError as exc:  # not a run database (or not SQLite at all)
         raise UsageError(f"cannot read run {run_id!r}: {exc}") from None
 
@@ -68,6 +71,8 @@ def list_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         snaps = list_runs(db.target)
+    except DatabaseUnavailableError:
+        raise
     except (ArtifactStoreError, RunStateError) as exc:
         say(f"error: cannot list the runs of {db}: {exc}")
         return EXIT_USAGE
@@ -89,6 +94,8 @@ def status_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         report = read_lease_report(db.target, args.run_id)
+    except DatabaseUnavailableError:
+        raise
     except (ArtifactStoreError, RunStateError) as exc:
         say(f"error: cannot read the drivers of run {args.run_id!r}: {exc}")
         return EXIT_FAILED
@@ -187,6 +194,8 @@ def control_command(args: argparse.Namespace) -> int:
     except RunStateError as exc:
         say(f"error: {exc}")
         return EXIT_FAILED
+    except DatabaseUnavailableError:
+        raise
     except (BatchLLMError, OSError) as exc:
         say(f"error: {args.runs_command} failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED

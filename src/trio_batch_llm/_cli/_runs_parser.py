@@ -62,10 +62,14 @@ def _control(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return control_command(args)
 
 
+DB_HELP = ("the run database: a SQLite file, or PostgreSQL: a postgresql:// URL or a libpq keyword "
+           "string ('host=... dbname=...')")
+
+
 def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     """``DB RUN_ID`` (every subcommand) and ``--backend`` (those that run an event loop)."""
     target = argparse.ArgumentParser(add_help=False)
-    target.add_argument("db", metavar="DB", help="the run database: a SQLite file, or a postgresql:// URL")
+    target.add_argument("db", metavar="DB", help=DB_HELP)
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
     backend.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
@@ -84,7 +88,9 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                     "stops driving at once, as --timeout does: the run stays as it was, and the next "
                     "start continues it. Exit status: 0 completed and every item succeeded; 1 completed "
                     "with failed items, failed or cancelled; 2 bad usage or input; 3 --timeout reached "
-                    "(the run goes on at the next start); 128 + the signal number when interrupted.",
+                    "(the run goes on at the next start); 69 the database was unreachable (at the start, "
+                    "or for longer than --unreachable-timeout while driving; the run goes on at the "
+                    "next start); 128 + the signal number when interrupted.",
     )
     add_model_arguments(start)
     add_request_arguments(start)
@@ -93,6 +99,9 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                             "(default live)")
     start.add_argument("--timeout", type=positive_float, metavar="S",
                        help="drive for at most S seconds, then exit with status 3 (the run goes on later)")
+    start.add_argument("--unreachable-timeout", type=positive_float, default=60.0, metavar="S",
+                       help="ride out a database outage (a PostgreSQL restart, a network cut) of up to "
+                            "S seconds: reconnect and carry on; past it exit with status 69 (default 60)")
     live = start.add_argument_group("live mode")
     live.add_argument("--concurrency", type=positive_int, help="calls in flight (default 16)")
     live.add_argument("--rpm", type=positive_float, help="requests per minute at most")
@@ -131,7 +140,7 @@ def add_runs_parser(sub: Any) -> None:
     _add_start(group, target, backend)
 
     listing = group.add_parser("list", help="one line per run in DB (read-only; works while runs are driven)")
-    listing.add_argument("db", metavar="DB", help="the run database: a SQLite file, or a postgresql:// URL")
+    listing.add_argument("db", metavar="DB", help=DB_HELP)
     listing.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
     listing.set_defaults(handler=_list)
 

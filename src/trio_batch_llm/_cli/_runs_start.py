@@ -11,6 +11,11 @@ item id recorded there), which is also why a ``.csv`` input works.
 Driving is ``run.wait(timeout)``: in this process if it gets the run's claim,
 otherwise it watches the driver elsewhere and takes over if that one dies.
 
+A database that cannot be reached (at the start, or while driving for longer
+than ``--unreachable-timeout``, default 60 s: shorter outages are ridden out)
+exits with status 69 (``EX_UNAVAILABLE``), never 1 or 2: the run's stored
+state is as it was, and the same command continues it.
+
 Signals (SIGINT, SIGTERM) stop *this process's* drive at once, exactly as
 ``--timeout`` does: calls in flight are abandoned (their items stay pending and
 are called again), provider batches keep running, and the run's stored status
@@ -41,10 +46,11 @@ from .._values._errors import (
     ArtifactStoreError,
     BatchLLMError,
     ConfigurationError,
+    DatabaseUnavailableError,
     RunSourceError,
     RunStateError,
 )
-from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, signal_receiver
+from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, UsageError, signal_receiver
 from ._input import InputError, iter_input
 from ._render import (
     PROG,
@@ -89,6 +95,7 @@ class StartPlan:
     batch: ProviderBatchConfig | None
     timeout: float | None
     lease_seconds: float | None
+    unreachable_timeout: float
     backend: str
     existing: RunSnapshot | None
     command: str
@@ -101,6 +108,8 @@ def _existing(db: RunDb, run_id: str) -> RunSnapshot | None:
         return None
     try:
         return read_run_snapshot(db.target, run_id)
+    except DatabaseUnavailableError:
+        raise  # not "no run yet": start_command says the database is unreachable
     except (RunStateError, ArtifactStoreError):
         return None
 
@@ -160,8 +169,8 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         db=db, run_id=args.run_id,
         source=[(record.item_id, record.prompt, record.context) for record in iter_input(checked.source)],
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
-        timeout=args.timeout, lease_seconds=args.lease_seconds, backend=args.backend, existing=existing,
-        command=shown_command(argv),
+        timeout=args.timeout, lease_seconds=args.lease_seconds, unreachable_timeout=args.unreachable_timeout,
+        backend=args.backend, existing=existing, command=shown_command(_shown_argv(argv, args.db, db)),
     )
 
 
@@ -204,7 +213,8 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
                 group.start_soon(outcome.watch_signals, signals, drive, name="signal watcher")
             run = await open_run(plan.db.target, plan.run_id, plan.strategy, plan.source, config=plan.config,
                                  mode=plan.mode, identity=plan.identity, batch=plan.batch,
-                                 lease_seconds=plan.lease_seconds)
+                                 lease_seconds=plan.lease_seconds,
+                                 unreachable_timeout=plan.unreachable_timeout)
             async with run:
                 outcome.opened = True
                 group.start_soon(_report_progress, run, name="progress lines")
@@ -243,9 +253,24 @@ def _report(plan: StartPlan, outcome: _Outcome) -> int:
     return EXIT_FAILED
 
 
+def _shown_argv(argv: Sequence[str], given: str, db: RunDb) -> list[str]:
+    """``argv`` with the DB argument as printed (a libpq keyword string without its password)."""
+    return [str(db) if arg == given else arg for arg in argv]
+
+
+def _unavailable(exc: DatabaseUnavailableError, command: str | None) -> int:
+    say(f"error: the run database is unreachable: {exc}")
+    if command is not None:
+        say(f"the run is as stored (not failed); once the database is back, continue with: {command}"
+            f"{redaction_note(command)}")
+    return EXIT_UNAVAILABLE
+
+
 def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         plan = plan_start(args, argv)
+    except DatabaseUnavailableError as exc:
+        return _unavailable(exc, None)
     except InputError as exc:
         say_input_error(exc)
         return EXIT_USAGE
@@ -259,6 +284,8 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except RunSourceError as exc:  # the input is not the one the run started with
         say(f"error: {exc}")
         return EXIT_USAGE
+    except DatabaseUnavailableError as exc:  # before or while driving: the run did not fail
+        return _unavailable(exc, plan.command)
     except (BatchLLMError, OSError) as exc:
         if not outcome.opened:  # e.g. not a run database
             say(f"error: cannot open run {plan.run_id!r} in {plan.db}: {exc}")

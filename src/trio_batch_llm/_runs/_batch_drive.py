@@ -48,13 +48,13 @@ import anyio.lowlevel
 from .._core._deliveries import unwrap_group
 from .._strategies._batch import BatchConnection, BatchEndpoint, BatchInfo
 from .._values._config import ProcessorConfig
-from .._values._errors import ProviderError
+from .._values._errors import DatabaseUnavailableError, ProviderError
 from ._batch_config import ProviderBatchConfig
 from ._batch_settle import describe_errors, settle
 from ._batch_submit import METADATA_KEY, BatchSubmitter, BatchTimers
-from ._drive import DriverBase, Segment
+from ._drive import DriverBase, Segment, only_of
 from ._ingest import Ingestor
-from ._schema import LIVE_SUBMISSION_STATES, RunSnapshot, RunTermination, SubmissionRecord
+from ._schema import LIVE_SUBMISSION_STATES, ClaimLostError, RunSnapshot, RunTermination, SubmissionRecord
 from .repository._client import RepositoryClient
 
 __all__ = ["METADATA_KEY", "BatchSegmentDriver", "capacity_scope_of"]
@@ -115,10 +115,20 @@ class BatchSegmentDriver(DriverBase):
             if seg.stop == "cancelled":
                 await self.cancel_open(api)
         except Exception as exc:
+            if only_of(exc, ClaimLostError) is not None:
+                await anyio.lowlevel.checkpoint()
+                return  # another process holds the claim now: it submits; the run goes on there
+            lost = only_of(exc, DatabaseUnavailableError)
+            if lost is not None:  # the database is gone (past the bound): nothing to store, nor failed
+                raise lost from None if lost is not exc else exc.__cause__
             await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
             raise
         finally:
             await api.aclose()
+        if isinstance(seg.failure, ClaimLostError):
+            return
+        if isinstance(seg.failure, DatabaseUnavailableError):
+            raise seg.failure
         if seg.stop is None and seg.failure is not None:
             await self._fail(RunTermination(seg.failure_kind, f"{type(seg.failure).__name__}: {seg.failure}"))
             raise seg.failure
@@ -132,6 +142,9 @@ class BatchSegmentDriver(DriverBase):
                         seg.progress += len(items)
                         self.poke()
                     self.poke()  # ingestion complete: the loop may complete the run
+                except (ClaimLostError, DatabaseUnavailableError) as exc:  # not the source's fault
+                    seg.fail(exc, "error")
+                    seg.request("detached", str(exc))
                 except Exception as exc:  # noqa: BLE001 - a bad entry or failing source fails the run
                     seg.fail(exc, "ingestion_failed")
                 finally:

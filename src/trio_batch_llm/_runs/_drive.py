@@ -24,14 +24,25 @@ calls in flight are abandoned and their items stay pending. The processor's
 ``call_start_deadline`` keeps any call from *starting* once ``wait()``'s
 deadline has passed, whatever the scheduling order at that instant: such an
 item comes back ``NOT_EXECUTED`` (``ABORTED`` before a retry) and stays pending.
+
+A database outage is ridden out below this module: every repository call
+retries through it (:class:`RepositoryClient`), so the tasks here just wait --
+the recorder holds the results of calls that finished meanwhile, and the
+bounded result queue holds the workers back. Past ``unreachable_timeout`` a call
+raises :class:`DatabaseUnavailableError`: the segment ends and ``drive()``
+raises it without storing a failure (the run stays ``running``). A claim lost
+with the connection (:class:`ClaimLostError`: another process took it
+meanwhile) ends the segment the same way, silently: the caller's next
+segment claims again, or watches (or, with leases, drives without ingesting).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, ParamSpec, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -48,14 +59,15 @@ from .._values._errors import (
     ArtifactEncodeError,
     ArtifactStoreError,
     BatchInterruptedError,
+    DatabaseUnavailableError,
 )
 from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination, WorkItemResult
 from ._ingest import Ingestor, decode_context
-from ._schema import LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
+from ._schema import ClaimLostError, LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
 from .repository._client import RepositoryClient
 
-__all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result"]
+__all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result", "only_of"]
 
 # Results the engine gives items it stopped: not the item's outcome, so it stays pending.
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
@@ -63,6 +75,8 @@ _PENDING_PAGE: Final = 512
 _RECORD_GROUP: Final = 256
 
 StopKind = Literal["paused", "cancelled", "detached"]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @final
@@ -163,11 +177,21 @@ class DriverBase:
             termination=termination,
         )
 
-    async def _watch(self, seg: Segment) -> None:
+    async def _watch(self, seg: Segment, *, leased: bool = False) -> None:
         """Poll the stored status, so a pause or cancel from another process reaches this segment."""
         while True:
             await anyio.sleep(self._poll_interval)
-            seg.observe(await self._db.call(self._repo.snapshot, self._run_id))
+            seg.observe(await (self._leased_call if leased else self._db.call)(self._repo.snapshot,
+                                                                                self._run_id))
+
+    async def _leased_call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """A repository call of a driver under a lease. A :class:`ClaimLostError` is raised before
+        anything ran, and a lease's work does not need the claim (only ingesting does, and the
+        repository keeps refusing that): the call is made again."""
+        try:
+            return await self._db.call(fn, *args, **kwargs)
+        except ClaimLostError:
+            return await self._db.call(fn, *args, **kwargs)
 
 
 @final
@@ -220,18 +244,26 @@ class SegmentDriver(DriverBase):
                         else:
                             tg.start_soon(self._feed_leased, seg, proc, lease, ingest)
                             tg.start_soon(self._heartbeat, seg, lease)
-                        tg.start_soon(self._watch, seg)
+                        tg.start_soon(functools.partial(self._watch, seg, leased=lease is not None))
                         await self._record(seg, proc, lease)
                         tg.cancel_scope.cancel("segment finished")
         except Exception as exc:
-            lost = _lost_database(exc) if lease is not None else None
+            if only_of(exc, ClaimLostError) is not None:
+                await anyio.lowlevel.checkpoint()
+                return  # another process holds the claim now: this segment is over, the run is not
+            lost = only_of(exc, DatabaseUnavailableError if lease is None else ArtifactStoreError)
             if lost is not None:
-                # Shared run: this driver lost the database (down, cut off). The run is not
-                # failed: other drivers go on, and wait() may be called again.
+                # This driver lost the database (down past the bound, cut off; with leases any
+                # database error). The run is not failed: other drivers go on, and wait() may be
+                # called again.
                 raise lost from None if lost is not exc else exc.__cause__
             await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
             raise
-        if lease is not None and isinstance(seg.failure, ArtifactStoreError):
+        if isinstance(seg.failure, ClaimLostError):
+            await anyio.lowlevel.checkpoint()
+            return
+        if isinstance(seg.failure, DatabaseUnavailableError) or (
+                lease is not None and isinstance(seg.failure, ArtifactStoreError)):
             raise seg.failure
         await self._conclude(seg, proc.termination, shared=lease is not None)
 
@@ -291,6 +323,9 @@ class SegmentDriver(DriverBase):
                     await self._ingest(seg, proc, self._ingestor)
         except AdmissionClosedError:
             pass  # a stop was requested; what was not fed stays pending
+        except ClaimLostError as exc:
+            seg.fail(exc, "error")
+            seg.request("detached", str(exc))
         except ArtifactStoreError as exc:
             seg.fail(exc, "error")
         except Exception as exc:  # noqa: BLE001 - a bad entry or a failing source fails the run, drained
@@ -332,10 +367,16 @@ class SegmentDriver(DriverBase):
 
     async def _flush(self, seg: Segment, group: list[NewResult], lease: int | None) -> None:
         if lease is None:
-            snapshot = await self._db.call(self._repo.record, self._run_id, group)
+            try:
+                snapshot = await self._db.call(self._repo.record, self._run_id, group)
+            except ClaimLostError as exc:  # another process drives now: stop, the run goes on there
+                seg.fail(exc, "error")
+                seg.request("detached", str(exc))
+                await anyio.lowlevel.checkpoint()
+                return
         else:
             try:
-                snapshot = await self._db.call(self._repo.record, self._run_id, group, lease=lease)
+                snapshot = await self._leased_call(self._repo.record, self._run_id, group, lease=lease)
             except LeaseLostError as exc:
                 # Our lease expired (we were frozen, or cut off): these items belong to another
                 # driver now, and so do the calls still in flight here. Drop them and stop.
@@ -374,8 +415,8 @@ class SegmentDriver(DriverBase):
                         tg.start_soon(self._ingest_only, seg, self._ingestor, wake)
                     while True:
                         waiting = wake.event
-                        page = await self._db.call(self._repo.lease_items, self._run_id, lease,
-                                                   limit=page_size)
+                        page = await self._leased_call(self._repo.lease_items, self._run_id, lease,
+                                                       limit=page_size)
                         seg.leased += len(page)
                         for pending in page:
                             context = decode_context(pending.context_json)
@@ -390,6 +431,9 @@ class SegmentDriver(DriverBase):
         except AdmissionClosedError:
             pass  # a stop was requested; what was not fed goes back when the lease closes
         except LeaseLostError as exc:
+            seg.request("detached", str(exc))
+        except ClaimLostError as exc:
+            seg.fail(exc, "error")
             seg.request("detached", str(exc))
         except ArtifactStoreError as exc:  # the database is unreachable: raised by drive(), not stored
             seg.fail(exc, "error")
@@ -408,6 +452,8 @@ class SegmentDriver(DriverBase):
                             wake.set()
                     finally:
                         tg.cancel_scope.cancel("ingestion stopped")
+        except ClaimLostError:
+            pass  # the claim's new holder ingests: this segment leases what it commits
         except ArtifactStoreError as exc:
             seg.fail(exc, "error")
         except Exception as exc:  # noqa: BLE001 - a bad entry or a failing source fails the run, drained
@@ -422,7 +468,7 @@ class SegmentDriver(DriverBase):
         while True:
             await anyio.sleep(self.lease_seconds / 3)
             try:
-                alive = await self._db.call(self._repo.renew_lease, self._run_id, lease)
+                alive = await self._leased_call(self._repo.renew_lease, self._run_id, lease)
             except ArtifactStoreError as exc:  # the database is unreachable: drive() raises it
                 seg.fail(exc, "error")
                 alive = False
@@ -431,15 +477,15 @@ class SegmentDriver(DriverBase):
                 return
 
 
-def _lost_database(exc: Exception) -> ArtifactStoreError | None:
-    """``exc`` if it (or every exception of its group) is an ArtifactStoreError: the first one."""
-    if isinstance(exc, ArtifactStoreError):
+def only_of(exc: Exception, kind: type[ArtifactStoreError]) -> ArtifactStoreError | None:
+    """``exc`` if it (or every exception of its group) is a ``kind``: the first one."""
+    if isinstance(exc, kind):
         return exc
     if isinstance(exc, ExceptionGroup):
-        matched, rest = exc.split(ArtifactStoreError)
+        matched, rest = exc.split(kind)
         if matched is not None and rest is None:
             first = matched.exceptions[0]
-            return _lost_database(first) if isinstance(first, Exception) else None
+            return only_of(first, kind) if isinstance(first, Exception) else None
     return None
 
 

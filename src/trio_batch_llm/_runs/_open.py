@@ -29,7 +29,7 @@ from ._ingest import Ingestor
 from ._run import Run
 from ._schema import RunMode, RunSpec
 from ._source import make_source
-from .repository._client import RepositoryClient
+from .repository._client import DEFAULT_UNREACHABLE_TIMEOUT, RepositoryClient
 from .repository._locate import RunStore, repository_at
 
 __all__ = ["open_run"]
@@ -59,12 +59,14 @@ async def open_run(
     slice_seconds: float = 1.0,
     batch: ProviderBatchConfig | None = None,
     lease_seconds: float | None = None,
+    unreachable_timeout: float = DEFAULT_UNREACHABLE_TIMEOUT,
 ) -> Run:
     """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
 
-    ``store`` is a database path, a :class:`SqliteArtifactStore` (its file and
-    identity are used; the run has its own tables there), or a
-    ``RunRepository``. ``source`` is an iterable of prompts (as for
+    ``store`` is a database path, a PostgreSQL database (a ``postgresql://``
+    URL or a libpq keyword string such as ``"host=db dbname=runs user=app"``), a
+    :class:`SqliteArtifactStore` (its file and identity are used; the run has
+    its own tables there), or a ``RunRepository``. ``source`` is an iterable of prompts (as for
     ``process_prompts``), an async iterable, a JSONL file (a ``pathlib.Path``
     or a ``.jsonl`` path), or ``None`` for a handle that only watches or
     finishes a run whose ingestion is complete. On reattach the same source
@@ -87,6 +89,15 @@ async def open_run(
     status`` as ``reexecuted_after_lease_expiry``). Choose it well above the
     longest pause a healthy process may have (30 s is a sound start). ``None``
     (the default): one driver at a time, the others wait.
+
+    ``unreachable_timeout`` (seconds, default 60): how long a database outage
+    (PostgreSQL restarting, a network cut) is ridden out. Every repository call
+    is retried with a capped backoff, reconnecting, while the database has been
+    unreachable for less than this; meanwhile calls that finish keep their
+    results in memory until they can be recorded. Past it ``wait()`` (or the
+    call) raises :class:`DatabaseUnavailableError` and nothing is stored as
+    failed: the run continues at the next ``wait()``. Opening is not retried: a
+    database unreachable when the handle opens raises it at once.
 
     ``mode="provider-batch"`` sends the items through the provider's Batch API
     (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then offer
@@ -129,6 +140,7 @@ async def open_run(
         if mode == "provider-batch":
             raise ConfigurationError("lease_seconds", lease_seconds,
                                      "is for live runs: a provider-batch run keeps one submitter at a time")
+    _positive("unreachable_timeout", unreachable_timeout)
     _positive("slice_items", slice_items, whole=True)
     _positive("slice_seconds", slice_seconds)
     if identity is None:  # the store's own, else inferred (the strategy's provider, model and settings)
@@ -136,9 +148,9 @@ async def open_run(
                     else infer_artifact_identity(strategy))
     repository = repository_at(store, identity=identity)
     run_source = make_source(source, strategy)
-    db = RepositoryClient(repository)
+    db = RepositoryClient(repository, unreachable_timeout=unreachable_timeout)
     try:
-        await db.call(repository.open)
+        await db.open()
         run_mode: RunMode = "provider-batch" if mode == "provider-batch" else "live"
         spec = RunSpec(run_id=run_id, mode=run_mode, identity=identity, config=_config_summary(config))
         await db.call(repository.attach, spec)

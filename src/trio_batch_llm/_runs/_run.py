@@ -26,11 +26,11 @@ import anyio
 import anyio.lowlevel
 
 from .._core._deliveries import unwrap_group
-from .._values._errors import ConfigurationError
+from .._values._errors import ConfigurationError, DatabaseUnavailableError
 from ._batch_drive import BatchSegmentDriver
 from ._drive import Segment, SegmentDriver, deadline_after
 from ._reader import export_results_jsonl, load_results
-from ._schema import RunResult, RunSnapshot, RunStateError, RunTermination
+from ._schema import ClaimLostError, RunResult, RunSnapshot, RunStateError, RunTermination
 from .repository._client import RepositoryClient
 
 __all__ = ["Run"]
@@ -175,7 +175,7 @@ class Run:
             await driver.cancel_open()
         finally:
             with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor
-                await self._db.call(self._repo.release, self._run_id)
+                await self._release()
 
     async def resolve_submission(self, *, created: bool, batch_id: str | None = None) -> RunSnapshot:
         """Settle the run's batch create whose outcome is unknown (provider-batch mode).
@@ -218,7 +218,7 @@ class Run:
                                           created, batch_id)
             finally:
                 with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor
-                    await self._db.call(self._repo.release, self._run_id)
+                    await self._release()
         return await self._settle(driver, sub.submission_id, frozenset({"unknown"}), created, batch_id)
 
     async def _settle(self, driver: BatchSegmentDriver, submission_id: str, from_states: frozenset[str],
@@ -268,7 +268,10 @@ class Run:
         Raises ``TimeoutError`` at the deadline (``timeout`` seconds from now);
         see the module docstring for what happens to work in flight then. If
         the run fails while this call drives it, the failure is stored and the
-        original exception raised.
+        original exception raised. A database outage longer than ``open_run``'s
+        ``unreachable_timeout`` raises :class:`DatabaseUnavailableError` and
+        stores nothing: the run stays ``running``, and ``wait()`` may be called
+        again (shorter outages are ridden out).
         """
         self._check_open()
         deadline = deadline_after(timeout)
@@ -280,13 +283,32 @@ class Run:
         raise TimeoutError(f"run {self._run_id!r} was not terminal after {timeout} s")
 
     async def _close_lease(self, *, count_returned: bool = False) -> None:
-        """Give back this handle's lease (its unrecorded items go back to pending)."""
+        """Give back this handle's lease (its unrecorded items go back to pending).
+
+        Tried once: with the database unreachable the lease is left to expire (its items go
+        back to the others then), so a close never waits out an outage nor hides the error
+        that ended the drive."""
         lease, self._lease = self._lease, None
         if lease is None or self._db.closed:
             await anyio.lowlevel.checkpoint()
             return
-        with anyio.CancelScope(shield=True):  # bounded: one repository call
-            await self._db.call(self._repo.close_lease, self._run_id, lease, count_returned=count_returned)
+        with anyio.CancelScope(shield=True):  # bounded: one repository call, tried once
+            try:
+                await self._db.call_once(self._repo.close_lease, self._run_id, lease,
+                                         count_returned=count_returned)
+            except DatabaseUnavailableError:
+                await anyio.lowlevel.checkpoint()  # it expires after lease_seconds, as a dead driver's does
+
+    async def _release(self) -> None:
+        """Release the run's claim; tried once (an unreachable database ended its session, and the
+        claim, a session lock, went with it)."""
+        if self._db.closed:  # (closing the repository released it already)
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            await self._db.call_once(self._repo.release, self._run_id)
+        except DatabaseUnavailableError:
+            await anyio.lowlevel.checkpoint()
 
     async def _wait_terminal(self, deadline: float) -> RunSnapshot:
         while True:
@@ -294,8 +316,12 @@ class Run:
             snap = await self._db.call(self._repo.snapshot, self._run_id)
             if snap.terminal:
                 return snap
-            if snap.status == "running" and self._segment is None and await self._drive_once(deadline):
-                continue
+            if snap.status == "running" and self._segment is None:
+                try:
+                    if await self._drive_once(deadline):
+                        continue
+                except ClaimLostError:
+                    continue  # lost with the connection before its segment began: claim (or not) again
             changed = self._changed
             with anyio.move_on_after(self._poll_interval):
                 await changed.wait()
@@ -317,8 +343,7 @@ class Run:
                     await self._driver.drive(segment, snap, deadline)
             finally:
                 with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor
-                    if not self._db.closed:  # (closing the repository released it already)
-                        await self._db.call(self._repo.release, self._run_id)
+                    await self._release()
             return True
         finally:
             self._segment = None
@@ -346,8 +371,8 @@ class Run:
                 clean = segment.stop in (None, "paused")
             finally:
                 with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor or lock
-                    if ingest and not self._db.closed:
-                        await self._db.call(self._repo.release, self._run_id)
+                    if ingest:
+                        await self._release()
                 if segment.leased:
                     # What it leased and did not record goes back now; the next segment opens a new
                     # lease (idle segments lease nothing and keep theirs). After a pause or a normal

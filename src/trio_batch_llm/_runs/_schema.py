@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, final
 
 from .._values._config import ArtifactIdentity
-from .._values._errors import RunSourceError, RunStateError
+from .._values._errors import ArtifactStoreError, RunSourceError, RunStateError
 from .._values._results import WorkItemResult
 from .._values._urls import redact_urls
 
 __all__ = [
     "LIVE_SUBMISSION_STATES",
+    "ClaimLostError",
     "LeaseLostError",
     "TERMINAL_STATUSES",
     "UNRESOLVED_SUBMISSION_STATES",
@@ -62,6 +63,14 @@ UNRESOLVED_SUBMISSION_STATES: Final[frozenset[str]] = frozenset({"creating", "un
 
 class LeaseLostError(RunStateError):
     """A driver's lease on a run's items has expired or ended: its results are refused."""
+
+
+class ClaimLostError(ArtifactStoreError):
+    """The run's claim went with a lost connection and another process took it meanwhile.
+
+    Nothing was executed by the call that raises it. A driver ends its segment
+    (not the run): the claim's new holder drives, or ingests, from there.
+    """
 
 
 @final

@@ -19,7 +19,8 @@ built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
         ├── StreamFinalizationError        (also RuntimeError) stream finalizer cancelled
         ├── ArtifactStoreError             (also RuntimeError) checkpoint I/O failed
         │   ├── ArtifactMismatchError      stored identity or records do not match
-        │   └── ArtifactEncodeError        one result cannot be stored faithfully
+        │   ├── ArtifactEncodeError        one result cannot be stored faithfully
+        │   └── DatabaseUnavailableError   a run's database unreachable (past its bound)
         ├── RunStateError                  (also RuntimeError) a durable run's status forbids it
         └── RunSourceError                 (also ValueError) a run's source cannot continue it
 
@@ -49,6 +50,7 @@ __all__ = [
     "BatchLLMError",
     "CleanupInterruptedError",
     "ConfigurationError",
+    "DatabaseUnavailableError",
     "ItemDeadlineExceeded",
     "LLMCallError",
     "ProviderError",
@@ -164,6 +166,16 @@ class ArtifactEncodeError(ArtifactStoreError):
     Raised by ``append()`` before any I/O; the store stays usable. The engine
     turns it into a ``PARSE`` failure of that item, which it stores and
     publishes instead, and the batch goes on.
+    """
+
+
+class DatabaseUnavailableError(ArtifactStoreError):
+    """A durable run's database could not be reached: down, restarting, or cut off.
+
+    A driver rides out an outage shorter than ``open_run(unreachable_timeout=...)``
+    (it reconnects and carries on); this is raised past it, or at once by a
+    one-shot reader. Nothing is stored as failed: the run continues when the
+    database is back. The message names the database without its password.
     """
 
 

@@ -13,13 +13,22 @@ The right to drive a run is a session-level advisory lock: it dies with the
 connection, so a killed process's claim is free at once. If the connection
 is lost (a server restart, a network cut) the next call reconnects and takes
 the claims it held again; when another process took one meanwhile, that call
-raises :class:`ArtifactStoreError` saying the claim was lost.
+raises :class:`ClaimLostError` saying the claim was lost, and ``ingest`` keeps
+refusing for that run until this object claims it again (one ingester at a time).
 
-Credentials: the URL may carry a password (or psycopg finds one in
-``PGPASSWORD``/``~/.pgpass``). It is used to connect and nowhere else:
-``location``, the repr and every error message show the URL with its userinfo
-and key-like query values redacted, and errors from the server have any
-occurrence of the password removed too.
+Errors: a connection-level failure (refused, reset, the server shutting down
+or starting up, a name that does not resolve) raises
+:class:`DatabaseUnavailableError` -- the async side (:class:`RepositoryClient`)
+retries those within its outage window -- and every other database error
+:class:`ArtifactStoreError`.
+
+The database is named by a ``postgresql://`` URL or a libpq keyword string
+(``"host=... dbname=..."``, :mod:`._conninfo`). Credentials: either may carry a
+password (or psycopg finds one in ``PGPASSWORD``/``~/.pgpass``). It is used to
+connect and nowhere else: ``location``, the repr and every error message show
+the store with its password (and a URL's userinfo and key-like query values)
+redacted, and errors from the server have any occurrence of the password
+removed too.
 """
 
 from __future__ import annotations
@@ -30,13 +39,18 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal, final
-from urllib.parse import unquote, urlsplit
 
 from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
-from ..._values._errors import ArtifactMismatchError, ArtifactStoreError, ConfigurationError
-from ..._values._urls import REDACTED, redact_url
+from ..._values._errors import (
+    ArtifactMismatchError,
+    ArtifactStoreError,
+    ConfigurationError,
+    DatabaseUnavailableError,
+)
+from ..._values._urls import REDACTED
 from .._schema import (
     LIVE_SUBMISSION_STATES,
+    ClaimLostError,
     NewItem,
     NewResult,
     NewSubmission,
@@ -52,6 +66,7 @@ from .._schema import (
 )
 from . import _leases as leases
 from . import _postgres_writes as writes
+from ._conninfo import display, is_postgres_store, is_postgres_url, secret_of
 from ._leases import POSTGRES, LeaseReport
 from ._postgres_tables import (
     MIGRATION_LOCK,
@@ -69,29 +84,36 @@ from ._sqlite_tables import (
     utc_now,
 )
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "PostgresRunRepository", "is_postgres_url"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "PostgresRunRepository", "is_postgres_store", "is_postgres_url"]
 
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 # A process stopped mid-transaction holds the run's row lock: the server ends its session after this.
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Final = 5.0
-_SCHEMES: Final = ("postgresql://", "postgres://")
 _CLAIM_SALT: Final = b"trio-batch-llm run claim\x00"
+# SQLSTATEs of a server that is going away or not there yet: admin_shutdown, crash_shutdown,
+# cannot_connect_now (starting up, shutting down). Class 08 (connection exceptions) and
+# errors without a SQLSTATE (refused, reset, closed, no such host) count as unreachable too.
+_GOING_AWAY: Final = frozenset({"57P01", "57P02", "57P03"})
+_NOT_UP: Final = ("shutting down", "starting up", "in recovery", "not yet accepting", "too many clients",
+                  "terminating connection")
 
 
-def is_postgres_url(store: object) -> bool:
-    return isinstance(store, str) and store.lower().startswith(_SCHEMES)
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server could not be reached (rather than that it refused something)."""
+    import psycopg
 
-
-def _secret_of(url: str) -> str | None:
-    """The password in ``url`` (userinfo or ``?password=``), to scrub from server messages."""
-    parts = urlsplit(url)
-    if parts.password:
-        return unquote(parts.password)
-    for pair in parts.query.split("&"):
-        name, _, value = pair.partition("=")
-        if name == "password" and value:
-            return unquote(value)
-    return None
+    if isinstance(exc, OSError):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        # A connection attempt that failed: the network's word (refused, reset, timed out, no such
+        # host) is an outage; the server's (a FATAL line) only when it is going away or not up yet,
+        # never a refused login or a database that does not exist.
+        text = str(exc).lower()
+        return "fatal:" not in text or any(marker in text for marker in _NOT_UP)
+    return state.startswith("08") or state in _GOING_AWAY
 
 
 def _claim_key(run_id: str) -> int:
@@ -101,7 +123,8 @@ def _claim_key(run_id: str) -> int:
 
 @final
 class PostgresRunRepository:
-    """Runs in a PostgreSQL database named by a ``postgresql://`` URL; see the module docstring.
+    """Runs in a PostgreSQL database named by a ``postgresql://`` URL or a libpq keyword string;
+    see the module docstring.
 
     Not thread-safe: one caller at a time (the worker gate). ``connect_timeout``
     (seconds) bounds each connection attempt; ``statement_timeout`` (seconds,
@@ -124,8 +147,9 @@ class PostgresRunRepository:
         idle_in_transaction_timeout: float | None = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not is_postgres_url(url):
-            raise ConfigurationError("url", redact_url(str(url)), "must start with postgresql://")
+        if not is_postgres_store(url):
+            raise ConfigurationError("url", display(str(url)),
+                                     "must start with postgresql:// or be a libpq keyword string (host=...)")
         if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)) \
                 or not connect_timeout > 0:
             raise ConfigurationError("connect_timeout", connect_timeout, "must be a number of seconds > 0")
@@ -135,8 +159,8 @@ class PostgresRunRepository:
             raise ConfigurationError("idle_in_transaction_timeout", idle,
                                      "must be a number of seconds >= 0.001, or None")
         self._url = url
-        self._secret = _secret_of(url)
-        self._location = redact_url(url)
+        self._secret = secret_of(url)
+        self._location = display(url)
         self._read_only = read_only
         self._connect_timeout = connect_timeout
         self._statement_timeout = statement_timeout
@@ -144,6 +168,7 @@ class PostgresRunRepository:
         self._conn: Any = None
         self._opened = False
         self._claims: set[str] = set()
+        self._lost_claims: set[str] = set()  # claims a reconnect could not take again: no ingesting
         self._clock = clock  # seconds; every lease expiry is decided by it (a test injects a fake)
 
     @property
@@ -175,6 +200,7 @@ class PostgresRunRepository:
 
     def close(self) -> None:
         self._claims.clear()
+        self._lost_claims.clear()
         self._opened = False
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -245,8 +271,9 @@ class PostgresRunRepository:
             yield
         except (psycopg.Error, OSError) as exc:
             problem = self._scrub(str(exc).strip()) or type(exc).__name__
+            kind = DatabaseUnavailableError if _unreachable(exc) else ArtifactStoreError
             # The original goes unchained: its text (and its connection info) may hold the password.
-            raise ArtifactStoreError(f"{self._location}: {doing} failed: {problem}") from None
+            raise kind(f"{self._location}: {doing} failed: {problem}") from None
 
     def _require(self) -> Any:
         """The open connection; reconnects (taking the held claims again) after a lost one."""
@@ -262,7 +289,8 @@ class PostgresRunRepository:
             for run_id in sorted(self._claims):
                 if not self._lock(conn, run_id):
                     self._claims.discard(run_id)
-                    raise ArtifactStoreError(
+                    self._lost_claims.add(run_id)
+                    raise ClaimLostError(
                         f"{self._location}: the connection was lost and another process has taken "
                         f"the claim on run {run_id!r} meanwhile"
                     )
@@ -354,6 +382,9 @@ class PostgresRunRepository:
     # -- items and results -------------------------------------------------------
 
     def ingest(self, run_id: str, items: Sequence[NewItem], checkpoint: SourceCheckpoint) -> RunSnapshot:
+        if run_id in self._lost_claims:
+            raise ClaimLostError(f"{self._location}: the claim on run {run_id!r} was lost to another "
+                                 "process while the connection was down; that one ingests now")
         with self._write(f"ingesting {len(items)} item(s) into run {run_id!r}") as conn:
             writes.insert_items(conn, self._location, run_id, items, checkpoint)
             return self._row(conn, run_id)
@@ -507,9 +538,11 @@ class PostgresRunRepository:
             if not self._lock(conn, run_id):
                 return False
         self._claims.add(run_id)
+        self._lost_claims.discard(run_id)
         return True
 
     def release(self, run_id: str) -> None:
+        self._lost_claims.discard(run_id)  # a segment ends: the next one claims (or not) afresh
         if run_id not in self._claims:
             return
         self._claims.discard(run_id)

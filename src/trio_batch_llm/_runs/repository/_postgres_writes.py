@@ -43,6 +43,8 @@ def insert_items(conn: Conn, location: str, run_id: str, items: Sequence[NewItem
                  checkpoint: SourceCheckpoint) -> None:
     """Add ``items`` (pending, numbered on from the run's count) and move the source checkpoint."""
     count, _ = lock_run(conn, location, run_id)
+    if items and _replayed(conn, run_id, items, checkpoint):
+        return
     seen: set[str] = set()
     for item in items:
         if item.item_id in seen:
@@ -72,6 +74,22 @@ def insert_items(conn: Conn, location: str, run_id: str, items: Sequence[NewItem
         (len(items), checkpoint.position, checkpoint.cursor, checkpoint.fingerprint,
          checkpoint.last_item_id, int(checkpoint.exhausted), utc_now(), run_id),
     )
+
+
+def _replayed(conn: Conn, run_id: str, items: Sequence[NewItem], checkpoint: SourceCheckpoint) -> bool:
+    """Whether this very slice is stored already: a retry of an ingest whose commit went through but
+    whose answer was lost with the connection. (A slice moves the checkpoint forward, so a genuine
+    duplicate id arrives under an older stored checkpoint and is refused as before.)"""
+    row = conn.execute(
+        "SELECT source_position, source_cursor, source_last_item FROM runs WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    if row is None or tuple(row) != (checkpoint.position, checkpoint.cursor, checkpoint.last_item_id):
+        return False
+    stored = conn.execute(
+        "SELECT COUNT(*) FROM run_items WHERE run_id = %s AND item_id = ANY(%s)",
+        (run_id, [item.item_id for item in items]),
+    ).fetchone()
+    return stored is not None and int(stored[0]) == len({item.item_id for item in items})
 
 
 def mark_done(conn: Conn, location: str, run_id: str, results: Sequence[NewResult], *,
@@ -148,6 +166,8 @@ def reserve(conn: Conn, location: str, run_id: str, submission: NewSubmission,
     if the scope has no room. The scope's advisory lock is held to the end of the transaction."""
     sid = submission.submission_id
     lock_run(conn, location, run_id)
+    if _reserved_already(conn, run_id, submission):
+        return True  # a retry of a reservation whose commit went through but whose answer was lost
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"scope:{submission.scope}",))
     held = held_tokens(conn, submission.scope)
     if capacity_limit is not None and held + submission.tokens > capacity_limit:
@@ -169,6 +189,22 @@ def reserve(conn: Conn, location: str, run_id: str, submission: NewSubmission,
         raise ValueError(_not_pending(conn, location, run_id, submission))  # rolls everything back
     conn.execute("UPDATE runs SET updated_at = %s WHERE run_id = %s", (now, run_id))
     return True
+
+
+def _reserved_already(conn: Conn, run_id: str, submission: NewSubmission) -> bool:
+    row = conn.execute(
+        "SELECT run_id, scope, state, items, tokens FROM run_submissions WHERE submission_id = %s",
+        (submission.submission_id,),
+    ).fetchone()
+    if row is None or tuple(row) != (run_id, submission.scope, "reserved", len(submission.item_ids),
+                                     submission.tokens):
+        return False
+    batched = conn.execute(
+        "SELECT COUNT(*) FROM run_items WHERE run_id = %s AND submission = %s AND state = 'batched'"
+        " AND item_id = ANY(%s)",
+        (run_id, submission.submission_id, list(submission.item_ids)),
+    ).fetchone()
+    return batched is not None and int(batched[0]) == len(submission.item_ids)
 
 
 def _not_pending(conn: Conn, location: str, run_id: str, submission: NewSubmission) -> str:
