@@ -117,3 +117,76 @@ def test_the_fast_path_accepts_exactly_what_the_full_check_accepts(
 def test_a_good_row_with_item_id_is_read_as_the_api_reads_it(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     assert classify_line(path, '{"item_id": "a", "prompt": "x"}', 1) == ("a", "x", None)
+
+
+# --- a key given twice (a JSON reader keeps only the last) --------------------------------------
+
+REPEATED_LINES: list[tuple[str, str, str]] = [
+    ("id-twice", '{"id": "a", "prompt": "x", "id": "b"}', "id"),
+    ("prompt-twice", '{"id": "a", "prompt": "x", "prompt": "y"}', "prompt"),
+    ("context-twice", '{"id": "a", "prompt": "x", "context": 1, "context": 2}', "context"),
+    ("escaped-id", '{"id": "a", "prompt": "x", "\\u0069d": "b"}', "id"),
+    ("messages-twice", '{"id": "a", "messages": [{"role": "user", "content": "hi"}], '
+                       '"messages": [{"role": "user", "content": "ho"}]}', "messages"),
+    ("params-twice", '{"id": "a", "prompt": "x", "params": {}, "params": {"temperature": 1}}', "params"),
+]
+
+
+@pytest.mark.parametrize(("name", "line", "field"), REPEATED_LINES, ids=[case[0] for case in REPEATED_LINES])
+def test_the_cli_refuses_a_key_given_twice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str, line: str, field: str,
+) -> None:
+    source = write(tmp_path / "in.jsonl", '{"id": "ok", "prompt": "fine"}\n' + line + "\n")
+    out = tmp_path / "results.jsonl"
+    code, output = run_cli(capsys, *run_args(source, out))
+    assert code == 2, output
+    assert f'trio-batch-llm: error: {source}, line 2, field "{field}": given twice' in output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("name", "line", "field"), REPEATED_LINES, ids=[case[0] for case in REPEATED_LINES])
+async def test_a_runs_jsonl_source_refuses_a_key_given_twice(
+    tmp_path: Path, name: str, line: str, field: str,
+) -> None:
+    from trio_batch_llm import open_run
+
+    source = write(tmp_path / "in.jsonl", '{"id": "ok", "prompt": "fine"}\n' + line + "\n")
+    strategy = FakeStrategy()
+    with pytest.raises(Exception, match=f"field '{field}': given twice") as caught:
+        async with await open_run(tmp_path / "runs.sqlite", "r", strategy, source) as run:
+            await run.wait()
+    assert "entry 1" in str(caught.value)
+
+
+def test_a_key_repeated_inside_a_value_or_used_as_a_value_is_not_a_repeated_key(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    # A value that reads like a key sends the line down the full check, which accepts it.
+    assert classify_line(path, '{"id": "id", "prompt": "prompt"}', 1) == ("id", "prompt", None)
+    assert classify_line(path, '{"id": "a", "prompt": "x", "context": {"id": 1, "id": 2}}', 1) == (
+        "a", "x", {"id": 2})
+    assert classify_line(path, '{"id": "a", "prompt": "say \\"id\\""}', 1) == ("a", 'say "id"', None)
+
+
+_pair_keys = st.sampled_from(["id", "prompt", "context", "\\u0069d", "messages"])
+_pair_values = st.sampled_from(['"a"', '"b"', '"id"', '"prompt"', "1", "{}", '{"id": 1}',
+                                '[{"role": "user", "content": "hi"}]'])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(_pair_keys, _pair_values), min_size=1, max_size=5))
+def test_every_path_agrees_on_repeated_keys(
+    tmp_path_factory: pytest.TempPathFactory, pairs: list[tuple[str, str]],
+) -> None:
+    path = tmp_path_factory.mktemp("rep") / "in.jsonl"
+    line = "{" + ", ".join(f'"{key}": {value}' for key, value in pairs) + "}"
+    names = [json.loads(f'"{key}"') for key, _ in pairs]
+    repeated = len(set(names)) != len(names)
+    fast = classify_line(path, line, 1)
+    full = classify_line(path, line + " " * 300, 1)
+    assert isinstance(fast, ValueError) == isinstance(full, ValueError), (line, fast, full)
+    if repeated:  # refused: for the repeat, unless the row breaks the key rule first
+        assert isinstance(full, ValueError), (line, full)
+        if row_problem(json.loads(line)) is None:
+            assert "given twice" in str(full), (line, full)
+    path.write_text(line + "\n", encoding="utf-8")
+    assert (scan_range(path).problem_count == 1) == isinstance(full, ValueError), line

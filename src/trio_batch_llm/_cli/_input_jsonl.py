@@ -8,8 +8,9 @@ here; such a record's ``prompt`` is the request as one text, ``request_text``,
 which the run unpacks), or a string, the prompt, whose id is ``item-N`` (N
 counts the items from 0, as ``process_prompts`` does). Blank lines are skipped.
 The keys of an object follow the rule of every reader, :func:`row_problem`
-(the API's and a run's source's): any other key, or both ``prompt`` and
-``messages``, is refused, naming the line and the field.
+(the API's and a run's source's): any other key, both ``prompt`` and
+``messages``, or a key given twice (:func:`repeated_row_key`), is refused,
+naming the line and the field.
 
 Speed matters here: a million lines are checked before the first call. The
 file is read and decoded a few MiB at a time, and a clean object line takes
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, Final, final
 
 from .._values._item_checks import json_line_nesting_column, nesting_problem, surrogate_problem
-from .._values._prompts import row_problem
+from .._values._prompts import REPEATED_KEY_PROBLEM, repeated_row_key, row_problem
 from .._values._requests import check_params, check_prompt, item_id_problem, prompt_text, request_text
 from ._input_records import MAX_REPORTED, InputError, InputRecord
 
@@ -138,9 +139,16 @@ def classify_line(path: Path, text: str, number: int) -> tuple[str | None, str, 
         if end == len(stripped) and type(value) is dict:
             item_id, prompt = value.get("id"), value.get("prompt")
             if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
-                    and value.keys() <= _FAST_KEYS):
+                    and value.keys() <= _FAST_KEYS and _keys_once(stripped, value)):
                 return item_id, prompt, value.get("context")
     return _full_check(path, text, stripped, number)
+
+
+def _keys_once(text: str, value: dict[str, Any]) -> bool:
+    """The fast path's test that no key of the line was given twice (:func:`repeated_row_key`'s
+    cheap half: a line without ``\\u`` escapes writes each key one way only)."""
+    return (text.count('"id"') == 1 and text.count('"prompt"') == 1
+            and ("context" not in value or text.count('"context"') == 1))
 
 
 def _full_check(
@@ -169,6 +177,9 @@ def _full_check(
     keys = row_problem(value)
     if keys is not None:
         return InputError(path, keys[1], line=number, field=keys[0])
+    repeated = repeated_row_key(stripped, value)
+    if repeated is not None:
+        return InputError(path, REPEATED_KEY_PROBLEM, line=number, field=repeated)
     item_id, problem = _json_id(value)
     if problem is None and escaped and (found := item_id_problem(item_id)) is not None:
         problem = f"{item_id!r} {found}"
@@ -271,7 +282,9 @@ def scan_range(path: Path, start: int = 0, end: int | None = None, *, keep_set: 
                 if stop == len(text) and type(value) is dict:
                     item_id, prompt = value.get("id"), value.get("prompt")
                     if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
-                            and value.keys() <= fast_keys):
+                            and value.keys() <= fast_keys and text.count('"id"') == 1
+                            and text.count('"prompt"') == 1
+                            and ("context" not in value or text.count('"context"') == 1)):
                         items += 1
                         entries += 1
                         key = hash(item_id)

@@ -37,7 +37,7 @@ from .._artifacts._fingerprint import canonical_json, item_fingerprint
 from .._engine._inputs import to_item
 from .._strategies._base import LLMCallStrategy
 from .._values._item_checks import json_line_nesting_column, nesting_problem
-from .._values._prompts import row_problem
+from .._values._prompts import REPEATED_KEY_PROBLEM, repeated_row_key, row_problem
 from .._values._requests import LLMWorkItem, request_text
 from ._schema import NewItem, RunSourceError, SourceCheckpoint
 
@@ -128,6 +128,9 @@ def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
     found = row_problem(value)  # the rule of every reader: the API's, the command line's
     if found is not None:
         raise ValueError(f"{place}, field {found[0]!r}: {found[1]}")
+    repeated = repeated_row_key(text, value)
+    if repeated is not None:
+        raise ValueError(f"{place}, field {repeated!r}: {REPEATED_KEY_PROBLEM}")
     item_id = value.get("id", value.get("item_id"))
     if isinstance(item_id, int) and not isinstance(item_id, bool):
         item_id = str(item_id)

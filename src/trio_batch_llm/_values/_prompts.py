@@ -16,6 +16,7 @@ from ._schema_check import response_schema_problem
 __all__ = [
     "PARAM_KEYS",
     "REQUEST_TEXT_PREFIX",
+    "REPEATED_KEY_PROBLEM",
     "ROW_KEYS",
     "LLMRequest",
     "Message",
@@ -23,6 +24,7 @@ __all__ = [
     "check_params",
     "check_prompt",
     "prompt_text",
+    "repeated_row_key",
     "request_of_text",
     "request_text",
     "row_problem",
@@ -96,6 +98,44 @@ def row_problem(row: Mapping[Any, Any]) -> tuple[str, str] | None:
     if "prompt" not in row and "messages" not in row:
         return "prompt", "missing"  # the command line's word for it, as for an id
     return None
+
+
+def repeated_row_key(text: str, row: Mapping[str, Any]) -> str | None:
+    """A key that the JSON object ``text`` (read as ``row``) gives twice at its top level, or ``None``.
+
+    JSON readers keep the last of two equal names, so ``{"id": "a", "prompt": "x", "id": "b"}``
+    would run as item ``b`` and the line's first ``id`` would vanish without a word: every reader
+    refuses it instead (a key repeated inside ``context`` or ``params`` is that value's own
+    business). Cheap for the usual line: without a ``\\u`` escape a key can only be written one
+    way, so when each of ``row``'s keys appears once as a quoted token no key was repeated; only
+    a line where one appears more often (a key's name also used as a value, say) is parsed again.
+    """
+    if "\\u" not in text and sum(text.count(f'"{key}"') for key in row) == len(row):
+        return None
+    outermost: list[str | None] = [None]
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # Objects are built innermost first: the last call is the row itself.
+        names: set[str] = set()
+        outermost[0] = None
+        for name, _ in pairs:
+            if name in names:
+                outermost[0] = name
+                break
+            names.add(name)
+        return dict(pairs)
+
+    try:
+        json.JSONDecoder(object_pairs_hook=pairs_hook).decode(text.strip().removeprefix("\ufeff"))
+    except (ValueError, RecursionError):  # pragma: no cover - the caller has parsed it already
+        return None
+    return outermost[0]
+
+
+REPEATED_KEY_PROBLEM: Final = (
+    "given twice in this line's object; JSON readers keep only the last, so one of the two would be "
+    "dropped without a word: give each key once"
+)
 
 
 def check_params(params: object, where: str) -> dict[str, Any]:
