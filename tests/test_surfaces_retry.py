@@ -253,3 +253,40 @@ async def test_a_deadline_that_lands_after_its_call_failed_spends_no_retry(
     assert strategy.seen == [(1, None), (2, ErrorCategory.SERVER)]
     if anyio_backend != "asyncio":
         assert anyio.current_time() - started == pytest.approx(backoff)
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(trio_virtual_clock(), id="trio-virtual")])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=SCRIPTS,
+    max_attempts=st.integers(1, 4),
+    item_timeout=st.sampled_from([None, 0.3, 0.5, 1.1, 2.5]),
+    initial_wait=st.sampled_from([0.0, 0.1, 0.4]),
+)
+async def test_item_deadlines_and_backoffs_end_alike_on_every_surface(
+    kinds: list[str], max_attempts: int, item_timeout: float | None, initial_wait: float
+) -> None:
+    """With an item deadline and seeded backoffs too, every surface ends the same way at the same time."""
+    from trio_batch_llm import GuardrailConfig
+
+    cfg = ProcessorConfig(
+        attempt_timeout=0.2,
+        retry=RetryConfig(max_attempts=max_attempts, max_rate_limit_retries=1, initial_wait=initial_wait,
+                          max_wait=1.0, jitter=False),
+        guardrails=GuardrailConfig(total_timeout_per_item=item_timeout),
+    )
+    seen: dict[str, tuple[Any, ...]] = {}
+
+    async def run(surface: Any) -> None:
+        strategy = Scripted(kinds)
+        started = anyio.current_time()
+        result = await surface(strategy, cfg)
+        elapsed = round(anyio.current_time() - started, 6)
+        seen[surface.__name__] = (result.success, len(strategy.seen), result.error_category, elapsed,
+                                  [category for _, category in strategy.seen[1:]])
+
+    async with anyio.create_task_group() as tg:
+        for surface in SURFACES:
+            tg.start_soon(run, surface)
+    first = seen[SURFACES[0].__name__]
+    assert seen == dict.fromkeys(seen, first), kinds
