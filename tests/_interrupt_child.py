@@ -22,6 +22,7 @@ import anyio
 import anyio.lowlevel
 
 from trio_batch_llm import (
+    ExecutorHost,
     LLMCallPool,
     LLMCallStrategy,
     LLMWorkItem,
@@ -35,7 +36,9 @@ from trio_batch_llm import (
     process_stream,
 )
 
-PROCESSOR_SURFACES = ["process_prompts", "process_prompts_lazy", "process_stream", "processor", "streaming"]
+PROCESSOR_SURFACES = [
+    "process_prompts", "process_prompts_lazy", "process_stream", "processor", "streaming", "shared_host",
+]
 PROCESSOR_PLACES = ["strategy", "observer", "progress", "post_processor", "middleware"]
 CALL_SURFACES = ["call_result", "pool_submit"]
 CALL_PLACES = ["strategy", "classifier"]
@@ -145,6 +148,12 @@ async def run_surface(surface: str, raiser: Raiser) -> None:
                 await proc.finish()
                 async for _ in proc.results():
                     pass
+    elif surface == "shared_host":
+        host = ExecutorHost(cfg)
+        async with host, ParallelBatchProcessor[str](progress_callback=progress, host=host, **hooks) as proc:
+            for prompt in prompts:
+                await proc.add_work(LLMWorkItem(prompt, strategy, prompt))
+            await proc.process_all()
     elif surface == "call_result":
         await call_result(strategy, "p", config=cfg, error_classifier=classifier(raiser))
     elif surface == "pool_submit":

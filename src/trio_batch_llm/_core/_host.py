@@ -219,7 +219,8 @@ class ExecutorHost:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        return await self.exit_with(exc_type, exc, tb)
+        with unwrap_group():  # a public boundary (CONTRACT C6.4), as the processor's and the pool's exits
+            return await self.exit_with(exc_type, exc, tb)
 
     async def exit_with(
         self,
@@ -261,11 +262,17 @@ class ExecutorHost:
         """Re-raise, after the close, a Ctrl+C or ``sys.exit()`` a runtime task handed over (asyncio)."""
         interrupt, self._interrupt = self._interrupt, None
         if interrupt is not None:
-            raise interrupt
+            context = interrupt.__context__  # its own, not what the group raised meanwhile
+            try:
+                raise interrupt
+            finally:
+                interrupt.__context__ = context
+                del interrupt, context
 
     async def aclose(self) -> None:
         """Run the ordered close now (explicit close: retries failed steps of an earlier attempt)."""
-        await self.ledger.aclose()
+        with unwrap_group():
+            await self.ledger.aclose()
 
     def force_close(self) -> None:
         """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
