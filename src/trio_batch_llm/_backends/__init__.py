@@ -22,7 +22,10 @@ What differs, in the engine's own vocabulary (CONTRACT C3):
   stop cancels its guards from a loop callback, outside any task;
 - keeping a Ctrl+C out of the closer's own code: Trio raises
   ``KeyboardInterrupt`` wherever unprotected code runs, so the close is
-  marked KI-protected and Trio holds the interrupt for its next checkpoint.
+  marked KI-protected and Trio holds the interrupt for its next checkpoint;
+- where a ``KeyboardInterrupt`` or ``SystemExit`` raised in a child task goes:
+  on Trio into its nursery like any exception; asyncio's ``Task`` re-raises
+  them out of the event loop itself, past every owner (:func:`leaves_the_loop`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "capture_loop_handle",
     "current_backend",
     "describe_wait_delivery",
+    "leaves_the_loop",
     "propagate_past_scopes",
     "protected_from_keyboard_interrupt",
 ]
@@ -113,6 +117,20 @@ def describe_wait_delivery(exc: BaseException) -> str:
     from . import _asyncio
 
     return _asyncio.describe_wait_delivery(exc)
+
+
+def leaves_the_loop(exc: BaseException) -> bool:
+    """Whether ``exc``, escaping a child task's coroutine, would leave the event loop itself.
+
+    asyncio's ``Task`` re-raises ``KeyboardInterrupt`` and ``SystemExit`` out of
+    ``run_until_complete`` (``asyncio.run`` raises it, the awaiting code never sees it,
+    and owners close only as the runner cancels every task). So a task that catches one
+    must hand it to its owner to re-raise (CONTRACT C6.4, C7). On Trio a task's
+    exception, these included, travels through its nursery: ``False``.
+    """
+    if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return False
+    return current_backend() == "asyncio"
 
 
 def propagate_past_scopes(exc: BaseException) -> None:

@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from .._admission import QuotaRegistry, QuotaScope
+from .._backends import leaves_the_loop
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
@@ -70,10 +71,12 @@ class RuntimeTasks:
     the supervisor left) gets a fresh supervisor, so it is not born cancelled.
     """
 
-    __slots__ = ("_current", "_idle", "_running", "_supervisors", "_tg")
+    __slots__ = ("_current", "_hand_over", "_idle", "_running", "_supervisors", "_tg")
 
-    def __init__(self, tg: anyio.abc.TaskGroup) -> None:
+    def __init__(self, tg: anyio.abc.TaskGroup, hand_over: Callable[[BaseException], None]) -> None:
         self._tg = tg
+        self._hand_over = hand_over
+        """Takes an interrupt a task caught that would leave the event loop (the host re-raises it)."""
         self._current: _Cohort | None = None
         self._running = 0
         self._supervisors = 0
@@ -118,9 +121,19 @@ class RuntimeTasks:
             self._supervisors -= 1
             self._wake_idle()
 
-    async def _run(self, cohort: _Cohort, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+    async def _run(  # noqa: ASYNC910 - fn() ran on every path (a handed-over interrupt ends it)
+        self, cohort: _Cohort, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> None:
         try:
             await fn(*args)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            self._tg.cancel_scope.cancel()  # as for any failure (below)
+            if not leaves_the_loop(exc):
+                raise
+            # Ctrl+C or sys.exit() in a worker, a hook, a callback: on asyncio raising it here
+            # would end the event loop, not this task. The host re-raises it, with its type,
+            # after its ordered close, where Trio's nursery carries it.
+            self._hand_over(exc)
         except BaseException as exc:
             if not isinstance(exc, anyio.get_cancelled_exc_class()):
                 # What the host's task group does when a child of its own fails: cancel it now,
@@ -175,6 +188,7 @@ class ExecutorHost:
         self._state = _State.UNOPENED
         self._tg: anyio.abc.TaskGroup | None = None
         self._runtime: RuntimeTasks | None = None
+        self._interrupt: BaseException | None = None  # see RuntimeTasks._run; re-raised on leaving
         self._quotas = QuotaRegistry(
             backend=self.config.quota_backend,
             spawn=lambda serve: self.runtime.start_soon(serve, name="quota backend link"),
@@ -195,7 +209,7 @@ class ExecutorHost:
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        self._runtime = RuntimeTasks(tg)
+        self._runtime = RuntimeTasks(tg, self._hold_interrupt)
         self._state = _State.OPEN
         return self
 
@@ -205,7 +219,8 @@ class ExecutorHost:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        return await self.exit_with(exc_type, exc, tb)
+        with unwrap_group():  # a public boundary (CONTRACT C6.4), as the processor's and the pool's exits
+            return await self.exit_with(exc_type, exc, tb)
 
     async def exit_with(
         self,
@@ -228,15 +243,36 @@ class ExecutorHost:
     async def _leave_task_group(self, exc: BaseException | None) -> bool | None:
         assert self._tg is not None
         try:
-            return await self._tg.__aexit__(
+            suppress = await self._tg.__aexit__(
                 type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None
             )
+        except BaseException:
+            self._raise_interrupt()  # it takes precedence over what the group raised (CONTRACT C7.4)
+            raise
         finally:
             self._state = _State.CLOSED if self.ledger.finished else _State.CLOSING
+        self._raise_interrupt()
+        return suppress
+
+    def _hold_interrupt(self, interrupt: BaseException) -> None:
+        if self._interrupt is None:
+            self._interrupt = interrupt
+
+    def _raise_interrupt(self) -> None:
+        """Re-raise, after the close, a Ctrl+C or ``sys.exit()`` a runtime task handed over (asyncio)."""
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            context = interrupt.__context__  # its own, not what the group raised meanwhile
+            try:
+                raise interrupt
+            finally:
+                interrupt.__context__ = context
+                del interrupt, context
 
     async def aclose(self) -> None:
         """Run the ordered close now (explicit close: retries failed steps of an earlier attempt)."""
-        await self.ledger.aclose()
+        with unwrap_group():
+            await self.ledger.aclose()
 
     def force_close(self) -> None:
         """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
@@ -263,7 +299,7 @@ class ExecutorHost:
         """A separately stoppable set of runtime tasks in this host's task group (one per processor)."""
         if self._tg is None or self._state is not _State.OPEN:
             raise AdmissionClosedError(f"{self.name} is {self.state}; it runs no new tasks")
-        return RuntimeTasks(self._tg)
+        return RuntimeTasks(self._tg, self._hold_interrupt)
 
     # --- admission -----------------------------------------------------
 

@@ -7,7 +7,7 @@ scope, its guard, and the item path only writes down its current deadline: a flo
 attempt. The watcher sleeps until the earliest deadline of any *armed* guard (or the
 batch deadline), cancels the guards whose deadline has come, and sleeps again; a stop
 cancels every armed guard at once. A caller without a watcher (a pool request) gets a
-guard whose scope carries the deadline itself.
+guard whose scope carries the deadline itself, from :meth:`Guard.arm` on.
 
 What makes a long-lived scope safe:
 
@@ -61,11 +61,13 @@ class Guard:
         self.run: Any = None
 
     def renew(self) -> anyio.CancelScope:
-        """A fresh scope to run in (the previous one is left; it may have been cancelled)."""
-        if self._watcher is None:
-            self.scope = anyio.CancelScope(deadline=self.deadline)
-        else:
-            self.scope = anyio.CancelScope()
+        """A fresh scope to run in (the previous one is left; it may have been cancelled).
+
+        Without a deadline: :meth:`arm` gives it the run's. Not the deadline that fired:
+        a scope entered past its deadline is cancelled on entry, and the retry of an
+        attempt that timed out would be cut short at its first checkpoint (issue 31).
+        """
+        self.scope = anyio.CancelScope()
         return self.scope
 
     def arm(self, run: object, deadline: float) -> None:

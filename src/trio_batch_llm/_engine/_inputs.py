@@ -15,6 +15,7 @@ from .._values._prompts import row_problem
 from .._values._requests import LLMWorkItem, check_params, check_prompt, item_id_problem
 
 __all__ = [
+    "DuplicateTracker",
     "aiter_items",
     "check_request",
     "feed_items",
@@ -139,6 +140,10 @@ class DuplicateTracker:
             raise ValueError(f"duplicate item_id={item_id!r}: every item needs a unique id")
         self._explicit.add(item_id)
 
+    def forget(self, item_id: str) -> None:
+        """An explicit id checked but then not accepted (a full queue): it may come again."""
+        self._explicit.discard(item_id)
+
     def _spells_generated(self, item_id: str) -> bool:
         if not item_id.startswith("item-"):
             return False
@@ -182,6 +187,10 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
 
     def __aiter__(self) -> aiter_items[TOutput]:
         return self
+
+    def check_ids_with(self, tracker: DuplicateTracker) -> None:
+        """Check ids against ``tracker`` (a processor's, before the first read): one record of the ids."""
+        self._tracker = tracker
 
     async def aclose(self) -> None:
         """Close the source, if it can be closed (an async generator, for one)."""

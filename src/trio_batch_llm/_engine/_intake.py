@@ -1,4 +1,4 @@
-"""A processor's input side: check each item, answer replays, keep the order, queue the rest."""
+"""A processor's input side: check each item (its id too), answer replays, keep the order, queue the rest."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
-from ._inputs import check_request
+from ._inputs import DuplicateTracker, check_request
 
 __all__ = ["Intake"]
 
@@ -28,7 +28,7 @@ class Intake(Generic[TOutput]):
     the processor's store, once opened.
     """
 
-    __slots__ = ("_counters", "_max", "_record", "order", "plan", "recv", "send")
+    __slots__ = ("_counters", "_max", "_record", "ids", "order", "plan", "recv", "send")
 
     def __init__(self, max_queue_size: int, counters: RunCounters, *, record_order: bool) -> None:
         self._max = max_queue_size
@@ -38,14 +38,19 @@ class Intake(Generic[TOutput]):
         self.send, self.recv = anyio.create_memory_object_stream[LLMWorkItem[TOutput]](buffer)
         self.order: list[str] = []
         self.plan: ResumePlan | None = None
+        self.ids = DuplicateTracker()
+        """The ids accepted so far: a repeated one is refused, as every entry point refuses it."""
 
     @property
     def queued(self) -> int:
         return self.recv.statistics().current_buffer_used
 
-    def accept(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput] | None:
+    def accept(
+        self, item: LLMWorkItem[TOutput], *, id_checked: bool = False
+    ) -> WorkItemResult[TOutput] | None:
         """Check ``item`` (``TypeError``/``ValueError`` naming what is wrong) and count it accepted.
 
+        ``id_checked``: its source checked its id against :attr:`ids` already (``aiter_items``).
         Returns its replay when the store has a result to reuse; otherwise :meth:`queue` it next.
         """
         if not isinstance(item, LLMWorkItem):
@@ -54,6 +59,8 @@ class Intake(Generic[TOutput]):
             raise ValueError(f"item_id={item.item_id!r} {problem}")
         check_item(item.item_id, item.prompt_text, item.context)
         check_request(item, "add_work")
+        if not id_checked:
+            self.ids.check(item.item_id)  # last: an item refused for another reason keeps no id
         replay = self.plan.replay(item) if self.plan is not None else None
         if self._record:
             self.order.append(item.item_id)
@@ -74,6 +81,7 @@ class Intake(Generic[TOutput]):
             if self._record:
                 self.order.pop()
             self._counters.accepted -= 1
+            self.ids.forget(item.item_id)
             if isinstance(exc, anyio.WouldBlock):
                 raise QueueFullError(
                     f"input queue is full (max_queue_size={self._max}); in batch mode workers start "

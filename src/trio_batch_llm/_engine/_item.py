@@ -6,8 +6,11 @@ path calls back into the host. An :class:`ItemRun` is one item on its way; it su
 guard firing (:mod:`._guards`), so the caller can go on with it::
 
     result = await runner.drive(run, guard)     # in the guard's scope
-    ...the scope caught a deadline or a stop:
-    verdict = runner.cut(run, guard)            # a result, STOPPED, or RETRY (drive again)
+    ...the scope caught a deadline or a stop; in the guard's next scope:
+    result = await runner.resume(run, guard)    # cut(): a result, STOPPED, or drive() again
+
+Every owner (a processor's workers, a pool's callers) goes on through :meth:`ItemRunner.resume`,
+so an attempt that timed out is retried by the same rules whatever surface ran it.
 
 In :meth:`ItemRunner.drive`, per attempt:
 
@@ -16,7 +19,7 @@ In :meth:`ItemRunner.drive`, per attempt:
   processor's ``call_start_deadline``);
 - :meth:`~ItemRunner.attempt`: one call under the attempt deadline, awaited in ``drive``;
   a failure is classified in :meth:`~ItemRunner.attempt_failed` (the one ``except
-  Exception`` boundary); :meth:`~ItemRunner.settle` gives the admission back;
+  Exception`` boundary); :func:`~._item_run.release_attempt` gives the admission back;
 - :meth:`~ItemRunner.parse`: the raw output becomes the item's output;
 - :meth:`~ItemRunner.decide`: a failed attempt becomes the item's result, or the wait
   before the next attempt (separate budgets for rate limits and other failures; no retry
@@ -36,10 +39,9 @@ import anyio.lowlevel
 from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
-from .._values._results import RetryState, WorkItemResult, add_usage, usage_total
+from .._values._results import RetryState, WorkItemResult, add_usage
 from ._classifier_objects import ClassifierArg, user_classifier
-from ._classify import Classification
-from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, rate_limit_observation, start_deadline
+from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
 from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
@@ -165,6 +167,8 @@ class ItemRunner(Generic[TOutput]):
                 failure, run.failed = run.failed, None
                 if (result := await self.back_off(run, failure)) is not None:
                     return result
+            elif run.backoff_owed > 0:  # a late deadline broke its backoff off (cut): wait out the rest
+                await self.wait_out_backoff(run)
             strategy = run.item.strategy
             binding = self._last
             if binding is None or binding.strategy is not strategy:
@@ -256,7 +260,7 @@ class ItemRunner(Generic[TOutput]):
         run.calling = False
         if usage:
             add_usage(run.usage, usage)
-        self.settle(run, held, usage, meta=meta, exc=None, verdict=None)
+        release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
 
     def attempt_failed(
         self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
@@ -268,33 +272,8 @@ class ItemRunner(Generic[TOutput]):
         failed_usage = getattr(exc, "token_usage", None)
         add_usage(run.usage, failed_usage)
         verdict = binding.classify(exc)
-        wait = self.settle(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
+        wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
         return Failure(exc, verdict, wait)
-
-    @staticmethod
-    def settle(
-        run: ItemRun[Any],
-        held: Admission,
-        usage: Any,
-        *,
-        meta: Any,
-        exc: Exception | None,
-        verdict: Classification | None,
-    ) -> float:
-        """Give an attempt's admission back: the one place, for every call that returned or raised.
-
-        The rate-limit headers a success's ``meta`` or a failure's ``exc`` carries
-        (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
-        own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
-        A call cut short is released by :meth:`drive` instead, with its usage unknown."""
-        run.held = None
-        observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
-                                             held.now)
-        if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
-            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-            return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
-        held.release(usage_total(usage), observation)
-        return 0.0
 
     def parse(self, binding: Binding, raw: Any, meta: Any) -> Any:
         """Stage 3: the call's raw output -> the item's output (``strategy.parse_output``).
@@ -347,6 +326,7 @@ class ItemRunner(Generic[TOutput]):
         decision = self.decide(run, failure)
         if not isinstance(decision, float):
             return decision  # noqa: ASYNC910 - the failed attempt's execute() was a checkpoint
+        run.backoff_owed = decision  # owed from now: see wait_out_backoff()
         retries = run.retries
         assert retries is not None
         state = retries.state
@@ -358,8 +338,24 @@ class ItemRunner(Generic[TOutput]):
         await run.item.strategy.on_error(exc, run.attempts, state)
         log_retry(run.item.item_id, run.attempts, category, decision, exc)
         if decision > 0:
-            await anyio.sleep(decision)
+            await self.wait_out_backoff(run)
         return None
+
+    async def wait_out_backoff(self, run: ItemRun[TOutput]) -> None:
+        """Sleep the backoff ``run`` owes; what a cancellation leaves of it stays owed, so a late
+        attempt deadline (:meth:`cut`) costs the item no part of it: driven again, it waits out the rest."""
+        until = self._clock() + run.backoff_owed
+        try:
+            await anyio.sleep_until(until)
+        finally:
+            run.backoff_owed = max(0.0, until - self._clock())
+
+    async def resume(self, run: ItemRun[TOutput], guard: Guard) -> WorkItemResult[TOutput] | None:
+        """After ``run``'s guard fired mid-item, in its renewed scope: :meth:`cut`, or :meth:`drive` again."""
+        verdict = self.cut(run, guard)
+        if verdict == RETRY:
+            return await self.drive(run, guard)
+        return verdict  # noqa: ASYNC910 - the cancelled scope checkpointed
 
     def cut(self, run: ItemRun[TOutput], guard: Guard) -> Cut[TOutput]:
         """What cut ``run`` short, read off the clock in the precedence nested scopes had.
@@ -373,8 +369,14 @@ class ItemRunner(Generic[TOutput]):
             return STOPPED
         if now >= run.item_deadline:
             return run.deadline_exceeded(f"{run.limit_name} of {run.limit} s", now)
-        if not run.calling and now >= self.start_by:
-            return run.refused_start(now)
+        if not run.calling:
+            if now >= self.start_by:
+                return run.refused_start(now)
+            # No call was in flight: the attempt's deadline came in the instant its call ended
+            # and reached the item after it (asyncio delivers a cancel at the next await). That
+            # attempt's answer or failure is counted already; inventing a timeout for it would
+            # spend a retry twice. Drive on (what is left of a backoff is waited out).
+            return RETRY
         run.calling = False
         run.switch("backoff", now)
         exc = AttemptTimedOut(f"attempt {run.attempts} timed out after {self._attempt_timeout} s")

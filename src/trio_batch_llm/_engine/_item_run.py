@@ -16,7 +16,7 @@ from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
-from .._values._results import ItemTiming, RetryState, WorkItemResult
+from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
 from .._values._usage import check_token_usage
 from ._classify import Classification, classify
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple", "rate_limit_observation",
-    "start_deadline",
+    "release_attempt", "start_deadline",
 ]
 
 TOutput = TypeVar("TOutput")
@@ -131,6 +131,31 @@ def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitOb
     return parse_rate_limit_headers(headers, now())
 
 
+def release_attempt(
+    run: ItemRun[Any],
+    held: Admission,
+    usage: Any,
+    *,
+    meta: Any,
+    exc: Exception | None,
+    verdict: Classification | None,
+) -> float:
+    """Give an attempt's admission back: the one place, for every call that returned or raised.
+
+    The rate-limit headers a success's ``meta`` or a failure's ``exc`` carries
+    (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
+    own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
+    A call cut short is released by ``ItemRunner.drive`` instead, with its usage unknown."""
+    run.held = None
+    observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
+                                         held.now)
+    if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
+        # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
+        return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
+    held.release(usage_total(usage), observation)
+    return 0.0
+
+
 @final
 class Retries:
     """Per-item retry bookkeeping, made at the item's first failure."""
@@ -169,6 +194,7 @@ class ItemRun(Generic[TOutput]):
     __slots__ = (
         "added",
         "attempts",
+        "backoff_owed",
         "binding",
         "calling",
         "failed",
@@ -220,6 +246,7 @@ class ItemRun(Generic[TOutput]):
         self.held: Admission | None = None  # released exactly once; cut short -> release(None)
         self.calling = False
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
+        self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)
         self.retries: Retries | None = None
         self.last_error: BaseException | None = None
         self.result: WorkItemResult[TOutput] | None = None  # kept while its worker renews its scope

@@ -28,7 +28,7 @@ from .._values._results import WorkItemResult
 from ._classifier_objects import ClassifierArg
 from ._guards import Guard
 from ._inputs import check_request
-from ._item import RETRY, ItemRunner
+from ._item import ItemRunner
 
 __all__ = ["LLMCallPool", "PoolStatistics"]
 
@@ -175,19 +175,18 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
     async def _drive(self, item: LLMWorkItem[TOutput], timeout: float | None) -> WorkItemResult[TOutput]:
         # In the caller's task: its guard's scope carries the deadlines itself (one cancel
         # scope per request, one more each time an attempt times out). Cancellation from
-        # outside propagates.
+        # outside propagates. A deadline that fired is dealt with as a worker does
+        # (ItemRunner.resume): one retry path for every surface.
         runner = self._runner
         run = runner.begin(item, timeout=timeout, timeout_name="submit timeout")
         guard = Guard()
+        fired = False
         while True:
             with guard.renew():
-                result = await runner.drive(run, guard)
+                result = await (runner.resume(run, guard) if fired else runner.drive(run, guard))
                 assert result is not None, "only a batch's stop cuts an item short without a result"
                 return result
-            verdict = runner.cut(run, guard)  # the scope caught its own deadline
-            if isinstance(verdict, WorkItemResult):
-                return verdict
-            assert verdict == RETRY, "no batch stop cuts a pool request short"
+            fired = True  # the scope caught its own deadline
 
     async def _drain(self) -> None:
         # CONTRACT C2.5: admitted requests run to completion; new ones are refused.

@@ -36,7 +36,7 @@ from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
 from ._classifier_objects import ClassifierArg
-from ._inputs import feed_items
+from ._inputs import aiter_items, feed_items
 from ._intake import Intake
 from ._item import ItemRunner, start_deadline
 from ._publish import Publisher
@@ -149,16 +149,22 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
     # --- input ---------------------------------------------------------
 
     async def add_work(self, item: LLMWorkItem[TOutput]) -> None:
-        """Queue ``item``. In streaming mode this waits while the input queue is full."""
+        """Queue ``item``. In streaming mode this waits while the input queue is full.
+
+        An id this processor accepted already is refused (``ValueError``), before any call.
+        """
         if not self._opened:
             return await self._pending.add(item)
+        await self._add(item)
+
+    async def _add(self, item: LLMWorkItem[TOutput], *, id_checked: bool = False) -> None:
         self._check_open()
         if self._policy.kind is not None:
             await anyio.lowlevel.checkpoint()
             raise AdmissionClosedError(f"the batch stopped ({self._policy.kind}); no more work is accepted")
         if self._mode is _Mode.FINISHED or self._mode is _Mode.BATCH:
             raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
-        replay = self._intake.accept(item)
+        replay = self._intake.accept(item, id_checked=id_checked)
         if replay is not None:
             await self._publisher.publish(replay, None)
         else:
@@ -228,7 +234,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             raise RuntimeError("feed() once, in streaming mode: call start() first")
         self._feeding = True
         assert self._runtime is not None
-        task = partial(feed_items, items, add=self.add_work, finish=self.finish, fail=self._fail_input)
+        add = self.add_work
+        if isinstance(items, aiter_items):  # it checks ids as it reads: against ours, and only once
+            items.check_ids_with(self._intake.ids)
+            add = partial(self._add, id_checked=True)
+        task = partial(feed_items, items, add=add, finish=self.finish, fail=self._fail_input)
         self._runtime.start_soon(task, name="feed")
 
     def _fail_input(self, exc: Exception) -> None:

@@ -19,6 +19,7 @@ import anyio.lowlevel
 
 from .._values._errors import QueueFullError
 from .._values._requests import LLMWorkItem, item_id_problem
+from ._inputs import DuplicateTracker
 
 __all__ = ["STREAMING_NEEDS_A_BLOCK", "PendingInput", "StreamBlock", "run_in_own_block"]
 
@@ -35,11 +36,12 @@ STREAMING_NEEDS_A_BLOCK = (
 class PendingInput(Generic[TOutput]):
     """Items added before the processor was opened; they are accepted when it opens."""
 
-    __slots__ = ("_items", "_max")
+    __slots__ = ("_ids", "_items", "_max")
 
     def __init__(self, max_queue_size: int) -> None:
         self._max = max_queue_size
         self._items: list[LLMWorkItem[TOutput]] = []
+        self._ids = DuplicateTracker()
 
     async def add(self, item: LLMWorkItem[TOutput]) -> None:
         # The cheap checks now, so a bad item fails at its add_work() as it would inside a block.
@@ -52,6 +54,7 @@ class PendingInput(Generic[TOutput]):
                 f"input queue is full (max_queue_size={self._max}); in batch mode workers start "
                 "only in process_all(): use streaming mode (start()) for backpressure"
             )
+        self._ids.check(item.item_id)
         self._items.append(item)
         await anyio.lowlevel.checkpoint()
 

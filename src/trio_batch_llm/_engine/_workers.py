@@ -21,7 +21,7 @@ from .._values._ramp import StartupRampConfig
 from .._values._results import WorkItemResult
 from ._collector import CollectorPause
 from ._guards import DeadlineWatcher, Guard
-from ._item import RETRY, ItemRunner
+from ._item import ItemRunner
 from ._item_run import ItemRun
 from ._publish import Publisher
 from ._stops import StopPolicy
@@ -203,8 +203,7 @@ class Crew(Generic[TOutput]):
             elif run.result is not None:
                 result = run.result  # finished in the instant its last scope was cancelled
             else:
-                verdict = runner.cut(run, guard)  # its guard fired mid-item: why?
-                result = await runner.drive(run, guard) if verdict == RETRY else verdict
+                result = await runner.resume(run, guard)  # its guard fired mid-item
             if result is None:
                 result = self._cut_short(run)
             if guard.scope.cancel_called or guard.stopped is not None:
