@@ -158,11 +158,20 @@ async def test_a_claim_lost_with_the_connection_ends_the_segment_not_the_run(
                 await anyio.to_thread.run_sync(other.open)
 
                 def cut_and_claim() -> bool:
+                    import time
+
                     import psycopg
 
+                    pid = run._repo._conn.info.backend_pid  # type: ignore[attr-defined]
                     with psycopg.connect(postgres_url, autocommit=True) as admin:
-                        admin.execute("SELECT pg_terminate_backend(%s)",
-                                      (run._repo._conn.info.backend_pid,))  # type: ignore[attr-defined]
+                        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                        # pg_terminate_backend only signals: the claim is free once the session
+                        # is gone (claiming before that raced the dying backend, once under load).
+                        give_up = time.monotonic() + 10
+                        while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                                            (pid,)).fetchone() is not None:
+                            assert time.monotonic() < give_up, "the cut session did not end"
+                            time.sleep(0.01)  # noqa: ASYNC251 - a worker thread, not the event loop
                     return other.try_claim("job")
 
                 assert await anyio.to_thread.run_sync(cut_and_claim)
