@@ -211,7 +211,8 @@ async def test_jsonl_rows_with_messages_and_params_reach_a_run(tmp_path: Path) -
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     strategy = Recording()
-    async with await open_run(tmp_path / "runs.sqlite", "r", strategy, source) as run:
+    identity = ArtifactIdentity("test", "recording")  # Recording declares no model (issue 31)
+    async with await open_run(tmp_path / "runs.sqlite", "r", strategy, source, identity=identity) as run:
         snap = await run.wait()
     assert snap.succeeded == 3
     got = {r.text: (r.prompt, dict(r.params)) for r in strategy.requests}

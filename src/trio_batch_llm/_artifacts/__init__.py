@@ -17,6 +17,7 @@ from ._resume import decide_resume as decide_resume
 from ._resume import ensure_store_usable as ensure_store_usable
 from ._resume import prepare_resume as prepare_resume
 from ._sqlite import SqliteArtifactStore as SqliteArtifactStore
+from ._store_base import append_result as append_result
 
 __all__ = [
     "ArtifactStore",
@@ -28,6 +29,7 @@ __all__ = [
     "SqliteArtifactStore",
     "StoreStatistics",
     "StoredRecord",
+    "append_result",
     "decide_resume",
     "ensure_store_usable",
     "fingerprint",

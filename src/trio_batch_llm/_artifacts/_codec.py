@@ -25,6 +25,14 @@ Structured output: a pydantic model instance (what a strategy's
 encoder given; on a resume the item's strategy turns it back into the model
 (``LLMCallStrategy.decode_output``, applied by the resume plan), so the store
 needs no decoder either. An explicit ``output_encoder`` still wins.
+
+That holds only if the strategy does give the model back. So when the engine
+appends, it passes the item's ``decode_output`` (``replay=``), and the stored
+value is put through it once: an output it would not give back as the same
+type (a model from a strategy without ``response_model=``, which would come
+back as a ``dict``; a subclass of the response model, which would come back as
+the base class) is refused like a tuple, naming both ways out. Plain text skips
+this (every strategy's decoder gives text back as it is).
 """
 
 from __future__ import annotations
@@ -35,16 +43,17 @@ from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ConfigurationError
-from .._values._models import plain_json_of_model
+from .._values._models import is_pydantic_model_class, plain_json_of_model
 from .._values._results import WorkItemResult
 
-__all__ = ["JSONValue", "OutputCodec", "unstorable_failure"]
+__all__ = ["JSONValue", "OutputCodec", "replay_problem", "unstorable_failure"]
 
 JSONValue = None | bool | int | float | str | list[Any] | dict[str, Any]
 """A plain JSON value (the containers hold plain JSON values)."""
 
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
 _HINT: Final = "pass output_encoder= and output_decoder= to the store to keep it"
+"""The codec, one of the ways out named by every refusal."""
 
 
 def _type_name(kind: type) -> str:
@@ -79,6 +88,28 @@ def plain_json_problem(value: object) -> str | None:
     return None
 
 
+def replay_problem(output: object, stored: JSONValue, replay: Callable[[Any], Any]) -> str | None:
+    """Why a resume, passing ``stored`` through ``replay``, would not give back an output of
+    ``output``'s type, or ``None`` if it would."""
+    try:
+        back = replay(stored)
+    except Exception as exc:  # noqa: BLE001 - the strategy's decoder: failing, it cannot replay the item
+        got = f"fails to rebuild it ({exc!r})"
+    else:
+        if type(back) is type(output):
+            return None
+        got = f"gives back a {_type_name(type(back))}"
+    kind = type(output)
+    if is_pydantic_model_class(kind):
+        what = f"output is a pydantic model ({_type_name(kind)}) and the item's strategy {got} from the " \
+               "stored model_dump"
+        fix = f"give the strategy response_model={kind.__qualname__}"
+    else:
+        what = f"output is of type {_type_name(kind)} and the item's strategy (its decode_output) {got}"
+        fix = "make the strategy's decode_output give it back"
+    return f"{what}, so a resume would return it changed; {fix}, or {_HINT}"
+
+
 @final
 class OutputCodec:
     """The stores' rule for outputs; see the module docstring."""
@@ -103,10 +134,14 @@ class OutputCodec:
         self._encoder = encoder
         self._decoder = decoder
 
-    def encode(self, output: Any) -> JSONValue:
+    def encode(self, output: Any, *, replay: Callable[[Any], Any] | None = None) -> JSONValue:
         """The plain JSON to store for ``output``; ValueError saying why it cannot be kept.
 
-        Runs on the event loop, in ``append()``: the encoder should be quick.
+        ``replay`` is what a resume passes the stored value through (the item's
+        strategy's ``decode_output``); without an encoder, an output it would not
+        give back as the same type is refused. ``None`` (no strategy known: a
+        direct ``append``) skips that check. Runs on the event loop, in
+        ``append()``: the encoder should be quick.
         """
         if output is None:
             return None
@@ -114,12 +149,15 @@ class OutputCodec:
             if type(output) is str:  # the common case, without the walk
                 return output
             is_model, dumped = plain_json_of_model(output)
-            if is_model:
-                output = dumped
-            problem = plain_json_problem(output)
+            stored = dumped if is_model else output
+            problem = plain_json_problem(stored)
             if problem is not None:
                 raise ValueError(f"{problem}; {_HINT}")
-            return output  # type: ignore[no-any-return]
+            if replay is not None:
+                problem = replay_problem(output, stored, replay)
+                if problem is not None:
+                    raise ValueError(problem)
+            return stored  # type: ignore[no-any-return]
         try:
             encoded = self._encoder(output)
         except Exception as exc:  # the user's encoder: any failure is this item's alone

@@ -1,6 +1,10 @@
 """``infer_artifact_identity``: the identity a checkpoint gets when none is given.
 
-Provider and model name the strategy; the request settings that change its
+A resume never guesses: the identity is read only from what the strategy
+declares. Provider and model name the strategy (its ``artifact_identity``, or
+its ``provider_name`` and ``model_name``); a strategy that declares no model
+has no inferred identity, and a store used with it needs ``identity=`` (the
+error says so before any work starts). The request settings that change its
 answers go into two fingerprints, so that a changed setting makes a stored
 checkpoint a mismatch (refused, or rerun under ``allow_identity_mismatch``)
 while the same settings match in every process:
@@ -15,10 +19,12 @@ bare ``(provider, model)`` identity of earlier releases.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from .._strategies._callable import CallableStrategy
 from .._values._config import ArtifactIdentity
 from .._values._errors import ConfigurationError
 from .._values._strategy_settings import default_params, system_prompt_of
@@ -61,21 +67,52 @@ def response_schema_of(strategy: object) -> dict[str, Any] | None:
 
 def infer_artifact_identity(strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
     """The :class:`ArtifactIdentity` of ``strategy``'s checkpoints: its provider (``provider_name``,
-    else the class name), its model (``model_name``, else ``"unknown"``), and fingerprints of its
-    system prompt and params (``prompt_version``) and of its response schema (``parser_version``).
+    else the class name), its model (``model_name``), and fingerprints of its system prompt and
+    params (``prompt_version``) and of its response schema (``parser_version``).
+
+    A strategy that declares an ``artifact_identity`` gets it, its unset versions filled in.
+    One that declares no model is refused (:class:`ConfigurationError` saying how to pass
+    ``identity=``): its checkpoints could not tell one model's answers from another's.
     """
-    provider = getattr(strategy, "provider_name", None)
-    if not isinstance(provider, str) or not provider:
-        provider = type(strategy).__name__
-    model = getattr(strategy, "model_name", None)
-    if not isinstance(model, str) or not model:
-        model = "unknown"
-    settings = {"system": system_prompt_of(strategy), "params": default_params(strategy)}
-    prompt_version = None if settings == {"system": None, "params": {}} else _digest("params", settings)
-    schema = response_schema_of(strategy)
-    parser_version = None if schema is None else _digest("response_schema", schema)
-    return ArtifactIdentity(provider=provider, model=model, prompt_version=prompt_version,
-                            parser_version=parser_version)
+    declared = getattr(strategy, "artifact_identity", None)
+    if declared is not None and not isinstance(declared, ArtifactIdentity):
+        raise ConfigurationError("artifact_identity", declared, "must be an ArtifactIdentity or None")
+    if declared is None:
+        model = getattr(strategy, "model_name", None)
+        if not isinstance(model, str) or not model:
+            raise _no_model(strategy, model)
+        provider = getattr(strategy, "provider_name", None)
+        if not isinstance(provider, str) or not provider:
+            provider = type(strategy).__name__
+        declared = ArtifactIdentity(provider=provider, model=model)
+    prompt_version = declared.prompt_version
+    if prompt_version is None:
+        settings = {"system": system_prompt_of(strategy), "params": default_params(strategy)}
+        if settings != {"system": None, "params": {}}:
+            prompt_version = _digest("params", settings)
+    parser_version = declared.parser_version
+    if parser_version is None:
+        schema = response_schema_of(strategy)
+        parser_version = None if schema is None else _digest("response_schema", schema)
+    return dataclasses.replace(declared, prompt_version=prompt_version, parser_version=parser_version)
+
+
+def _no_model(strategy: object, model: object) -> ConfigurationError:
+    """Why ``strategy`` has no inferred identity, and the two ways to give it one."""
+    name = type(strategy).__name__
+    if isinstance(strategy, CallableStrategy):
+        declare = "CallableStrategy(fn, identity=ArtifactIdentity(provider=..., model=...))"
+    else:
+        declare = f"a model_name property on {name} (and provider_name)"
+        if isinstance(getattr(strategy, "model", None), str):
+            declare += "; its `model` attribute is not read as one"
+    return ConfigurationError(
+        "model_name", model,
+        f"{name} declares no model, so the identity of its checkpoints cannot be inferred (a resume "
+        "does not guess: another model's stored answers would be replayed as this one's). Pass "
+        f"identity=ArtifactIdentity(provider=..., model=...) to the artifact store (or to open_run), "
+        f"or declare it: {declare}",
+    )
 
 
 def adopt_identity(store: object, strategy: LLMCallStrategy[Any]) -> None:

@@ -36,14 +36,14 @@ So under ``REUSE_ALL`` the replayed failures are ``INVALID_REQUEST``,
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
 from .._values._config import ResumePolicy
-from .._values._errors import ArtifactStoreError
+from .._values._errors import ArtifactStoreError, ConfigurationError
 from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import WorkItemResult
 from ._fingerprint import request_fingerprint
@@ -156,9 +156,12 @@ class ResumePlan:
     from memory, since the item either replays it or writes a newer record.
     """
 
-    def __init__(self, records: dict[str, StoredRecord], policy: ResumePolicy) -> None:
+    def __init__(self, records: dict[str, StoredRecord], policy: ResumePolicy, *,
+                 check_strategy: Callable[[Any], object] | None = None) -> None:
         self._records = records
         self._policy = policy
+        self._check_strategy = check_strategy
+        self._checked: dict[int, object] = {}  # id -> strategy (kept alive, so the id stays its own)
         self.replayed = 0
         self.rerun: dict[RerunReason, int] = {}
 
@@ -188,7 +191,20 @@ class ResumePlan:
         return decision
 
     def replay(self, item: LLMWorkItem[Any]) -> WorkItemResult[Any] | None:
-        """The replayed result for ``item``, or ``None`` when it must run."""
+        """The replayed result for ``item``, or ``None`` when it must run.
+
+        With ``check_strategy`` (a store whose identity was inferred from a strategy), each
+        item's strategy is checked first, once per strategy object: an item whose strategy has
+        another identity (another model) is refused before it runs, since the records it would
+        write would carry the other strategy's identity.
+        """
+        check = self._check_strategy
+        if check is not None and id(item.strategy) not in self._checked:
+            try:
+                check(item.strategy)
+            except ConfigurationError as exc:
+                raise ConfigurationError("item_id", item.item_id, str(exc)) from exc
+            self._checked[id(item.strategy)] = item.strategy
         replay = self.decide(item.item_id, item.prompt, item.context, item.params).replay
         decode = getattr(item.strategy, "decode_output", None)  # any object may stand in as a strategy
         if replay is not None and replay.output is not None and decode is not None:
@@ -210,7 +226,9 @@ async def prepare_resume(store: ArtifactStore, policy: ResumePolicy) -> ResumePl
     """
     policy = ResumePolicy(policy)
     await store.open()
+    strategy_check = getattr(store, "strategy_check", None)  # a built-in store's
+    check = strategy_check() if callable(strategy_check) else None
     if policy is ResumePolicy.NONE:
         ensure_store_usable(policy, path=store.path, stored_count=await store.count_records())
-        return ResumePlan({}, policy)
-    return ResumePlan(await store.load(), policy)
+        return ResumePlan({}, policy, check_strategy=check)
+    return ResumePlan(await store.load(), policy, check_strategy=check)

@@ -50,11 +50,27 @@ from ._worker_gate import WorkerGate
 if TYPE_CHECKING:
     from .._strategies._base import LLMCallStrategy
 
-__all__ = ["ThreadedStore", "logger"]
+__all__ = ["ThreadedStore", "append_result", "logger"]
 
 logger = logging.getLogger("trio_batch_llm.artifacts")
 
 EncodedT = TypeVar("EncodedT")
+
+
+def _as_stored(stored: Any) -> Any:
+    """What a resume gives back for a strategy without ``decode_output``: the stored value."""
+    return stored
+
+
+async def append_result(
+    store: Any, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None, strategy: object
+) -> None:
+    """``store.append(...)`` for the engine: a built-in store is also given the item's ``strategy``
+    (to refuse an output a resume would not give back); another store takes the protocol's arguments."""
+    if isinstance(store, ThreadedStore):
+        await store.append(result, fingerprint=fingerprint, prompt=prompt, strategy=strategy)
+    else:
+        await store.append(result, fingerprint=fingerprint, prompt=prompt)
 
 
 class ThreadedStore(abc.ABC, Generic[EncodedT]):
@@ -80,6 +96,7 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         self._path = Path(path)
         self._identity = identity
         self._identity_fp = "" if identity is None else identity_fingerprint(identity)
+        self._inferred = False  # the identity was inferred from a strategy, not given
         self._store_prompts = bool(store_prompts)
         self._allow_identity_mismatch = bool(allow_identity_mismatch)
         self._state: StoreState = "unopened"
@@ -102,15 +119,29 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
 
     def infer_identity(self, strategy: LLMCallStrategy[Any]) -> ArtifactIdentity:
         """The identity in force: the one given at construction (it wins), else, the first time,
-        ``infer_artifact_identity(strategy)``. ``process_prompts``, ``process_stream`` and
-        ``open_run`` call it before opening the store; call it yourself before handing a store
-        built without an identity to a :class:`ParallelBatchProcessor`."""
+        ``infer_artifact_identity(strategy)``; once inferred, a strategy with another identity is
+        refused. ``process_prompts``, ``process_stream`` and ``open_run`` call it before opening the
+        store; call it yourself before handing a store built without an identity to a
+        :class:`ParallelBatchProcessor`."""
         if self._identity is None:
             if self._state != "unopened":
                 raise ArtifactStoreError(f"{self._path}: the identity is fixed once the store is opened")
             self._identity = infer_artifact_identity(strategy)
             self._identity_fp = identity_fingerprint(self._identity)
+            self._inferred = True
+        elif self._inferred and infer_artifact_identity(strategy) != self._identity:
+            # Inferred from another strategy: its records would be stamped with that one's model.
+            raise ConfigurationError(
+                "strategy", strategy,
+                f"{self._path}: the store's identity was inferred from another strategy "
+                f"({self._identity!r}); use a store per strategy, or pass identity= to the store",
+            )
         return self._identity
+
+    def strategy_check(self) -> Callable[[LLMCallStrategy[Any]], ArtifactIdentity] | None:
+        """What the resume plan checks each item's strategy with: :meth:`infer_identity` when the
+        identity was inferred (an item of another strategy is refused), else ``None``."""
+        return self.infer_identity if self._inferred else None
 
     @property
     def _known_identity(self) -> ArtifactIdentity:
@@ -218,9 +249,14 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         return await gate.run(self._count_sync)
 
     async def append(
-        self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None
+        self, result: WorkItemResult[Any], *, fingerprint: str, prompt: str | None = None,
+        strategy: object = None,
     ) -> None:
         """Return only once ``result`` is written and flushed (fsynced or committed).
+
+        ``strategy`` is the item's: a resume passes the stored output through its
+        ``decode_output``, so an output it would not give back is refused
+        (:class:`ArtifactEncodeError`, see ``_codec.py``). The engine always passes it.
 
         Concurrent appends are group-committed: one write for all that are
         pending. If this call is cancelled, the record is either not written at
@@ -231,7 +267,8 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
         assert committer is not None
         try:
             encoded = self._encode(
-                result, self._stored_output(result), fingerprint, prompt if self._store_prompts else None
+                result, self._stored_output(result, strategy), fingerprint,
+                prompt if self._store_prompts else None,
             )
         except (TypeError, ValueError, RecursionError) as exc:
             await anyio.lowlevel.checkpoint()
@@ -240,12 +277,15 @@ class ThreadedStore(abc.ABC, Generic[EncodedT]):
             ) from exc
         await committer.submit(encoded)
 
-    def _stored_output(self, result: WorkItemResult[Any]) -> JSONValue:
+    def _stored_output(self, result: WorkItemResult[Any], strategy: object) -> JSONValue:
         """What is kept of the output (ValueError if the id or the output cannot be kept)."""
         problem = item_id_problem(result.item_id)
         if problem is not None:
             raise ValueError(f"its item_id {problem}")
-        return self._codec.encode(result.output)
+        replay = None
+        if strategy is not None:  # as the resume plan decodes: any object may stand in as a strategy
+            replay = getattr(strategy, "decode_output", None) or _as_stored
+        return self._codec.encode(result.output, replay=replay)
 
     def statistics(self) -> StoreStatistics:
         stats = self._committer.statistics() if self._committer is not None else None

@@ -18,7 +18,7 @@ from typing import Any, Final, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._artifacts import item_fingerprint, unstorable_failure
+from .._artifacts import append_result, item_fingerprint, unstorable_failure
 from .._observe._events import BatchFinished, BatchStarted
 from .._observe._hooks import Hooks
 from .._observe._log import FailureLog
@@ -173,7 +173,7 @@ class Publisher(Generic[TOutput]):
         key = item_fingerprint(item)
         prompt = request_text(item.prompt, item.params)
         try:
-            await self.store.append(result, fingerprint=key, prompt=prompt)
+            await append_result(self.store, result, fingerprint=key, prompt=prompt, strategy=item.strategy)
         except ArtifactEncodeError as exc:
             # Item-local: nothing was written; publish (and store) why instead of a lossy copy.
             result = unstorable_failure(result, exc)

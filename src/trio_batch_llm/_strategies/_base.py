@@ -8,6 +8,8 @@ from typing import Any, Generic, TypeVar
 import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
+from .._values._config import ArtifactIdentity
+from .._values._models import is_pydantic_model_class
 from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._batch import BatchEndpoint
@@ -63,10 +65,15 @@ class LLMCallStrategy(Generic[TOutput]):
         return raw  # type: ignore[no-any-return]
 
     def decode_output(self, stored: Any) -> TOutput:
-        """A stored output (plain JSON) back to what :meth:`parse_output` made (identity by default).
+        """A stored output (plain JSON) back to what :meth:`parse_output` made.
 
-        A resume replays a stored output through it: a response model's strategy gives the model back.
+        A resume replays a stored output through it. By default a strategy whose
+        :attr:`response_model` is a pydantic model class gives that model back
+        (a store keeps its ``model_dump(mode="json")``); anything else is returned as stored.
         """
+        model: Any = self.response_model
+        if isinstance(stored, dict) and is_pydantic_model_class(model):
+            return model.model_validate(stored)  # type: ignore[no-any-return]
         return stored  # type: ignore[no-any-return]
 
     async def prepare(self) -> None:
@@ -112,7 +119,22 @@ class LLMCallStrategy(Generic[TOutput]):
 
     @property
     def model_name(self) -> str | None:
-        """The model this strategy calls, when it has one (for artifacts and summaries)."""
+        """The model this strategy calls, when it has one (for artifacts and summaries).
+
+        A strategy used with a checkpoint store must declare it (or :attr:`artifact_identity`),
+        or the store be given ``identity=``: a resume never guesses which model wrote a result.
+        """
+        return None
+
+    @property
+    def artifact_identity(self) -> ArtifactIdentity | None:
+        """The checkpoint identity this strategy declares whole, or ``None`` (the default).
+
+        ``None`` lets :func:`infer_artifact_identity` build it from :attr:`provider_name`,
+        :attr:`model_name`, :attr:`system_prompt`, :attr:`params` and :attr:`response_model`.
+        A declared identity's provider and model are used as given; its ``prompt_version``
+        and ``parser_version``, when ``None``, are filled from those settings.
+        """
         return None
 
     # What a request is made of, as far as the strategy decides it (artifact identities and

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, final, overload
 
+from .._values._config import ArtifactIdentity
 from .._values._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
 
@@ -32,7 +33,10 @@ class CallableStrategy(LLMCallStrategy[TOutput]):
     ``fn`` may return a plain value or a :class:`CallOutcome`. Keyword arguments
     that ``fn`` does not accept are not passed, so ``async def f(prompt)`` works.
     ``identity`` decides lease sharing and the default quota scope: callables
-    with the same identity share preparation and quotas.
+    with the same identity share preparation and quotas. An
+    :class:`ArtifactIdentity` there also declares the provider and model the
+    callable calls, so a checkpoint store infers its identity from it; without
+    one a callable declares no model, and a store needs ``identity=`` of its own.
     """
 
     @overload
@@ -80,6 +84,22 @@ class CallableStrategy(LLMCallStrategy[TOutput]):
 
     def lease_identity(self) -> object:
         return self._identity
+
+    @property
+    def artifact_identity(self) -> ArtifactIdentity | None:
+        """``identity=`` when it is an :class:`ArtifactIdentity`, else ``None``."""
+        identity = self._identity
+        return identity if isinstance(identity, ArtifactIdentity) else None
+
+    @property
+    def model_name(self) -> str | None:
+        declared = self.artifact_identity
+        return declared.model if declared is not None else None
+
+    @property
+    def provider_name(self) -> str | None:
+        declared = self.artifact_identity
+        return declared.provider if declared is not None else None
 
     def __repr__(self) -> str:
         return f"CallableStrategy({getattr(self._fn, '__qualname__', self._fn)!r})"
