@@ -47,8 +47,10 @@ GOOD = '{"id": "a", "prompt": "one"}\n{"id": "b", "prompt": "two"}\n'
 BAD_FILES: list[tuple[str, str, bytes, list[str]]] = [
     ("malformed-json", "in.jsonl", b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": \n',
      ["in.jsonl, line 2: invalid JSON: Expecting value"]),
-    ("missing-prompt", "in.jsonl", b'{"id": "a", "prompt": "x"}\n\n{"id": "c", "text": "y"}\n',
+    ("missing-prompt", "in.jsonl", b'{"id": "a", "prompt": "x"}\n\n{"id": "c", "context": "y"}\n',
      ['in.jsonl, line 3, field "prompt": missing']),
+    ("unknown-key", "in.jsonl", b'{"id": "a", "prompt": "x"}\n\n{"id": "c", "text": "y"}\n',
+     ['in.jsonl, line 3, field "text": unknown key']),
     ("missing-id", "in.jsonl", b'{"prompt": "x"}\n', ['in.jsonl, line 1, field "id": missing']),
     ("duplicate-id", "in.jsonl", b'{"id": "a", "prompt": "x"}\n"s"\n{"id": "a", "prompt": "y"}\n',
      ['in.jsonl, line 3, field "id": duplicate id \'a\' (first on line 1)']),
@@ -195,7 +197,7 @@ def test_openai_compatible_needs_a_base_url(capsys: pytest.CaptureFixture[str], 
 def test_jsonl_objects_strings_contexts_and_bom(tmp_path: Path) -> None:
     source = write(tmp_path / "in.jsonl", "\ufeff" + "\n".join([
         '"first prompt"',
-        '{"id": 7, "prompt": "int id", "context": {"k": [1, 2]}, "extra": true}',
+        '{"id": 7, "prompt": "int id", "context": {"k": [1, 2]}}',
         "",
         '{"id": "x", "prompt": "with ctx", "context": "plain"}',
         '"second prompt"',

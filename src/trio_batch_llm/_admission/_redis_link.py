@@ -13,13 +13,19 @@ until ``unreachable_timeout`` has passed since the first failure in a row; then
 admitted while Redis cannot be asked: a shared limit that cannot be checked is
 treated as exhausted. In a Redis Cluster, a scope's slot that is being
 resharded (``TRYAGAIN``) or has no node (``CLUSTERDOWN``) counts as unreachable too.
+
+**Refused.** The serving task's first round trip is a ``PING``; a server that
+refuses the client (a wrong or missing password, a database it does not have)
+will not change its mind, so that ends the link at once, with no retry: every
+admission, the waiting ones and later ones, then raises :class:`QuotaBackendError`
+naming the URL and the server's reason (never the password). No call is admitted.
 """
 
 from __future__ import annotations
 
 import math
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final, Protocol, final
 
 import anyio
@@ -27,6 +33,7 @@ import anyio.lowlevel
 
 from .._values._errors import QuotaBackendError
 from .._values._quota_backend import RedisQuotaBackend
+from .._values._urls import REDACTED, redact_urls
 from ._redis_lua import ACQUIRE_SCRIPT, AcquireReply, parse_reply
 
 
@@ -43,7 +50,7 @@ class SharedQuota(Protocol):
 
     async def hand_back(self) -> None: ...
 
-__all__ = ["RedisLink"]
+__all__ = ["RedisLink", "check_backend", "refusal_message"]
 
 _FLUSH_DELAY: Final = 0.005  # seconds the flusher waits so that several releases share a round trip
 _CLOSE_BOUND: Final = 5.0  # seconds a close spends handing back what this host holds
@@ -62,6 +69,37 @@ def _redis_errors() -> tuple[type[Exception], ...]:
             exceptions.TryAgainError, exceptions.ClusterDownError)
 
 
+def _refusals() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """``(at the handshake, at any round trip)``: the server answered, and said no; a retry cannot
+    change that. At the handshake any error answer (AUTH, SELECT of a database it lacks); later only
+    the ones about this client's rights, so that a script's own error is not mistaken for one."""
+    import coredis.exceptions
+
+    exceptions = coredis.exceptions
+    return (exceptions.ResponseError,), (exceptions.AuthenticationError, exceptions.AuthorizationError)
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """``text`` (a client's error message) without any URL's userinfo or the password of ``url``."""
+    text = redact_urls(text)
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        password = None
+    for secret in {password, urllib.parse.unquote(password or "")} - {None, ""}:
+        assert secret is not None
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def refusal_message(backend: RedisQuotaBackend, exc: BaseException) -> str:
+    """What a refused (or unusable) backend says: its URL without the password, and the reason."""
+    reason = _scrubbed(str(exc), backend.connection_url()).rstrip(".")
+    hint = " (check the password in the URL)" if "Authentication" in type(exc).__name__ else ""
+    return (f"the Redis quota backend {backend.display_url} refused this client: "
+            f"{type(exc).__name__}: {reason}{hint}; nothing was admitted")
+
+
 def _seed_nodes(url: str) -> list[Any]:
     # coredis 6.9's RedisCluster.from_url names the URL's node in a form it deprecates itself: a
     # DeprecationWarning at every start, which ends the link where warnings are errors (pytest's
@@ -77,8 +115,8 @@ class RedisLink:
     """The open connection of one host to one :class:`RedisQuotaBackend` (see the module docstring)."""
 
     __slots__ = (
-        "_client", "_closing", "_flush_wanted", "_quotas", "_ready", "_script", "_stopped", "_unreachable",
-        "backend", "clock", "failures", "round_trips", "script_clock",
+        "_client", "_closing", "_denials", "_flush_wanted", "_quotas", "_ready", "_refusals", "_refused",
+        "_script", "_stopped", "_unreachable", "backend", "clock", "failures", "round_trips", "script_clock",
     )
 
     def __init__(
@@ -96,7 +134,11 @@ class RedisLink:
         self._stopped = anyio.Event()
         self._flush_wanted = anyio.Event()
         self._closing = False
-        self._unreachable: tuple[type[Exception], ...] = ()
+        # coredis is imported here, not in the serving task: a first import can block the event loop
+        # for a second on a busy machine, which must not count against the admissions' wait below.
+        self._unreachable = _redis_errors()
+        self._refusals, self._denials = _refusals()
+        self._refused: str | None = None  # why the server refused this client (then the link is over)
         self.round_trips = 0
         self.failures = 0
 
@@ -114,18 +156,24 @@ class RedisLink:
             import coredis
             import coredis.retry
 
-            self._unreachable = _redis_errors()
             backend = self.backend
             kind = coredis.RedisCluster if backend.cluster else coredis.Redis
             url = backend.connection_url()
             options: dict[str, Any] = {}
-            if backend.cluster and (seeds := _seed_nodes(url)):
-                options["startup_nodes"] = seeds
-            self._client = kind.from_url(
-                url, connect_timeout=backend.connect_timeout, stream_timeout=backend.command_timeout,
-                retry_policy=coredis.retry.NoRetryPolicy(), **options,
-            )
+            try:
+                if backend.cluster and (seeds := _seed_nodes(url)):
+                    options["startup_nodes"] = seeds
+                self._client = kind.from_url(
+                    url, connect_timeout=backend.connect_timeout, stream_timeout=backend.command_timeout,
+                    retry_policy=coredis.retry.NoRetryPolicy(), **options,
+                )
+            except (ValueError, TypeError) as exc:  # a query option the client cannot read
+                self._refused = refusal_message(backend, exc)
+                await anyio.lowlevel.checkpoint()
+                return
             async with self._client:
+                if not await self._handshake():
+                    return
                 self._script = self._client.register_script(ACQUIRE_SCRIPT)
                 self._ready.set()
                 while not self._closing:
@@ -156,6 +204,21 @@ class RedisLink:
             self._ready.set()
             self._stopped.set()
 
+    async def _handshake(self) -> bool:
+        """A first round trip (``PING``): ``False`` when the server refused this client (recorded).
+
+        An unreachable server is not decided here: the admissions retry it for ``unreachable_timeout``.
+        """
+        try:
+            await self._client.ping()
+        except self._unreachable:
+            await anyio.lowlevel.checkpoint()
+        except self._refusals as exc:
+            self._refused = refusal_message(self.backend, exc)
+            await anyio.lowlevel.checkpoint()
+            return False
+        return True
+
     @property
     def closing(self) -> bool:
         return self._closing
@@ -174,13 +237,25 @@ class RedisLink:
 
     async def run_script(self, keys: Sequence[str], args: Sequence[str | int | float]) -> AcquireReply:
         """One atomic script run, retried while Redis is unreachable (see the module docstring)."""
+        return parse_reply(await self._retried(lambda: self._script(keys=list(keys), args=list(args))))
+
+    async def ping(self) -> None:
+        """One ``PING``, retried while Redis is unreachable: :class:`QuotaBackendError` if it never answers
+        or refuses this client (the command line's check before a run)."""
+        await self._retried(lambda: self._client.ping())
+
+    async def _retried(self, trip: Callable[[], Awaitable[Any]]) -> Any:
         backend = self.backend
         first_failure: float | None = None
         pause = _FIRST_RETRY
         while True:
             if not self._ready.is_set():
-                with anyio.move_on_after(backend.unreachable_timeout):
+                # The serving task's handshake is one round trip: it may take a connect and a command.
+                bound = backend.unreachable_timeout + backend.connect_timeout + backend.command_timeout
+                with anyio.move_on_after(bound):
                     await self._ready.wait()
+            if self._refused is not None:
+                raise QuotaBackendError(self._refused)
             if self._closing and self._script is None:
                 raise QuotaBackendError(f"the Redis quota backend {backend.display_url} is closed")
             if self._script is None:
@@ -190,8 +265,10 @@ class RedisLink:
                 )
             try:
                 self.round_trips += 1
-                raw = await self._script(keys=list(keys), args=list(args))
-                return parse_reply(raw)
+                return await trip()
+            except self._denials as exc:  # e.g. the password changed since the link opened
+                self._refused = refusal_message(backend, exc)
+                raise QuotaBackendError(self._refused) from None
             except self._unreachable as exc:
                 self.failures += 1
                 now = anyio.current_time()
@@ -205,3 +282,15 @@ class RedisLink:
                     ) from None
                 await anyio.sleep(min(pause, max(0.0, first_failure + backend.unreachable_timeout - now)))
                 pause = min(pause * 2, _MAX_RETRY)
+
+
+async def check_backend(backend: RedisQuotaBackend) -> None:
+    """Open a link, ``PING`` (retried for ``unreachable_timeout``), close it: :class:`QuotaBackendError`
+    if the server refuses this client or never answers. What the command line checks before a run."""
+    link = RedisLink(backend)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(link.serve)
+        try:
+            await link.ping()
+        finally:
+            await link.aclose()

@@ -13,6 +13,7 @@ from typing import Final
 
 from .._values._errors import ConfigurationError
 from .._values._quota_backend import RedisQuotaBackend
+from ._command import UsageError
 
 __all__ = [
     "BACKENDS",
@@ -168,9 +169,12 @@ def port(text: str) -> int:
     return value
 
 
-def quota_backend(text: str) -> RedisQuotaBackend:
-    """``--quota redis://...``: a shared quota backend (a bad URL is reported without its password)."""
+def quota_backend(text: str | None) -> RedisQuotaBackend | None:
+    """``--quota redis://...``: a shared quota backend, or :class:`UsageError` in one line (the URL
+    without its password). Not an argparse ``type``: argparse would print its usage block too."""
+    if text is None:
+        return None
     try:
         return RedisQuotaBackend(text)
     except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise UsageError(f"--quota {exc.value}: {exc.problem}") from None

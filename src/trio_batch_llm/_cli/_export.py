@@ -19,7 +19,13 @@ The checkpoint is read twice (once to count each id's records, once to write
 each id's last one), so memory holds one count per id, not the results; with
 ``--prompts`` it also holds the prompts of the input. OUT is written to a
 temporary file beside it and renamed into place when complete: a failure
-leaves no half-written table and an existing OUT untouched.
+leaves no half-written table and an existing OUT untouched. The table gets the
+mode a new file gets (``0o666`` less the umask), as the checkpoints do.
+
+OUT is never what the command reads (CHECKPOINT, ``--prompts INPUT``: compared
+as files, so a symbolic or a hard link to one is refused too) nor an existing
+checkpoint of ours (a JSONL one by its header, or a SQLite file): ``export`` only
+ever replaces a table.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from .._artifacts import JsonlArtifactStore, SqliteArtifactStore
+from .._artifacts._protocol import FORMAT_NAME
 from .._values._config import ArtifactIdentity
 from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
@@ -155,20 +162,62 @@ def _write_parquet(path: Path, rows: Iterator[dict[str, Any]], columns: list[str
             writer.write_table(pa.Table.from_pylist(batch, schema=schema))
 
 
-def _check_paths(checkpoint: Path, out: Path) -> None:
+_HEADER_PROBE: Final = 64 * 1024  # bytes of an existing OUT read to recognise a JSONL checkpoint's header
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether two paths name one file (through symbolic and hard links alike)."""
+    try:
+        return one.samefile(other)
+    except OSError:  # either is missing or unreadable: not the same existing file
+        return False
+
+
+def _ours(out: Path) -> str | None:
+    """What kind of checkpoint of ours the existing file ``out`` is, or ``None``."""
+    try:
+        with out.open("rb") as f:
+            head = f.read(_HEADER_PROBE)
+    except OSError:
+        return None
+    if head.startswith(_SQLITE_MAGIC):
+        return "a SQLite database (a checkpoint store or a runs database)"
+    first = head.partition(b"\n")[0].lstrip(b"\xef\xbb\xbf")
+    try:
+        header = json.loads(first)
+    except ValueError:
+        return None
+    if isinstance(header, dict) and header.get("format") == FORMAT_NAME:
+        return "a trio-batch-llm checkpoint"
+    return None
+
+
+def _check_paths(checkpoint: Path, out: Path, prompts: Path | None) -> None:
     if not out.parent.is_dir():
         raise UsageError(f"OUT {out}: the directory {out.parent} does not exist")
     if out.exists() and not out.is_file():
         raise UsageError(f"OUT {out}: not a regular file")
-    if out.exists() and checkpoint.exists() and out.samefile(checkpoint):
+    if _same_file(out, checkpoint):
         raise UsageError(f"OUT {out} is the checkpoint; choose another path")
+    if prompts is not None and _same_file(out, prompts):
+        raise UsageError(f"OUT {out} is the --prompts input; choose another path")
+    kind = _ours(out) if out.exists() else None
+    if kind is not None:
+        raise UsageError(f"OUT {out} is {kind}, not a table: export never replaces one; choose another path")
+
+
+def _umask_mode() -> int:
+    """The mode a new file gets here: ``0o666`` less the process's umask (read by setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def export_command(args: argparse.Namespace) -> int:
     checkpoint, out = Path(args.checkpoint), Path(args.out)
     try:
         kind = table_format(out, args.format)
-        _check_paths(checkpoint, out)
+        _check_paths(checkpoint, out, Path(args.prompts) if args.prompts else None)
         read = _results(checkpoint)
         if kind == "parquet":
             _pyarrow()  # before any work: a missing pyarrow is a usage error
@@ -201,6 +250,7 @@ def export_command(args: argparse.Namespace) -> int:
                     _write_jsonl(f, rows())
                 else:
                     _write_csv(f, rows(), columns)
+        os.chmod(tmp, _umask_mode())  # mkstemp makes it 0o600; the table is shared as a new file would be
         os.replace(tmp, out)
     except ArtifactStoreError as exc:
         os.unlink(tmp)

@@ -2,16 +2,20 @@
 
 A line is an object ``{"id": ..., "prompt": ..., "context": ...}``
 (``context`` optional, any JSON; an integer id is read as its decimal string;
-other keys are ignored), or ``{"id": ..., "messages": [...], "params": {...}}``
+``"item_id"`` may stand for ``"id"``), or ``{"id": ..., "messages": [...], "params": {...}}``
 (chat messages instead of ``prompt``, and request parameters, both checked
 here; such a record's ``prompt`` is the request as one text, ``request_text``,
 which the run unpacks), or a string, the prompt, whose id is ``item-N`` (N
 counts the items from 0, as ``process_prompts`` does). Blank lines are skipped.
+The keys of an object follow the rule of every reader, :func:`row_problem`
+(the API's and a run's source's): any other key, or both ``prompt`` and
+``messages``, is refused, naming the line and the field.
 
 Speed matters here: a million lines are checked before the first call. The
 file is read and decoded a few MiB at a time, and a clean object line takes
 one C-level parse (the decoder's ``scan_once``, half the cost of
-``json.loads``) and a few type checks (:func:`classify_line`); every other
+``json.loads``), a key-set test and a few type checks (:func:`classify_line`),
+none of which accepts a line the full check refuses; every other
 line takes the full path, whose messages are ``json``'s own. A byte range
 of the file can be checked on its own (:func:`scan_range`), so that
 :mod:`._input_scan` can check a big file on several cores.
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final, final
 
 from .._values._item_checks import json_line_nesting_column, nesting_problem, surrogate_problem
+from .._values._prompts import row_problem
 from .._values._requests import check_params, check_prompt, item_id_problem, prompt_text, request_text
 from ._input_records import MAX_REPORTED, InputError, InputRecord
 
@@ -46,6 +51,9 @@ _FEED_BLOCK: Final = 1 << 20
 """Bytes read at a time while the run takes the items: a block's lines are held until the run has
 taken them all, so a smaller block keeps the run's footprint small."""
 _NESTING_CHECK_AT: Final = 258  # a shorter line cannot hold more than 257 brackets
+_FAST_KEYS: Final = frozenset({"id", "prompt", "context"})
+"""The keys of a line the fast path takes: a subset of what :func:`row_problem` allows, with a
+``prompt`` and an ``id`` (no ``item_id``, ``messages`` or ``params``, which need the full check)."""
 
 
 class _NonFinite(ValueError):
@@ -130,7 +138,7 @@ def classify_line(path: Path, text: str, number: int) -> tuple[str | None, str, 
         if end == len(stripped) and type(value) is dict:
             item_id, prompt = value.get("id"), value.get("prompt")
             if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
-                    and "params" not in value):
+                    and value.keys() <= _FAST_KEYS):
                 return item_id, prompt, value.get("context")
     return _full_check(path, text, stripped, number)
 
@@ -158,6 +166,9 @@ def _full_check(
     if not isinstance(value, dict):
         return InputError(path, f'expected an object with "id" and "prompt", or a string; '
                                 f"found {_json_type(value)}", line=number)
+    keys = row_problem(value)
+    if keys is not None:
+        return InputError(path, keys[1], line=number, field=keys[0])
     item_id, problem = _json_id(value)
     if problem is None and escaped and (found := item_id_problem(item_id)) is not None:
         problem = f"{item_id!r} {found}"
@@ -175,8 +186,6 @@ def _full_check(
 def _request_line(path: Path, value: dict[str, Any], item_id: str | None,
                   number: int) -> tuple[str | None, str, Any] | InputError:
     """A line with ``messages`` and/or ``params``: checked, and kept as one request text."""
-    if ("prompt" in value) == ("messages" in value):
-        return InputError(path, 'give exactly one of "prompt" and "messages"', line=number)
     field = "messages" if "messages" in value else "prompt"
     prompt = value[field]
     try:
@@ -248,7 +257,7 @@ def scan_range(path: Path, start: int = 0, end: int | None = None, *, keep_set: 
     part = JsonlPart()
     seen: set[int] = set()
     suspects, generated, problems = part.suspects, part.generated, part.problems
-    seen_add, scan, limit = seen.add, _SCAN, _NESTING_CHECK_AT
+    seen_add, scan, limit, fast_keys = seen.add, _SCAN, _NESTING_CHECK_AT, _FAST_KEYS
     items = entries = number = 0
     for first, lines in jsonl_blocks(path, start, end):
         number = first - 1
@@ -262,7 +271,7 @@ def scan_range(path: Path, start: int = 0, end: int | None = None, *, keep_set: 
                 if stop == len(text) and type(value) is dict:
                     item_id, prompt = value.get("id"), value.get("prompt")
                     if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
-                            and "params" not in value):
+                            and value.keys() <= fast_keys):
                         items += 1
                         entries += 1
                         key = hash(item_id)
@@ -341,10 +350,11 @@ def _json_type(value: object) -> str:
 
 
 def _json_id(obj: dict[str, Any]) -> tuple[str, str | None]:
-    """The object's id as a string, or why it has none."""
-    if "id" not in obj:
+    """The object's id (``"id"``, or ``"item_id"`` as the API reads it) as a string, or why it has none."""
+    key = "item_id" if "item_id" in obj else "id"
+    if key not in obj:
         return "", "missing"
-    value = obj["id"]
+    value = obj[key]
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value), None
     if not isinstance(value, str):

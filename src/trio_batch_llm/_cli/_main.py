@@ -30,7 +30,6 @@ from ._args import (
     positive_float,
     positive_int,
     probability,
-    quota_backend,
 )
 from ._command import EXIT_UNAVAILABLE
 from ._runs_parser import add_runs_parser
@@ -106,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
     run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
     run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
-    run.add_argument("--quota", type=quota_backend, metavar="redis://...",
+    run.add_argument("--quota", metavar="redis://...",
                      help="share --rpm/--tpm and cooldowns with every process using this Redis")
     run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
                      help="seconds one attempt may take (default 120)")
@@ -133,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "of an id winning (a resume supersedes earlier records), with the columns id, "
                     "success, output, error, error_category, attempts, input_tokens, output_tokens, "
                     "total_tokens, execution_seconds and context. Outputs and contexts that are not "
-                    "text are written as JSON. OUT is replaced only once it is complete.",
+                    "text are written as JSON. OUT is replaced only once it is complete, with the mode "
+                    "the umask gives a new file. OUT is never CHECKPOINT, --prompts INPUT or another "
+                    "checkpoint (links to one included): export only replaces a table.",
     )
     export.add_argument("checkpoint", metavar="CHECKPOINT", help="the checkpoint file to read")
     export.add_argument("out", metavar="OUT", help="the table to write")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import shlex
 import sys
@@ -77,9 +78,19 @@ def shown_command(argv: Sequence[str]) -> str:
 
 
 def redaction_note(command: str) -> str:
-    """What to add to a printed command whose key was redacted (empty when none was)."""
+    """What to add to a printed command whose key was redacted (empty when none was), naming the flags
+    whose URL held it: ``--quota``'s Redis password has no environment variable to move to."""
     if REDACTED not in command:
         return ""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = []
+    flags = [flag for flag, value in itertools.pairwise(words) if flag.startswith("--") and REDACTED in value]
+    flags += [word.partition("=")[0] for word in words if word.startswith("--") and "=" in word
+              and REDACTED in word.partition("=")[2]]
+    if flags and "--base-url" not in flags:
+        return f" (the password in {', '.join(flags)} is shown as {REDACTED}: put it back)"
     return (f" (a key in --base-url is shown as {REDACTED}: put it back, or better, pass it in an "
             "environment variable named by --api-key-env)")
 

@@ -14,6 +14,8 @@ from .._artifacts._identity import infer_artifact_identity
 from .._strategies._base import LLMCallStrategy
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._config import ArtifactIdentity
+from .._values._item_checks import text_nesting_column
+from .._values._schema_check import MAX_SCHEMA_DEPTH, response_schema_problem
 from ._command import UsageError
 
 __all__ = ["REQUEST_FLAGS", "checkpoint_identity", "load_response_schema", "request_settings"]
@@ -30,6 +32,13 @@ def load_response_schema(path: str) -> dict[str, Any]:
         raise UsageError(f"{flag}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{flag}: cannot be read: {exc}") from None
+    # Nesting is measured on the text, before json.loads, which recurses per level.
+    column = text_nesting_column(text, MAX_SCHEMA_DEPTH)
+    if column is not None:
+        line = text.count("\n", 0, column - 1) + 1
+        column -= text.rfind("\n", 0, column - 1) + 1
+        raise UsageError(f"{flag}: nested more than {MAX_SCHEMA_DEPTH} levels deep at line {line}, column "
+                         f"{column} (a response schema may nest at most {MAX_SCHEMA_DEPTH} levels)")
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -39,6 +48,9 @@ def load_response_schema(path: str) -> dict[str, Any]:
         raise UsageError(f"{flag}: a JSON schema must be a non-empty JSON object, got {got}")
     if "type" not in schema and "properties" not in schema and "$ref" not in schema and "anyOf" not in schema:
         raise UsageError(f'{flag}: not a JSON schema (no "type", "properties", "$ref" or "anyOf" key)')
+    problem = response_schema_problem(schema)  # the check ResponseModel makes, named by the file here
+    if problem is not None:
+        raise UsageError(f"{flag}: the JSON schema {problem}")
     return schema
 
 

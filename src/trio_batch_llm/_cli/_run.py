@@ -47,10 +47,18 @@ from .._engine._processor import ParallelBatchProcessor
 from .._strategies._base import LLMCallStrategy
 from .._strategies._factory import llm
 from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy, RetryConfig
-from .._values._errors import AdmissionClosedError, ArtifactMismatchError, BatchLLMError, ConfigurationError
+from .._values._errors import (
+    AdmissionClosedError,
+    ArtifactMismatchError,
+    BatchLLMError,
+    ConfigurationError,
+    QuotaBackendError,
+)
+from .._values._quota_backend import RedisQuotaBackend
 from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination
 from .._values._urls import is_openai_api, redact_url
+from ._args import quota_backend
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
 from ._input import InputError, InputScan, iter_input, scan_input
 from ._render import (
@@ -118,6 +126,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     source, out = Path(args.input), Path(args.out)
     resume_policy = getattr(args, "resume_policy", None)
     resume = bool(args.resume or resume_policy)  # a policy says how to resume: it implies --resume
+    quota = quota_backend(getattr(args, "quota", None))
     _check_out(out, source, resume=resume)
     scan = scan_input(source)
     provider, model = args.model
@@ -141,7 +150,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
             attempt_timeout=args.attempt_timeout,
             max_requests_per_minute=args.rpm,
             max_tokens_per_minute=args.tpm,
-            quota_backend=getattr(args, "quota", None),
+            quota_backend=quota,
             # Bounded, so a huge input is read only as fast as it runs and a stop leaves few queued items.
             max_queue_size=max(2 * args.concurrency, 64),
             guardrails=GuardrailConfig(batch_timeout=args.batch_timeout),
@@ -177,6 +186,12 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except ArtifactMismatchError as exc:
         if not outcome.opened:  # --resume on a file written for another model: say which flag
             say(f"error: {identity_mismatch_message(plan.out, plan.provider, plan.model, exc)}")
+            return EXIT_USAGE
+        say(f"error: the run failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    except QuotaBackendError as exc:
+        if not outcome.opened:  # refused by _check_quota, before the checkpoint was made
+            say(f"error: --quota: {exc}")
             return EXIT_USAGE
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
@@ -280,7 +295,20 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
     await processor.finish()
 
 
+async def _check_quota(backend: RedisQuotaBackend | None) -> None:
+    """``--quota``: one ``PING`` before the checkpoint is made, so that a wrong password, a database
+    the server lacks or a server that stays unreachable is a usage error, not a failed run."""
+    if backend is None:
+        await anyio.lowlevel.checkpoint()
+        return
+    from .._admission._redis_link import check_backend
+
+    with unwrap_group():
+        await check_backend(backend)
+
+
 async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
+    await _check_quota(plan.config.quota_backend)
     store = JsonlArtifactStore(plan.out, identity=plan.identity)
     started = anyio.current_time()
     with unwrap_group(), signal_receiver() as signals:

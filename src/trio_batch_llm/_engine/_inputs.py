@@ -11,6 +11,7 @@ import anyio.lowlevel
 from .._strategies._base import LLMCallStrategy
 from .._values._errors import AdmissionClosedError
 from .._values._item_checks import check_item
+from .._values._prompts import row_problem
 from .._values._requests import LLMWorkItem, check_params, check_prompt, item_id_problem
 
 __all__ = [
@@ -63,24 +64,16 @@ def check_request(item: LLMWorkItem[Any], where: str) -> None:
         raise ValueError(f"{place}: {problem}")
 
 
-MAPPING_KEYS = frozenset({"id", "item_id", "prompt", "messages", "params", "context"})
-
-
 def item_of_mapping(entry: Mapping[Any, Any], index: int, strategy: LLMCallStrategy[TOutput],
                     where: str) -> LLMWorkItem[TOutput]:
     """``{"id", "prompt"|"messages", "params", "context"}`` as an item (``item_id`` is taken for ``id``)."""
-    unknown = sorted(str(k) for k in entry if k not in MAPPING_KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r}; an entry has "
-                         '"id", "prompt" or "messages", and optionally "params" and "context"')
-    if "id" in entry and "item_id" in entry:
-        raise ValueError(f'{where}: give "id" or "item_id", not both')
+    found = row_problem(entry)  # the rule every reader shares (the command line's, a run's source)
+    if found is not None:
+        raise ValueError(f"{where}, field {found[0]!r}: {found[1]}")
     item_id = entry.get("id", entry.get("item_id", f"item-{index}"))
     problem = item_id_problem(item_id)
     if problem is not None:
         raise ValueError(f"{where}: id={item_id!r} {problem}")
-    if ("prompt" in entry) == ("messages" in entry):
-        raise ValueError(f'{where} (item_id={item_id!r}): give exactly one of "prompt" and "messages"')
     prompt = entry["prompt"] if "prompt" in entry else entry["messages"]
     if "prompt" in entry and not isinstance(prompt, str):
         raise TypeError(f'{where} (item_id={item_id!r}): "prompt"={prompt!r:.80} must be a str '

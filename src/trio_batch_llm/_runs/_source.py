@@ -15,7 +15,8 @@ reports errors the same way.
   cursor), so it can always continue exactly, and fingerprints the file's head
   to refuse continuing in a different file. Each non-blank line is a string
   (the prompt; id ``item-N``) or an object ``{"id", "prompt", "context"}``, the
-  command line's JSONL format.
+  command line's JSONL format, whose keys follow the one rule of every reader
+  (:func:`~.._values._prompts.row_problem`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .._artifacts._fingerprint import canonical_json, item_fingerprint
 from .._engine._inputs import to_item
 from .._strategies._base import LLMCallStrategy
 from .._values._item_checks import json_line_nesting_column, nesting_problem
+from .._values._prompts import row_problem
 from .._values._requests import LLMWorkItem, request_text
 from ._schema import NewItem, RunSourceError, SourceCheckpoint
 
@@ -123,7 +125,10 @@ def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
         return value
     if not isinstance(value, dict):
         raise TypeError(f'{place}: expected an object with "id" and "prompt", or a string')
-    item_id = value.get("id")
+    found = row_problem(value)  # the rule of every reader: the API's, the command line's
+    if found is not None:
+        raise ValueError(f"{place}, field {found[0]!r}: {found[1]}")
+    item_id = value.get("id", value.get("item_id"))
     if isinstance(item_id, int) and not isinstance(item_id, bool):
         item_id = str(item_id)
     if not isinstance(item_id, str) or not item_id.strip():

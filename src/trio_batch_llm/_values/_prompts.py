@@ -11,9 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeAlias, final
 
+from ._schema_check import response_schema_problem
+
 __all__ = [
     "PARAM_KEYS",
     "REQUEST_TEXT_PREFIX",
+    "ROW_KEYS",
     "LLMRequest",
     "Message",
     "Prompt",
@@ -22,6 +25,7 @@ __all__ = [
     "prompt_text",
     "request_of_text",
     "request_text",
+    "row_problem",
 ]
 
 Message: TypeAlias = Mapping[str, Any]
@@ -35,6 +39,9 @@ PARAM_KEYS: Final = frozenset({
 })
 """The request parameters an item (or a strategy's ``params=``) may set; ``max_tokens`` is an alias."""
 _ALIASES: Final = {"max_tokens": "max_output_tokens"}
+ROW_KEYS: Final = frozenset({"id", "item_id", "prompt", "messages", "params", "context"})
+"""The keys of a request given as a mapping: a ``process_prompts`` entry, a JSONL row of the command
+line or of a run's source. One rule (:func:`row_problem`) for every reader."""
 _ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -67,6 +74,28 @@ def check_prompt(prompt: object, where: str) -> Prompt:
                                     'be a content part with a "type" (e.g. {"type": "text", "text": ...})')
         messages.append(dict(message))
     return messages
+
+
+def row_problem(row: Mapping[Any, Any]) -> tuple[str, str] | None:
+    """``(field, problem)`` when the keys of a request row break the rule, or ``None``.
+
+    A row has ``"id"`` (or ``"item_id"``, not both), exactly one of ``"prompt"`` and
+    ``"messages"``, and optionally ``"params"`` and ``"context"``. Any other key is refused
+    rather than ignored: a misspelt ``"temprature"`` or a top-level ``"system"`` would
+    otherwise run the item without it. Whether a row needs an id is its reader's rule.
+    """
+    for key in row:
+        if key not in ROW_KEYS:
+            return str(key), ('unknown key; a row has "id", "prompt" or "messages", and optionally '
+                              '"params" and "context" (request parameters such as "temperature" or '
+                              '"system" go in "params")')
+    if "id" in row and "item_id" in row:
+        return "item_id", 'give "id" or "item_id", not both'
+    if "prompt" in row and "messages" in row:
+        return "messages", 'give exactly one of "prompt" and "messages", not both'
+    if "prompt" not in row and "messages" not in row:
+        return "prompt", "missing"  # the command line's word for it, as for an id
+    return None
 
 
 def check_params(params: object, where: str) -> dict[str, Any]:
@@ -110,7 +139,9 @@ def _param_problem(name: str, value: Any) -> str | None:
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         return None if ok else "must be a str or a list of str"
     if name in ("response_format", "extra_body"):
-        return None if isinstance(value, Mapping) else "must be a mapping"
+        if not isinstance(value, Mapping):
+            return "must be a mapping"
+        return _response_format_problem(value) if name == "response_format" else None
     if name == "tools":
         ok = isinstance(value, list) and all(isinstance(v, Mapping) for v in value)
         return None if ok else "must be a list of tool mappings"
@@ -119,6 +150,16 @@ def _param_problem(name: str, value: Any) -> str | None:
     if name == "logprobs":
         return None if isinstance(value, bool) else "must be a bool"
     return None
+
+
+def _response_format_problem(value: Mapping[str, Any]) -> str | None:
+    """A ``json_schema`` response format's schema, checked as ``response_model=`` checks one."""
+    inner = value.get("json_schema")
+    schema = inner.get("schema") if isinstance(inner, Mapping) else value.get("schema")
+    if value.get("type") != "json_schema" or schema is None:
+        return None
+    problem = response_schema_problem(schema)
+    return None if problem is None else f"holds a malformed JSON schema: the schema {problem}"
 
 
 def prompt_text(prompt: Prompt) -> str:

@@ -6,20 +6,57 @@ its own connection (see ``_admission/_redis_link.py``) in a task it owns, so one
 backend object may serve many processors, hosts and event loops.
 
 The URL's password is kept out of every repr, log line and error
-(:attr:`RedisQuotaBackend.display_url`); only the client sees it.
+(:attr:`RedisQuotaBackend.display_url`); only the client sees it. The URL is
+parsed when the value is made (scheme, port, database number), so a typo is a
+:class:`QuotaBackendURLError` then, not a traceback from the client later.
 """
 
 from __future__ import annotations
 
 import math
+import urllib.parse
 from typing import final
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, QuotaBackendError
 from ._urls import redact_url
 
-__all__ = ["RedisQuotaBackend"]
+__all__ = ["QuotaBackendURLError", "RedisQuotaBackend"]
 
 _SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+class QuotaBackendURLError(ConfigurationError, QuotaBackendError):
+    """A quota backend URL that cannot be used as written: a bad config value (``ConfigurationError``)
+    and a quota backend that cannot be used (``QuotaBackendError``); either ``except`` catches it."""
+
+
+def _url_problem(url: str) -> str | None:
+    """Why the client could not use ``url``, or ``None``; never quotes the URL's userinfo."""
+    if not url.startswith(_SCHEMES):
+        return "must be a redis://, rediss:// or unix:// URL"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qs(parts.query)
+    except ValueError as exc:  # an unbalanced IPv6 bracket; the message holds no part of the URL
+        return f"cannot be parsed: {exc}"
+    databases = query.get("db", [])
+    if parts.scheme == "unix":
+        if not parts.path:
+            return "needs the socket path (unix:///path/to/redis.sock)"
+    else:
+        try:
+            parts.port  # noqa: B018 - parsing the port is the check
+        except ValueError:
+            port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+            return f"the port {port!r} is not a number from 0 to 65535"
+        # The client reads the database from the path when the query names none, and silently
+        # takes 0 for a path that is not a number: a typo would share limits in the wrong place.
+        if not databases and parts.path.strip("/"):
+            databases = [parts.path.replace("/", "")]
+    for database in databases:
+        if not (database.isascii() and database.isdigit()):
+            return f"the database {database!r} is not a whole number >= 0"
+    return None
 
 
 def _positive(name: str, value: object) -> float:
@@ -75,9 +112,10 @@ class RedisQuotaBackend:
         lease_seconds: float = 1.0,
         cluster: bool = False,
     ) -> None:
-        if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        problem = _url_problem(url) if isinstance(url, str) else _url_problem("")
+        if problem is not None:
             shown = redact_url(url) if isinstance(url, str) else url
-            raise ConfigurationError("quota_backend", shown, "must be a redis://, rediss:// or unix:// URL")
+            raise QuotaBackendURLError("quota_backend", shown, problem)
         if not isinstance(namespace, str) or not namespace or "{" in namespace or "}" in namespace:
             raise ConfigurationError("namespace", namespace, "must be a non-empty string without braces")
         if isinstance(max_lease, bool) or not isinstance(max_lease, int) or max_lease < 0:

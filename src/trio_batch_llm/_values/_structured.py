@@ -22,6 +22,7 @@ from typing import Any, Final, final
 from ._categories import ErrorCategory
 from ._errors import ConfigurationError, ProviderError
 from ._models import is_pydantic_model_class, plain_json_of_model
+from ._schema_check import resolve_ref, response_schema_problem
 
 __all__ = [
     "FENCE_METADATA_KEY",
@@ -36,6 +37,7 @@ FENCE_METADATA_KEY: Final = "fence_recovered"
 
 _FENCE: Final = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?\s*```\s*$", re.DOTALL)
 _NAME: Final = re.compile(r"[^A-Za-z0-9_-]")
+_SHOWN: Final = "<a JSON schema dict>"  # errors never print the schema: it may nest thousands of levels
 
 
 class StructuredOutputError(ProviderError):
@@ -60,11 +62,23 @@ class ResponseModel:
         if isinstance(model, Mapping):
             if not model:
                 raise ConfigurationError("response_model", model, "a JSON schema must not be empty")
-            schema = json.loads(json.dumps(dict(model)))  # a private, plain copy
+            # Checked once, here, before any work: a bad schema would otherwise fail every item (or
+            # recurse without end) at parse time, or make the provider answer 400 to every call.
+            problem = response_schema_problem(model)
+            if problem is not None:
+                raise ConfigurationError("response_model", _SHOWN, f"the JSON schema {problem}")
+            try:
+                schema = json.loads(json.dumps(dict(model), allow_nan=False))  # a private, plain copy
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError("response_model", _SHOWN,
+                                         f"this JSON schema is not JSON: {exc}") from None
             title = schema.get("title")
             name = title if isinstance(title, str) and title else "response"
         elif isinstance(model, type) and _looks_like_pydantic(model):
             schema = _closed(model.model_json_schema())  # type: ignore[attr-defined]
+            problem = response_schema_problem(schema)
+            if problem is not None:
+                raise ConfigurationError("response_model", model, f"its JSON schema {problem}")
             name = model.__name__
         else:
             raise ConfigurationError(
@@ -95,7 +109,14 @@ class ResponseModel:
                 f"the answer does not match the response model {self.name}: {_short(exc)}",
                 validation_error=exc,
             ) from exc
-        problem = schema_problem(self.schema, data)
+        except RecursionError as exc:
+            raise StructuredOutputError(f"the answer is nested too deep to read as JSON ({self.name})",
+                                        validation_error=exc) from None
+        try:
+            problem = schema_problem(self.schema, data)
+        except RecursionError as exc:  # an answer nested deeper than Python recurses, for a recursive schema
+            raise StructuredOutputError(f"the answer is nested too deep to check against {self.name}",
+                                        validation_error=exc) from None
         if problem is not None:
             error = ValueError(problem)
             raise StructuredOutputError(
@@ -182,10 +203,8 @@ def schema_problem(schema: Mapping[str, Any], value: Any, *, root: Mapping[str, 
     root = schema if root is None else root
     ref = schema.get("$ref")
     if isinstance(ref, str):
-        target: Any = root
-        for part in ref.removeprefix("#/").split("/") if ref.startswith("#/") else ():
-            target = target.get(part) if isinstance(target, Mapping) else None
-        if not isinstance(target, Mapping):
+        target = resolve_ref(ref, root) if ref == "#" or ref.startswith("#/") else None
+        if target is None:
             return f"{where}: unresolvable $ref {ref!r}"
         return schema_problem(target, value, root=root, where=where)
     for key in ("anyOf", "oneOf"):

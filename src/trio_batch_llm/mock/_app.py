@@ -41,7 +41,7 @@ from ._limits import ServerLimits
 from ._plan import CREATED, Plan, error_text, plan_request, reply, success_body
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
-from ._structured import requested_schema
+from ._structured import requested_schema, schema_refusal
 
 __all__ = ["MockOpenAIApp"]
 
@@ -215,6 +215,11 @@ class MockOpenAIApp:
 
     async def _answer(self, api: Api, payload: dict[str, Any], prompt: str, exchange: Exchange,
                       receive: Receive, send: Send) -> None:
+        refused = schema_refusal(api, payload)
+        if refused is not None:  # checked before admission, as a provider checks the body first
+            await self._respond.send_error(exchange, send, 400, refused, "invalid_request_error",
+                                           "invalid_json_schema")
+            return
         _, completion_tokens = reply(self.config, prompt)
         prompt_tokens = mock_token_count(prompt)
         if not await self._admit(exchange, send, prompt_tokens + completion_tokens):
@@ -242,6 +247,9 @@ class MockOpenAIApp:
         if payload.get("stream"):  # refused before it counts, as live
             return 400, error_payload("stream=true is not supported by the mock server",
                                       kind="invalid_request_error")
+        refused = schema_refusal(api, payload)
+        if refused is not None:  # refused before it counts, as live
+            return 400, error_payload(refused, kind="invalid_request_error", code="invalid_json_schema")
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
         plan = plan_request(self.config, prompt, occurrence)

@@ -11,6 +11,11 @@ prompt give the same JSON. A request with ``tools`` whose ``tool_choice`` is
 is answered with one call of that (or the first) function, with arguments
 generated from its parameters' schema.
 
+A request whose schema is malformed (a ``type`` that names no JSON type, ``properties``
+that is not an object of schemas, a ``$ref`` that does not resolve or loops, a schema
+nested too deep) is refused with 400 ``invalid_json_schema``, as a provider refuses it
+(:func:`schema_refusal`), by the same check the library makes before sending one.
+
 Nothing here sends or reads a clock.
 """
 
@@ -22,11 +27,13 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .._strategies.openai._wire import Api
+from .._values._schema_check import resolve_ref, response_schema_problem
 
-__all__ = ["example_of", "requested_schema", "requested_tool", "schema_violation"]
+__all__ = ["example_of", "requested_schema", "requested_tool", "schema_refusal", "schema_violation"]
 
 _WORDS: Final = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
 _MAX_DEPTH: Final = 12
+_HARD_DEPTH: Final = 2 * _MAX_DEPTH
 
 
 def requested_schema(api: Api, payload: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -44,6 +51,37 @@ def requested_schema(api: Api, payload: Mapping[str, Any]) -> dict[str, Any] | N
         schema = fmt.get("schema")
         return dict(schema) if isinstance(schema, Mapping) else {}
     return None
+
+
+def schema_refusal(api: Api, payload: Mapping[str, Any]) -> str | None:
+    """The message of the 400 a provider sends for a malformed schema in the request, or ``None``:
+    the response format's schema, and the parameters of every function tool."""
+    schema = requested_schema(api, payload)
+    if schema is not None:
+        problem = response_schema_problem(schema)
+        if problem is not None:
+            name = _format_name(api, payload)
+            return f"Invalid schema for response_format {name!r}: the schema {problem} (mock)"
+    tools = payload.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        spec = tool.get("function") if api == "chat" and isinstance(tool, Mapping) else tool
+        if not isinstance(spec, Mapping) or "parameters" not in spec:
+            continue
+        parameters = spec["parameters"]
+        problem = response_schema_problem(parameters) if parameters != {} else None
+        if problem is not None:
+            return f"Invalid schema for function {spec.get('name')!r}: the parameters {problem} (mock)"
+    return None
+
+
+def _format_name(api: Api, payload: Mapping[str, Any]) -> object:
+    if api == "chat":
+        fmt = payload.get("response_format")
+        inner = fmt.get("json_schema") if isinstance(fmt, Mapping) else None
+        return inner.get("name") if isinstance(inner, Mapping) else None
+    text = payload.get("text")
+    fmt = text.get("format") if isinstance(text, Mapping) else None
+    return fmt.get("name") if isinstance(fmt, Mapping) else None
 
 
 def requested_tool(api: Api, payload: Mapping[str, Any], prompt: str) -> tuple[str, dict[str, Any]] | None:
@@ -79,11 +117,9 @@ def example_of(schema: Mapping[str, Any], rng: random.Random) -> Any:
 
 def _example(schema: Mapping[str, Any], rng: random.Random, root: Mapping[str, Any], depth: int) -> Any:
     ref = schema.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#/") and depth < _MAX_DEPTH:
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part) if isinstance(target, Mapping) else None
-        if isinstance(target, Mapping):
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and depth < _MAX_DEPTH:
+        target = resolve_ref(ref, root)
+        if target is not None:
             return _example(target, rng, root, depth + 1)
         return None
     if "const" in schema:
@@ -104,7 +140,10 @@ def _example(schema: Mapping[str, Any], rng: random.Random, root: Mapping[str, A
         required = set(schema.get("required") or ())
         properties = schema.get("properties") or {}
         for name, sub in properties.items():
-            if (name in required or rng.random() < 0.5) and depth < _MAX_DEPTH and isinstance(sub, Mapping):
+            # Past _MAX_DEPTH only required properties go on (a recursive schema's answer stays
+            # valid: its arrays end there), and nothing past _HARD_DEPTH.
+            deep_enough = depth < _MAX_DEPTH or (name in required and depth < _HARD_DEPTH)
+            if (name in required or rng.random() < 0.5) and deep_enough and isinstance(sub, Mapping):
                 result[name] = _example(sub, rng, root, depth + 1)
         return result
     if kind == "array":
