@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import Any, Final
 
 import anyio
 
+from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
 from ._schema import RunResult, RunSnapshot, StoredResult
 from .repository._client import RepositoryClient
@@ -26,14 +27,28 @@ __all__ = ["export_results_jsonl", "iter_run_results", "list_runs", "load_result
 _EXPORT_PAGE: Final = 1000
 
 
-def _decode(stored: StoredResult) -> RunResult:
-    return RunResult(stored.sequence, WorkItemResult.from_dict(json.loads(stored.result_json)))
+def _decode(stored: StoredResult, run_id: str = "", output: Callable[[Any], Any] | None = None) -> RunResult:
+    result = WorkItemResult[Any].from_dict(json.loads(stored.result_json))
+    if output is not None and result.output is not None:
+        try:
+            result.output = output(result.output)
+        except Exception as exc:  # the strategy's decoder: the stored output is not what it makes now
+            raise ArtifactStoreError(
+                f"run {run_id!r}: the stored output of item {result.item_id!r} (sequence {stored.sequence}) "
+                f"does not decode with this strategy (its response_model changed?): {exc!r}; "
+                "iter_run_results() reads it as stored"
+            ) from exc
+    return RunResult(stored.sequence, result)
 
 
 def load_results(
-    repository: RunRepository, run_id: str, after_sequence: int, limit: int | None
+    repository: RunRepository, run_id: str, after_sequence: int, limit: int | None,
+    output: Callable[[Any], Any] | None = None,
 ) -> list[RunResult]:
-    return [_decode(s) for s in repository.results(run_id, after_sequence=after_sequence, limit=limit)]
+    """A page of results; each output through ``output`` (the strategy's ``decode_output``: a
+    live run keeps a model as its JSON, see ``encode_new_result``), if given."""
+    return [_decode(s, run_id, output)
+            for s in repository.results(run_id, after_sequence=after_sequence, limit=limit)]
 
 
 async def export_results_jsonl(db: RepositoryClient, run_id: str, path: str, after_sequence: int) -> int:
@@ -92,7 +107,10 @@ def list_runs(path: str | os.PathLike[str]) -> list[RunSnapshot]:
 def iter_run_results(
     path: str | os.PathLike[str], run_id: str, *, after_sequence: int = 0
 ) -> Iterator[RunResult]:
-    """Every result of ``run_id`` after ``after_sequence``, in order (blocking; offline use)."""
+    """Every result of ``run_id`` after ``after_sequence``, in order (blocking; offline use).
+
+    Outputs are as stored, plain JSON: a pydantic model comes back as its ``model_dump``
+    (only :meth:`Run.read_results`, which has the strategy, rebuilds it)."""
     repository = repository_at(path, read_only=True)
     repository.open()
     try:
