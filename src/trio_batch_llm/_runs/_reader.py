@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
@@ -51,25 +52,45 @@ def load_results(
             for s in repository.results(run_id, after_sequence=after_sequence, limit=limit)]
 
 
+def _create_beside(target: anyio.Path) -> tuple[int, str]:
+    """A new file in ``target``'s directory under a fresh name (never someone's file), with the mode
+    any new file gets there (``0o666`` less the umask, applied by the system as it creates it)."""
+    while True:
+        name = os.path.join(os.fspath(target.parent), f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+            return os.open(name, flags, 0o666), name
+        except FileExistsError:
+            continue
+
+
 async def export_results_jsonl(db: RepositoryClient, run_id: str, path: str, after_sequence: int) -> int:
     """Write ``{"sequence": n, "result": {...}}`` lines to ``path`` (a temporary file, then a rename).
 
-    Reads page by page, so a long export never holds the repository for long.
+    Reads page by page, so a long export never holds the repository for long. The
+    temporary file has a fresh name (a fixed one could be a file of the user's, or a
+    link to one) and is removed if the export fails or is cancelled.
     """
     target = anyio.Path(path)
-    partial = target.with_name(target.name + ".partial")
+    fd, partial = await anyio.to_thread.run_sync(_create_beside, target)
     written = 0
-    async with await anyio.open_file(partial, "w", encoding="utf-8") as f:
-        cursor = after_sequence
-        while page := await db.call(
-            db.repository.results, run_id, after_sequence=cursor, limit=_EXPORT_PAGE
-        ):
-            await f.write("".join(f'{{"sequence":{s.sequence},"result":{s.result_json}}}\n' for s in page))
-            cursor = page[-1].sequence
-            written += len(page)
-        await f.flush()
-        await anyio.to_thread.run_sync(os.fsync, f.wrapped.fileno())
-    await partial.replace(target)
+    try:
+        async with await anyio.open_file(fd, "w", encoding="utf-8") as f:
+            cursor = after_sequence
+            while page := await db.call(
+                db.repository.results, run_id, after_sequence=cursor, limit=_EXPORT_PAGE
+            ):
+                await f.write("".join(f'{{"sequence":{s.sequence},"result":{s.result_json}}}\n'
+                                      for s in page))
+                cursor = page[-1].sequence
+                written += len(page)
+            await f.flush()
+            await anyio.to_thread.run_sync(os.fsync, f.wrapped.fileno())
+        await anyio.Path(partial).replace(target)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.Path(partial).unlink(missing_ok=True)
+        raise
     return written
 
 
