@@ -37,6 +37,7 @@ from ._export import _ours, _same_file
 from ._render import (
     PROG,
     describe,
+    redaction_note,
     resolve_hint,
     run_list_line,
     say,
@@ -184,7 +185,7 @@ async def _control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> li
             after = await run.pause(args.reason)
             resume = shlex.join([PROG, "runs", "resume", str(db), run.run_id])
             return [*describe(after), "paused: a process driving it starts no new call and finishes "
-                    f"those in flight; continue with: {resume}"]
+                    f"those in flight; continue with: {resume}{redaction_note(resume)}"]
         if command == "resume":
             after = await run.resume()
             return [*describe(after), "running again: it makes progress while a `runs start` drives it "
