@@ -19,7 +19,14 @@ from typing import Any
 import pydantic
 import pytest
 
-from trio_batch_llm import ErrorCategory, FakeStrategy, ProcessorConfig, WorkItemResult
+from trio_batch_llm import (
+    ConfigurationError,
+    ErrorCategory,
+    FakeStrategy,
+    ProcessorConfig,
+    SqliteArtifactStore,
+    WorkItemResult,
+)
 from trio_batch_llm._runs import iter_run_results, open_run
 
 from ._runs_child import IDENTITY
@@ -129,3 +136,14 @@ async def test_a_subclass_of_the_response_model_is_refused(
     assert refused.error is not None and "Finer" in refused.error and "response_model=" in refused.error
     assert type(results["item-1"].output) is Label
     assert [r.success for r in results.values()].count(False) == 1
+
+
+async def test_a_store_with_an_output_codec_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    path = tmp_path / "runs.sqlite"
+    store = SqliteArtifactStore(path, identity=IDENTITY, output_encoder=list, output_decoder=tuple)
+    fake = FakeStrategy(script={"p0": [(1, 2)]})
+    with pytest.raises(ConfigurationError) as caught:
+        await open_run(store, "run", fake, PROMPTS)
+    message = str(caught.value)
+    assert "output_encoder" in message and "open_run" in message and "response_model=" in message, message
+    assert fake.calls == [] and not path.exists()
