@@ -54,6 +54,9 @@ JSONValue = None | bool | int | float | str | list[Any] | dict[str, Any]
 _SCALARS: Final = frozenset({str, int, bool, type(None)})
 _HINT: Final = "pass output_encoder= and output_decoder= to the store to keep it"
 """The codec, one of the ways out named by every refusal."""
+_NO_CODEC_HINT: Final = ("return plain JSON, or a pydantic model with its class as the strategy's "
+                         "response_model=")
+"""The way out where no codec can be given (a durable run's results)."""
 
 
 def _type_name(kind: type) -> str:
@@ -88,9 +91,12 @@ def plain_json_problem(value: object) -> str | None:
     return None
 
 
-def replay_problem(output: object, stored: JSONValue, replay: Callable[[Any], Any]) -> str | None:
+def replay_problem(
+    output: object, stored: JSONValue, replay: Callable[[Any], Any], *, codec_option: bool = True
+) -> str | None:
     """Why a resume, passing ``stored`` through ``replay``, would not give back an output of
-    ``output``'s type, or ``None`` if it would."""
+    ``output``'s type, or ``None`` if it would. The codec is named as a way out only with
+    ``codec_option`` (where the user can give one)."""
     try:
         back = replay(stored)
     except Exception as exc:  # noqa: BLE001 - the strategy's decoder: failing, it cannot replay the item
@@ -107,20 +113,24 @@ def replay_problem(output: object, stored: JSONValue, replay: Callable[[Any], An
     else:
         what = f"output is of type {_type_name(kind)} and the item's strategy (its decode_output) {got}"
         fix = "make the strategy's decode_output give it back"
-    return f"{what}, so a resume would return it changed; {fix}, or {_HINT}"
+    return f"{what}, so a resume would return it changed; {fix}" + (f", or {_HINT}" if codec_option else "")
 
 
 @final
 class OutputCodec:
     """The stores' rule for outputs; see the module docstring."""
 
-    __slots__ = ("_decoder", "_encoder")
+    __slots__ = ("_codec_option", "_decoder", "_encoder")
 
     def __init__(
         self,
         encoder: Callable[[Any], JSONValue] | None = None,
         decoder: Callable[[JSONValue], Any] | None = None,
+        *,
+        codec_option: bool = True,
     ) -> None:
+        """``codec_option=False`` where the user cannot give a codec (``open_run``): refusals
+        then name only the ways out that exist there (plain JSON, ``response_model=``)."""
         for name, fn in (("output_encoder", encoder), ("output_decoder", decoder)):
             if fn is not None and not callable(fn):
                 raise ConfigurationError(name, fn, "must be a callable")
@@ -133,6 +143,7 @@ class OutputCodec:
             )
         self._encoder = encoder
         self._decoder = decoder
+        self._codec_option = codec_option
 
     def encode(self, output: Any, *, replay: Callable[[Any], Any] | None = None) -> JSONValue:
         """The plain JSON to store for ``output``; ValueError saying why it cannot be kept.
@@ -152,9 +163,9 @@ class OutputCodec:
             stored = dumped if is_model else output
             problem = plain_json_problem(stored)
             if problem is not None:
-                raise ValueError(f"{problem}; {_HINT}")
+                raise ValueError(f"{problem}; {_HINT if self._codec_option else _NO_CODEC_HINT}")
             if replay is not None:
-                problem = replay_problem(output, stored, replay)
+                problem = replay_problem(output, stored, replay, codec_option=self._codec_option)
                 if problem is not None:
                     raise ValueError(problem)
             return stored  # type: ignore[no-any-return]

@@ -78,21 +78,40 @@ def shown_command(argv: Sequence[str]) -> str:
 
 
 def redaction_note(command: str) -> str:
-    """What to add to a printed command whose key was redacted (empty when none was), naming the flags
-    whose URL held it: ``--quota``'s Redis password has no environment variable to move to."""
+    """What to add to a printed command whose secret was redacted (empty when none was), naming
+    where each was: the run database's password (a ``postgresql://`` URL or a libpq ``password=``,
+    the DB argument of ``runs``), the flags whose URL held one (``--quota``'s Redis password has no
+    environment variable to move to), a key in ``--base-url``."""
     if REDACTED not in command:
         return ""
+    # Only here, when a note is due: rendering does not load the runs.
+    from .._runs.repository._conninfo import is_postgres_store
+
     try:
         words = shlex.split(command)
     except ValueError:
         words = []
-    flags = [flag for flag, value in itertools.pairwise(words) if flag.startswith("--") and REDACTED in value]
+    database = any(REDACTED in word and is_postgres_store(word) for word in words)
+    flags = [flag for flag, value in itertools.pairwise(words)
+             if flag.startswith("--") and REDACTED in value and not is_postgres_store(value)]
     flags += [word.partition("=")[0] for word in words if word.startswith("--") and "=" in word
               and REDACTED in word.partition("=")[2]]
-    if flags and "--base-url" not in flags:
-        return f" (the password in {', '.join(flags)} is shown as {REDACTED}: put it back)"
-    return (f" (a key in --base-url is shown as {REDACTED}: put it back, or better, pass it in an "
-            "environment variable named by --api-key-env)")
+    keyed = "--base-url" in flags or not (database or flags)  # unparsable: as before, the usual place
+    places = (["the run database's password"] if database else []) + [
+        f"the password in {flag}" for flag in dict.fromkeys(flags) if flag != "--base-url"]
+    if keyed:
+        places.append("a key in --base-url")
+    if len(places) == 1:
+        tail = ""
+        if database:
+            tail = ", or better, leave it out and let libpq read it from PGPASSWORD or ~/.pgpass"
+        elif keyed:
+            tail = ", or better, pass it in an environment variable named by --api-key-env"
+        return f" ({places[0]} is shown as {REDACTED}: put it back{tail})"
+    tips = (["libpq also reads the database's password from PGPASSWORD or ~/.pgpass"] if database else []) + (
+        ["the key is better passed in an environment variable named by --api-key-env"] if keyed else [])
+    return (f" ({', '.join(places[:-1])} and {places[-1]} are shown as {REDACTED}: put them back"
+            + "".join(f"; {tip}" for tip in tips) + ")")
 
 
 # --- progress ------------------------------------------------------------------------------------

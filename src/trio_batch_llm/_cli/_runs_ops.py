@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -32,7 +33,17 @@ from .._runs._reader import read_lease_report
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._errors import ArtifactStoreError, BatchLLMError, DatabaseUnavailableError, RunStateError
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
-from ._render import PROG, describe, resolve_hint, run_list_line, say, snapshot_json, status_json
+from ._export import _ours, _same_file
+from ._render import (
+    PROG,
+    describe,
+    redaction_note,
+    resolve_hint,
+    run_list_line,
+    say,
+    snapshot_json,
+    status_json,
+)
 from ._runs_db import RunDb
 
 __all__ = ["check_db_path", "control_command", "list_command", "status_command", "stored_snapshot"]
@@ -40,6 +51,7 @@ __all__ = ["check_db_path", "control_command", "list_command", "status_command",
 # The discard port on this host: a handle that only controls a run never calls its strategy,
 # and if a bug made it call, the connection is refused at once instead of reaching anything.
 _NEVER_CALLED: Final = "http://127.0.0.1:9/v1"
+_SQLITE_SIDE_FILES: Final = ("-wal", "-shm", "-journal")
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -117,19 +129,32 @@ def status_command(args: argparse.Namespace) -> int:
 # --- control -----------------------------------------------------------------------------
 
 
+def _journal_of(out: Path, db: Path) -> bool:
+    """Whether ``out`` names one of SQLite's files beside the database ``db`` (as given, or its
+    target when it is a link): replacing one would corrupt or roll back the database."""
+    names = {os.path.abspath(db), os.path.realpath(db)}
+    wanted = {name + suffix for name in names for suffix in _SQLITE_SIDE_FILES}
+    return bool({os.path.abspath(out), os.path.realpath(out)} & wanted)
+
+
 def _check_out(out: Path, db: RunDb) -> None:
+    """The ``export`` command's rules for OUT (and its helpers), with the run database as the input."""
     if out.exists() and not out.is_file():
-        raise UsageError(f"{out}: not a regular file")
+        raise UsageError(f"OUT {out}: not a regular file")
     if not out.parent.is_dir():
-        raise UsageError(f"{out}: the directory {out.parent} does not exist")
-    if db.samefile(out):
-        raise UsageError(f"{out} is the run database; choose another path")
+        raise UsageError(f"OUT {out}: the directory {out.parent} does not exist")
+    path = db.path
+    if path is not None and _same_file(out, path):
+        raise UsageError(f"OUT {out} is the run database; choose another path")
+    if path is not None and _journal_of(out, path):
+        raise UsageError(f"OUT {out} is a journal file of the run database {path}; choose another path")
+    kind = _ours(out) if out.exists() else None
+    if kind is not None:
+        raise UsageError(f"OUT {out} is {kind}, not a table: export never replaces one; choose another path")
 
 
 def _plan_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> None:
     """The checks that need the stored run; :class:`UsageError` otherwise."""
-    if args.runs_command == "export":
-        _check_out(Path(args.out), db)
     api_key_from(getattr(args, "api_key_env", None))  # only `cancel` has the endpoint flags
     if args.runs_command == "cancel" and snap.mode == "provider-batch" and snap.open_submissions \
             and not args.base_url:
@@ -160,7 +185,7 @@ async def _control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> li
             after = await run.pause(args.reason)
             resume = shlex.join([PROG, "runs", "resume", str(db), run.run_id])
             return [*describe(after), "paused: a process driving it starts no new call and finishes "
-                    f"those in flight; continue with: {resume}"]
+                    f"those in flight; continue with: {resume}{redaction_note(resume)}"]
         if command == "resume":
             after = await run.resume()
             return [*describe(after), "running again: it makes progress while a `runs start` drives it "
@@ -184,6 +209,8 @@ async def _control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> li
 def control_command(args: argparse.Namespace) -> int:
     db = RunDb.of(args.db)
     try:
+        if args.runs_command == "export":  # before the database is read: reading it may add its -wal/-shm
+            _check_out(Path(args.out), db)
         snap = stored_snapshot(db, args.run_id)
         _plan_control(args, db, snap)
     except UsageError as exc:

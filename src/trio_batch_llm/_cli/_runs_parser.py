@@ -187,10 +187,18 @@ def add_runs_parser(sub: Any) -> None:
                          help="no such batch: its items go back to pending and are submitted again")
     resolve.set_defaults(handler=_control)
 
-    export = group.add_parser("export", parents=[target, backend],
-                              help="write the run's results to a JSONL file")
+    export = group.add_parser(
+        "export", parents=[target, backend], help="write the run's results to a JSONL file",
+        description="Write the run's results to OUT.jsonl, one {\"sequence\": n, \"result\": {...}} per "
+                    "line. OUT is never the run database (by name or through a link) nor one of its "
+                    "journal files, nor an existing checkpoint or run database (a JSONL checkpoint, a "
+                    "SQLite file): export refuses those and changes nothing. An existing table is "
+                    "replaced atomically; the new file gets the mode the umask gives (0o666 less the "
+                    "umask), as any new file.",
+    )
     export.add_argument("out", metavar="OUT.jsonl",
-                        help='one {"sequence": n, "result": {...}} per line; replaced atomically')
+                        help='one {"sequence": n, "result": {...}} per line; replaced atomically (never '
+                             "the run database nor a checkpoint)")
     export.add_argument("--after", type=non_negative_int, default=0, metavar="N",
                         help="only results with a sequence above N (default 0: all)")
     export.set_defaults(handler=_control)

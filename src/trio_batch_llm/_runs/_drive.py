@@ -47,7 +47,7 @@ from typing import Any, Final, Literal, ParamSpec, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from .._artifacts._codec import unstorable_failure
+from .._artifacts._codec import OutputCodec, unstorable_failure
 from .._artifacts._protocol import encode_result
 from .._core._deliveries import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
@@ -73,6 +73,8 @@ __all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_n
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
 _PENDING_PAGE: Final = 512
 _RECORD_GROUP: Final = 256
+# The artifact stores' rule for outputs (open_run takes no codec, so a refusal names none).
+_OUTPUTS: Final = OutputCodec(codec_option=False)
 
 StopKind = Literal["paused", "cancelled", "detached"]
 P = ParamSpec("P")
@@ -213,6 +215,10 @@ class SegmentDriver(DriverBase):
         self._strategy = strategy
         self.lease_seconds = lease_seconds
 
+    def decode_output(self, stored: Any) -> Any:
+        """A stored output back to what the strategy made (what ``encode_new_result`` checked)."""
+        return self._strategy.decode_output(stored)
+
     async def drive(self, seg: Segment, snap: RunSnapshot, deadline: float, *,
                     lease: int | None = None, ingest: bool = True) -> None:
         """Run one segment of a ``running`` run; afterwards the stored status says how it ended.
@@ -351,7 +357,8 @@ class SegmentDriver(DriverBase):
         try:
             async for result in proc.results():
                 if result.error_category not in _NOT_TERMINAL:
-                    group.append(encode_new_result(result, self._repo.location))
+                    group.append(encode_new_result(result, self._repo.location,
+                                                   replay=self.decode_output))
                 if group and (len(group) >= _RECORD_GROUP or proc.results_statistics().queued == 0):
                     await self._flush(seg, group, lease)
                     group = []
@@ -502,14 +509,21 @@ class _Wake:
         self.event = anyio.Event()
 
 
-def encode_new_result(result: WorkItemResult[Any], location: str) -> NewResult:
+def encode_new_result(
+    result: WorkItemResult[Any], location: str, *, replay: Callable[[Any], Any] | None = None
+) -> NewResult:
     """What the repository stores of a terminal result.
 
-    An output that cannot be stored (strict JSON: no NaN) makes the item a
-    ``PARSE`` failure, stored instead; the run goes on.
+    The output is kept by the artifact stores' rule (``_codec.py``): plain JSON,
+    or a pydantic model that ``replay`` (the strategy's ``decode_output``, which
+    :meth:`Run.read_results` applies) gives back as itself. Any other output (a
+    tuple, a dataclass, a model without ``response_model=``, ``NaN``) would be
+    read back changed: the item becomes a ``PARSE`` failure, stored instead,
+    and the run goes on.
     """
     try:
-        text = encode_result(result, lambda payload: payload).decode("utf-8")
+        output = _OUTPUTS.encode(result.output, replay=replay)
+        text = encode_result(result, lambda payload: payload, output=output).decode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         error = ArtifactEncodeError(
             f"{location}: the result of item {result.item_id!r} cannot be stored: {exc}"

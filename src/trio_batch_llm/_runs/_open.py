@@ -16,6 +16,7 @@ import os
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
+from .._artifacts._codec import OutputCodec
 from .._artifacts._fingerprint import jsonable_or_repr
 from .._artifacts._identity import infer_artifact_identity
 from .._artifacts._sqlite import SqliteArtifactStore
@@ -66,7 +67,9 @@ async def open_run(
     ``store`` is a database path, a PostgreSQL database (a ``postgresql://``
     URL or a libpq keyword string such as ``"host=db dbname=runs user=app"``), a
     :class:`SqliteArtifactStore` (its file and identity are used; the run has
-    its own tables there), or a ``RunRepository``. ``source`` is an iterable of prompts (as for
+    its own tables there; one with an output codec is refused: a run keeps
+    outputs by the stores' rule, plain JSON or a ``response_model=`` model),
+    or a ``RunRepository``. ``source`` is an iterable of prompts (as for
     ``process_prompts``), an async iterable, a JSONL file (a ``pathlib.Path``
     or a ``.jsonl`` path), or ``None`` for a handle that only watches or
     finishes a run whose ingestion is complete. On reattach the same source
@@ -143,6 +146,14 @@ async def open_run(
     _positive("unreachable_timeout", unreachable_timeout)
     _positive("slice_items", slice_items, whole=True)
     _positive("slice_seconds", slice_seconds)
+    codec = getattr(store, "_codec", None)  # a SqliteArtifactStore's output_encoder/output_decoder
+    if isinstance(codec, OutputCodec) and codec.decodes:
+        raise ConfigurationError(
+            "store", store,
+            "has output_encoder= and output_decoder=, which open_run does not use (a run keeps outputs "
+            "as plain JSON, or a pydantic model with the strategy's response_model=): pass the "
+            "store's path, or a store without them",
+        )
     if identity is None:  # the store's own, else inferred (the strategy's provider, model and settings)
         identity = (store.infer_identity(strategy) if isinstance(store, SqliteArtifactStore)
                     else infer_artifact_identity(strategy))

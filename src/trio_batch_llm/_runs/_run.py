@@ -114,14 +114,18 @@ class Run:
 
         Sequences are stable and gapless (1, 2, 3, …), so a consumer that
         stores the last sequence it handled can resume from it after a failure
-        without skipping or counting anything twice.
+        without skipping or counting anything twice. Outputs come back as the
+        items produced them: a live run passes each through the strategy's
+        ``decode_output`` (its ``response_model=`` rebuilds the model).
         """
         self._check_open()
         if isinstance(after_sequence, bool) or not isinstance(after_sequence, int) or after_sequence < 0:
             raise ValueError(f"after_sequence={after_sequence!r}: must be a whole number >= 0")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit={limit!r}: must be a whole number >= 1, or None")
-        return await self._db.call(load_results, self._repo, self._run_id, after_sequence, limit)
+        driver = self._driver
+        output = driver.decode_output if isinstance(driver, SegmentDriver) else None
+        return await self._db.call(load_results, self._repo, self._run_id, after_sequence, limit, output)
 
     async def export_jsonl(self, path: str | os.PathLike[str], *, after_sequence: int = 0) -> int:
         """Write results after ``after_sequence`` to ``path`` (replacing it), one
