@@ -171,7 +171,7 @@ async def test_a_claim_lost_with_the_connection_ends_the_segment_not_the_run(
                         while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s",
                                             (pid,)).fetchone() is not None:
                             assert time.monotonic() < give_up, "the cut session did not end"
-                            time.sleep(0.01)  # noqa: ASYNC251 - a worker thread, not the event loop
+                            time.sleep(0.01)  # a worker thread (to_thread), not the event loop
                     return other.try_claim("job")
 
                 assert await anyio.to_thread.run_sync(cut_and_claim)
