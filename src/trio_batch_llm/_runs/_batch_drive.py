@@ -104,14 +104,18 @@ class BatchSegmentDriver(DriverBase):
         api = self._connect(deadline)
         try:
             with unwrap_group():
-                async with anyio.create_task_group() as tg:
-                    seg.bind(None, tg.cancel_scope)
-                    if not exhausted:
-                        assert self._ingestor is not None
-                        tg.start_soon(self._ingest, seg, self._ingestor, name="run ingestion")
-                    tg.start_soon(self._watch, seg, name="run status watcher")
-                    await self._loop(seg, api)
-                    tg.cancel_scope.cancel("segment finished")
+                try:
+                    async with anyio.create_task_group() as tg:
+                        seg.bind(None, tg.cancel_scope)
+                        if not exhausted:
+                            assert self._ingestor is not None
+                            ingest = functools.partial(self._ingest, seg, self._ingestor)
+                            tg.start_soon(seg.guarded, ingest, name="run ingestion")
+                        tg.start_soon(seg.guarded, self._watch, seg, name="run status watcher")
+                        await self._loop(seg, api)
+                        tg.cancel_scope.cancel("segment finished")
+                finally:
+                    seg.raise_interrupt()  # before the close below, as on Trio (CONTRACT C6.4, C7.4)
             if seg.stop == "cancelled":
                 await self.cancel_open(api)
         except Exception as exc:
@@ -136,7 +140,7 @@ class BatchSegmentDriver(DriverBase):
     async def _ingest(self, seg: Segment, ingestor: Ingestor) -> None:
         with unwrap_group():
             async with anyio.create_task_group() as tg:
-                tg.start_soon(ingestor.read_ahead, name="run source reader")
+                tg.start_soon(seg.guarded, ingestor.read_ahead, name="run source reader")
                 try:
                     while (items := await ingestor.next_slice()) is not None:
                         seg.progress += len(items)

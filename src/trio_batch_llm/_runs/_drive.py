@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, ParamSpec, TypeVar, final
 
 import anyio
@@ -49,6 +49,7 @@ import anyio.lowlevel
 
 from .._artifacts._codec import OutputCodec, unstorable_failure
 from .._artifacts._protocol import encode_result
+from .._backends import leaves_the_loop
 from .._core._deliveries import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
 from .._strategies._base import LLMCallStrategy
@@ -97,6 +98,7 @@ class Segment:
         self._proc: ParallelBatchProcessor[Any] | None = None
         self._scope: anyio.CancelScope | None = None
         self.feeder_scope = anyio.CancelScope()
+        self._interrupt: BaseException | None = None  # see guarded()
 
     def request(self, kind: StopKind, reason: str) -> None:
         # A cancel or detach overrides a pause (it is stronger); nothing overrides them.
@@ -127,6 +129,32 @@ class Segment:
         self.feeder_scope.cancel(self.stop_reason)
         if self.stop != "paused" and self._scope is not None:
             self._scope.cancel(self.stop_reason)
+
+    async def guarded(  # noqa: ASYNC910 - fn() ran on every path (a held interrupt ends it)
+        self, fn: Callable[..., Awaitable[object]], *args: object
+    ) -> None:
+        """Run ``fn(*args)`` as a task of this segment (every task of a segment runs so).
+
+        A Ctrl+C or ``sys.exit()`` raised in it (the run's source, a hook) would, on asyncio,
+        leave the event loop itself instead of this task (:func:`leaves_the_loop`): it is held
+        here and the segment cancelled, as Trio's task group does with it; the driver
+        re-raises it, with its type, after the ordered close (:meth:`raise_interrupt`).
+        """
+        try:
+            await fn(*args)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if not leaves_the_loop(exc):
+                raise
+            if self._interrupt is None:
+                self._interrupt = exc
+            assert self._scope is not None  # bound before any task starts
+            self._scope.cancel("interrupted")
+
+    def raise_interrupt(self) -> None:
+        """Re-raise what :meth:`guarded` held (asyncio), once the segment's task group is left."""
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            raise interrupt
 
     def fail(self, exc: BaseException, kind: str) -> None:
         """Ingestion failed: what was fed still runs; the driver raises ``exc`` once it has."""
@@ -243,16 +271,23 @@ class SegmentDriver(DriverBase):
             with unwrap_group():
                 async with proc:
                     proc.start()
-                    async with anyio.create_task_group() as tg:
-                        seg.bind(proc, tg.cancel_scope)
-                        if lease is None:
-                            tg.start_soon(self._feed, seg, proc, snap.checkpoint.exhausted)
-                        else:
-                            tg.start_soon(self._feed_leased, seg, proc, lease, ingest)
-                            tg.start_soon(self._heartbeat, seg, lease)
-                        tg.start_soon(functools.partial(self._watch, seg, leased=lease is not None))
-                        await self._record(seg, proc, lease)
-                        tg.cancel_scope.cancel("segment finished")
+                    try:
+                        async with anyio.create_task_group() as tg:
+                            seg.bind(proc, tg.cancel_scope)
+                            if lease is None:
+                                feed = functools.partial(self._feed, seg, proc, snap.checkpoint.exhausted)
+                                tg.start_soon(seg.guarded, feed, name="run feeder")
+                            else:
+                                feed = functools.partial(self._feed_leased, seg, proc, lease, ingest)
+                                tg.start_soon(seg.guarded, feed, name="run feeder")
+                                beat = functools.partial(self._heartbeat, seg, lease)
+                                tg.start_soon(seg.guarded, beat, name="run lease heartbeat")
+                            watch = functools.partial(self._watch, seg, leased=lease is not None)
+                            tg.start_soon(seg.guarded, watch, name="run status watcher")
+                            await self._record(seg, proc, lease)
+                            tg.cancel_scope.cancel("segment finished")
+                    finally:
+                        seg.raise_interrupt()  # into the processor's close, as on Trio (CONTRACT C6.4, C7.4)
         except Exception as exc:
             if only_of(exc, ClaimLostError) is not None:
                 await anyio.lowlevel.checkpoint()
@@ -341,7 +376,7 @@ class SegmentDriver(DriverBase):
     async def _ingest(self, seg: Segment, proc: ParallelBatchProcessor[Any], ingestor: Ingestor) -> None:
         with unwrap_group():
             async with anyio.create_task_group() as tg:
-                tg.start_soon(ingestor.read_ahead, name="run source reader")
+                tg.start_soon(seg.guarded, ingestor.read_ahead, name="run source reader")
                 try:
                     while (items := await ingestor.next_slice()) is not None:
                         seg.progress += len(items)
@@ -419,7 +454,8 @@ class SegmentDriver(DriverBase):
                 async with anyio.create_task_group() as tg:
                     if ingest:
                         assert self._ingestor is not None
-                        tg.start_soon(self._ingest_only, seg, self._ingestor, wake)
+                        ingest_only = functools.partial(self._ingest_only, seg, self._ingestor, wake)
+                        tg.start_soon(seg.guarded, ingest_only, name="run ingestion")
                     while True:
                         waiting = wake.event
                         page = await self._leased_call(self._repo.lease_items, self._run_id, lease,
@@ -452,7 +488,7 @@ class SegmentDriver(DriverBase):
         try:
             with unwrap_group():
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(ingestor.read_ahead, name="run source reader")
+                    tg.start_soon(seg.guarded, ingestor.read_ahead, name="run source reader")
                     try:
                         while (items := await ingestor.next_slice()) is not None:
                             seg.progress += len(items)
