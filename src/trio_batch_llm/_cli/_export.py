@@ -49,7 +49,7 @@ from ._command import EXIT_OK, EXIT_USAGE, UsageError
 from ._input import InputError, iter_input, scan_input
 from ._render import say, say_input_error
 
-__all__ = ["COLUMNS", "ROW_GROUP", "export_command", "flat_row", "table_format"]
+__all__ = ["COLUMNS", "ROW_GROUP", "check_table_out", "export_command", "flat_row", "table_format"]
 
 COLUMNS: Final = ("id", "success", "output", "error", "error_category", "attempts", "input_tokens",
                   "output_tokens", "total_tokens", "execution_seconds", "context")
@@ -193,14 +193,20 @@ def _ours(out: Path) -> str | None:
 
 
 def _check_paths(checkpoint: Path, out: Path, prompts: Path | None) -> None:
+    check_table_out(out, [(checkpoint, "the checkpoint"), (prompts, "the --prompts input")])
+
+
+def check_table_out(out: Path, inputs: list[tuple[Path | None, str]]) -> None:
+    """The rules for the OUT of a table (``export``, ``runs export``): a regular file in a directory
+    that exists, never one of the command's ``inputs`` (``(path, what it is)``; through links too:
+    the same file is the same file), nor a checkpoint or run database of ours."""
     if not out.parent.is_dir():
         raise UsageError(f"OUT {out}: the directory {out.parent} does not exist")
     if out.exists() and not out.is_file():
         raise UsageError(f"OUT {out}: not a regular file")
-    if _same_file(out, checkpoint):
-        raise UsageError(f"OUT {out} is the checkpoint; choose another path")
-    if prompts is not None and _same_file(out, prompts):
-        raise UsageError(f"OUT {out} is the --prompts input; choose another path")
+    for path, what in inputs:
+        if path is not None and _same_file(out, path):
+            raise UsageError(f"OUT {out} is {what}; choose another path")
     kind = _ours(out) if out.exists() else None
     if kind is not None:
         raise UsageError(f"OUT {out} is {kind}, not a table: export never replaces one; choose another path")

@@ -33,7 +33,7 @@ from .._runs._reader import read_lease_report
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._errors import ArtifactStoreError, BatchLLMError, DatabaseUnavailableError, RunStateError
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
-from ._export import _ours, _same_file
+from ._export import check_table_out
 from ._render import (
     PROG,
     describe,
@@ -138,19 +138,11 @@ def _journal_of(out: Path, db: Path) -> bool:
 
 
 def _check_out(out: Path, db: RunDb) -> None:
-    """The ``export`` command's rules for OUT (and its helpers), with the run database as the input."""
-    if out.exists() and not out.is_file():
-        raise UsageError(f"OUT {out}: not a regular file")
-    if not out.parent.is_dir():
-        raise UsageError(f"OUT {out}: the directory {out.parent} does not exist")
+    """The ``export`` command's rules for OUT, with the run database (and its journals) as the input."""
     path = db.path
-    if path is not None and _same_file(out, path):
-        raise UsageError(f"OUT {out} is the run database; choose another path")
+    check_table_out(out, [(path, "the run database")])
     if path is not None and _journal_of(out, path):
         raise UsageError(f"OUT {out} is a journal file of the run database {path}; choose another path")
-    kind = _ours(out) if out.exists() else None
-    if kind is not None:
-        raise UsageError(f"OUT {out} is {kind}, not a table: export never replaces one; choose another path")
 
 
 def _plan_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> None:
