@@ -29,15 +29,14 @@ from trio_batch_llm import (
     process_prompts,
     process_stream,
 )
-from trio_batch_llm._artifacts import JsonlArtifactStore, SqliteArtifactStore
+
+from .test_reliability_stores import Stores
 
 pytestmark = pytest.mark.anyio
 
 IDENTITY = ArtifactIdentity(provider="fake", model="fake-model")
 CONFIG = ProcessorConfig(concurrency=4, retry=RetryConfig(max_attempts=3, initial_wait=0.0, max_wait=0.0))
 SUCCESSES, ALL = ResumePolicy.REUSE_SUCCESSES, ResumePolicy.REUSE_ALL
-
-Store = JsonlArtifactStore | SqliteArtifactStore
 
 
 class Label(pydantic.BaseModel):
@@ -51,26 +50,10 @@ class Finer(Label):
     reason: str = "none"
 
 
-class Stores:
-    """Fresh store objects on one path (a store object serves one run)."""
-
-    def __init__(self, kind: str, path: Path) -> None:
-        self.kind = kind
-        self.path = path
-
-    def __call__(self, **options: Any) -> Store:
-        options.setdefault("identity", IDENTITY)
-        if self.kind == "jsonl":
-            return JsonlArtifactStore(self.path, **options)
-        return SqliteArtifactStore(self.path, **options)
-
-    async def history(self, **options: Any) -> list[WorkItemResult[Any]]:
-        return await anyio.to_thread.run_sync(lambda: list(self(**options).iter_results()))
-
-
 @pytest.fixture(params=["jsonl", "sqlite"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Stores:
     return Stores(request.param, tmp_path / ("run.jsonl" if request.param == "jsonl" else "run.sqlite"))
+
 
 
 PROMPTS = [("id-model", "model"), ("id-ok", "ok")]
