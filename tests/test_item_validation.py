@@ -210,3 +210,33 @@ def test_the_known_keys_are_token_usages_keys() -> None:
     from trio_batch_llm._values._usage import TOKEN_USAGE_KEYS
 
     assert frozenset(TokenUsage.__optional_keys__) == TOKEN_USAGE_KEYS
+
+
+# --- a strategy that is not one, at every entry point -----------------------------------------
+
+
+class _Wordy:
+    """Not a strategy, with a repr as long as a whole prompt file's worth of text."""
+
+    def __repr__(self) -> str:
+        return "Wordy(" + "x" * 10_000 + ")"
+
+
+@pytest.mark.anyio
+async def test_every_entry_point_refuses_a_non_strategy_with_a_short_message(tmp_path: Any) -> None:
+    from trio_batch_llm import LLMCallPool, open_run
+
+    surfaces = {
+        "process_prompts": lambda: process_prompts(_Wordy(), ["a"]),  # type: ignore[arg-type]
+        "LLMCallPool": lambda: _pool(LLMCallPool),
+        "open_run": lambda: open_run(tmp_path / "runs.sqlite", "r", _Wordy(), ["a"]),  # type: ignore[arg-type]
+    }
+    for name, start in surfaces.items():
+        with pytest.raises(TypeError, match="must be an LLMCallStrategy") as caught:
+            await start()
+        assert len(str(caught.value)) < 200, (name, len(str(caught.value)))
+    assert not (tmp_path / "runs.sqlite").exists()
+
+
+async def _pool(pool_type: Any) -> None:
+    pool_type(_Wordy())

@@ -89,7 +89,7 @@ def _progress_callback(progress: ProgressArg) -> Callable[[int, int | None, str]
 
 def _check_strategy(strategy: object) -> None:
     if not isinstance(strategy, LLMCallStrategy):
-        raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy (see CallableStrategy)")
+        raise TypeError(f"strategy={strategy!r:.80}: must be an LLMCallStrategy (see CallableStrategy)")
 
 
 async def process_prompts(

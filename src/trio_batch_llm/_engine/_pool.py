@@ -56,7 +56,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         host: ExecutorHost | None = None,
     ) -> None:
         if not isinstance(strategy, LLMCallStrategy):
-            raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy")
+            raise TypeError(f"strategy={strategy!r:.80}: must be an LLMCallStrategy")
         if max_pending is not None and (
             isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0
         ):

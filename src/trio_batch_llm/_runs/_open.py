@@ -128,7 +128,7 @@ async def open_run(
     if not isinstance(run_id, str) or not run_id:
         raise ConfigurationError("run_id", run_id, "must be a non-empty string")
     if not isinstance(strategy, LLMCallStrategy):
-        raise TypeError(f"strategy={strategy!r}: must be an LLMCallStrategy (see CallableStrategy)")
+        raise TypeError(f"strategy={strategy!r:.80}: must be an LLMCallStrategy (see CallableStrategy)")
     config = config if config is not None else ProcessorConfig()
     if not isinstance(config, ProcessorConfig):
         raise TypeError(f"config={config!r}: must be a ProcessorConfig")
