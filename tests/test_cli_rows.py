@@ -190,3 +190,33 @@ def test_every_path_agrees_on_repeated_keys(
             assert "given twice" in str(full), (line, full)
     path.write_text(line + "\n", encoding="utf-8")
     assert (scan_range(path).problem_count == 1) == isinstance(full, ValueError), line
+
+
+# --- CSV: a column named like a part of the request ---------------------------------------------
+
+
+@pytest.mark.parametrize(("column", "kind"), [
+    ("messages", "key"), ("params", "key"), ("item_id", "key"),
+    ("temperature", "parameter"), ("system", "parameter"), ("max_tokens", "parameter"),
+])
+def test_a_csv_column_named_like_the_request_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, column: str, kind: str,
+) -> None:
+    # Every column but id and prompt is the item's context, which is never sent: the column would
+    # silently not be part of the request, as an unknown JSONL key would not be.
+    source = write(tmp_path / "in.csv", f"id,prompt,{column}\na,hello,0\n")
+    out = tmp_path / "results.jsonl"
+    code, output = run_cli(capsys, *run_args(source, out))
+    assert code == 2, output
+    assert (f'trio-batch-llm: error: {source}, line 1, field "{column}": a column named like a request '
+            f"{kind} would be the item's context") in output
+    assert not out.exists()
+
+
+def test_other_csv_columns_are_still_the_context(tmp_path: Path) -> None:
+    from trio_batch_llm._cli._input_csv import csv_entries
+
+    source = write(tmp_path / "in.csv", "id,prompt,topic,temprature\na,hello,cats,0\n")
+    (record,) = list(csv_entries(source))
+    expected = ("a", "hello", {"topic": "cats", "temprature": "0"})
+    assert (record.item_id, record.prompt, record.context) == expected

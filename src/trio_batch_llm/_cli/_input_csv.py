@@ -1,5 +1,8 @@
 """The command line's CSV input: a header row with ``id`` and ``prompt``, other columns the context.
 
+A column named like a request key or parameter (``messages``, ``params``, ``temperature``, ...)
+is refused: as context it would never be sent.
+
 Read with a private instance of the C ``_csv`` module whose field limit is
 :data:`CSV_FIELD_LIMIT`, so the process's own ``csv.field_size_limit()`` is
 left alone. Each record is an :class:`InputRecord`, or the
@@ -21,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from .._values._prompts import PARAM_KEYS, ROW_KEYS
 from ._input_jsonl import prompt_problem
 from ._input_records import InputError, InputRecord
 
@@ -30,6 +34,11 @@ CSV_FIELD_LIMIT: Final = 64 * 1024 * 1024
 """Characters one CSV field may hold: far above any model's context window (the csv module's own
 default, 131,072, would refuse prompts that JSONL takes). Like a JSONL line, a field is held in memory."""
 _CSV_LIMIT_LOCK: Final = threading.Lock()
+_REQUEST_NAMES: Final = {
+    **{name: "key" for name in ROW_KEYS - {"id", "prompt", "context"}},
+    **{name: "parameter" for name in PARAM_KEYS | {"max_tokens"}},
+}
+"""Header names that mean a part of the request: as context columns they would be dropped unsent."""
 
 
 @functools.cache
@@ -153,5 +162,12 @@ def _csv_header(path: Path, row: list[str], line: int) -> list[str]:
             raise InputError(path, "the header has an empty column name", line=line)
         if name in seen:
             raise InputError(path, "column named twice in the header", line=line, field=name)
+        if name in _REQUEST_NAMES:
+            # Every column but id and prompt is context, which is never sent: a "messages" or
+            # "temperature" column would run every item without it (JSONL's rule: row_problem).
+            raise InputError(path, f"a column named like a request {_REQUEST_NAMES[name]} would be the "
+                                   "item's context, which is never sent; use a JSONL file (\"messages\", "
+                                   "\"params\") or the command's request flags (--system, --temperature, "
+                                   "--max-tokens), or rename the column", line=line, field=name)
         seen.add(name)
     return header
