@@ -104,6 +104,7 @@ from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult
 from ._values._stats import CounterSnapshot as CounterSnapshot
 from ._values._stats import ProcessorStatistics as ProcessorStatistics
+from ._values._stop_reasons import StopReason as StopReason
 from ._values._structured import StructuredOutputError as StructuredOutputError
 from ._values._timing import AttemptTiming as AttemptTiming
 from ._values._timing import ItemTiming as ItemTiming
@@ -200,6 +201,7 @@ __all__ = [
     "SqliteArtifactStore",
     "SqliteRunRepository",
     "StartupRampConfig",
+    "StopReason",
     "StreamFinalizationError",
     "StructuredOutputError",
     "TimeoutCategory",

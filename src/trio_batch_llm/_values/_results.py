@@ -14,6 +14,7 @@ from ._details import DETAILS_METADATA_KEY, ResponseDetails
 from ._export_json import export_dict, json_default
 from ._models import is_pydantic_model_class
 from ._pricing import BUILT_IN_RATES, CostSum, Rates, cost_line
+from ._stop_reasons import StopReason
 from ._timing import ItemTiming
 from ._urls import redact_urls
 from ._usage import add_usage as add_usage  # the engine and the CLI import it from here
@@ -43,7 +44,9 @@ class _Figures:
 
 
 _BUILT_IN: Final[Mapping[str, Rates]] = {model: _Figures(*f) for model, f in BUILT_IN_RATES.items()}
-TerminationKind = Literal["completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted"]
+TerminationKind = Literal[
+    "completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted", "provider_retired"
+]
 
 
 class TokenUsage(TypedDict, total=False):
@@ -102,6 +105,8 @@ class WorkItemResult(Generic[TOutput]):
     replayed: bool = False
     details: ResponseDetails | None = None
     """Finish reason, refusal, tool calls, logprobs (``None`` when the strategy gave none)."""
+    stop_reason: StopReason | None = None
+    """Why the item did not run to its own end (``None``: it did, or it is not known)."""
 
     def __post_init__(self) -> None:
         # A strategy hands the details over in its metadata; they live here, not there.
@@ -161,6 +166,8 @@ class BatchTermination:
 
     kind: TerminationKind = "completed"
     reason: str | None = None
+    item_id: str | None = None
+    """The item whose result triggered the stop (an abort, a spent budget, a retired provider)."""
 
     @property
     def completed(self) -> bool:
