@@ -1,9 +1,10 @@
 """Run every benchmark in one go: ``python3 dev.py bench`` (or ``python benchmarks/run_all.py``).
 
-    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint,batch,cli]
+    python benchmarks/run_all.py [--quick] [--only drain,throughput,overhead,store,checkpoint,batch,cli,limits,gateway]
 
 Runs drain.py, throughput.py, overhead.py, store_throughput.py,
-checkpoint_throughput.py, batch_mode.py and cli_scale.py, each in its
+checkpoint_throughput.py, batch_mode.py, cli_scale.py, limits.py and
+gateway_litellm.py, each in its
 own process (so one benchmark's heap and event-loop state never leak into the
 next), in that order. Every script prints its tables and writes JSON (and PNG
 plots where it has them) into benchmarks/results/. ``--quick`` is a smoke run
@@ -36,6 +37,8 @@ SCRIPTS: list[tuple[str, str, list[str], list[str]]] = [
     ("cli", "cli_scale.py", ["--stop-after", "100000"], ["--quick"]),
     # Admission that learns the provider's limits: three scenarios of a few real 60 s windows (~11 min).
     ("limits", "limits.py", [], ["--quick", "--only", "rpm"]),
+    # Behind LiteLLM's proxy (skipped when it is not installed): does the client find a gateway's retry hint?
+    ("gateway", "gateway_litellm.py", [], ["--items", "100"]),
 ]
 # crash_fuzz.py is a fuzz test of the stores (pass/fail), not a benchmark: run it on its own.
 
