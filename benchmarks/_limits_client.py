@@ -13,7 +13,12 @@ Variants:
   retries are the engine's), on native asyncio;
 - ``gather``: a plain ``asyncio.Semaphore`` + ``asyncio.gather`` loop over one
   httpx2 client, sleeping the answer's Retry-After (else 1 s) after a 429 and
-  trying again.
+  trying again;
+- ``retry``: the same semaphore loop with what a careful user writes with
+  tenacity (``wait_random_exponential(multiplier=1, max=60)``), by hand: after a
+  429, a 5xx or a transport error, sleep ``max(Retry-After, uniform(0, min(60,
+  2 ** n)))`` for the item's n-th retry (n from 0), holding its slot, as a retry
+  decorator inside ``async with semaphore`` does; other answers end the item.
 
 Every variant gets the same prompts and, where it takes one, the same exact
 token estimator (prompt characters / 4 + the mock's fixed output tokens), so a
@@ -76,6 +81,50 @@ async def run_abl(args: argparse.Namespace, items: list[str]) -> None:
         pass
 
 
+async def run_retry(args: argparse.Namespace, items: list[str]) -> None:
+    import random
+
+    import httpx2
+
+    url = args.base_url + "/chat/completions"
+    headers = {"authorization": "Bearer bench"}
+    limits = httpx2.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    semaphore = asyncio.Semaphore(args.concurrency)
+    jitter = random.Random(0)
+
+    def retry_after(reply: httpx2.Response) -> float:
+        for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+            try:
+                return float(reply.headers[name]) * scale
+            except (KeyError, ValueError):
+                continue
+        return 0.0
+
+    async def one(client: httpx2.AsyncClient, prompt: str) -> None:
+        async with semaphore:
+            body = {"model": "mock-model", "messages": [{"role": "user", "content": prompt}]}
+            for attempt in range(1000):
+                hint = 0.0
+                try:
+                    reply = await client.post(url, json=body, headers=headers)
+                except httpx2.TransportError:
+                    pass
+                else:
+                    if reply.status_code != 429 and reply.status_code < 500:
+                        return
+                    hint = retry_after(reply)
+                # Full jitter (AWS's "exponential backoff and jitter", tenacity's wait_random_exponential),
+                # never shorter than the server asked.
+                await asyncio.sleep(max(hint, jitter.uniform(0.0, min(60.0, 2.0 ** attempt))))
+
+    async with httpx2.AsyncClient(limits=limits, timeout=httpx2.Timeout(60.0)) as client:
+        work = asyncio.gather(*(one(client, p) for p in items))
+        try:
+            await asyncio.wait_for(work, args.duration)
+        except TimeoutError:
+            pass
+
+
 async def run_gather(args: argparse.Namespace, items: list[str]) -> None:
     import httpx2
 
@@ -105,7 +154,7 @@ async def run_gather(args: argparse.Namespace, items: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variant", choices=["ours", "abl", "gather"], required=True)
+    parser.add_argument("--variant", choices=["ours", "abl", "gather", "retry"], required=True)
     parser.add_argument("--backend", default="asyncio")
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--duration", type=float, required=True)
@@ -125,6 +174,8 @@ def main() -> None:
         anyio.run(run_ours, args, items, backend=args.backend)
     elif args.variant == "abl":
         asyncio.run(run_abl(args, items))
+    elif args.variant == "retry":
+        asyncio.run(run_retry(args, items))
     else:
         asyncio.run(run_gather(args, items))
     print(json.dumps({"variant": args.variant, "backend": args.backend, "started": started,

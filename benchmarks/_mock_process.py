@@ -3,7 +3,8 @@
     with MockServerProcess(record=True) as server:
         server.base_url          # http://127.0.0.1:PORT/v1
         server.stats()           # the server's counters (MockServerStats fields), plus
-                                 # "last_arrival": time.monotonic() of the newest request
+                                 # "last_arrival": time.monotonic() of the newest request,
+                                 # "now" (time.monotonic()) and "wall" (time.time()) read together
         server.records()         # [[arrival, outcome, prompt_tokens], ...] of every completion
                                  # request (needs record=True)
 
@@ -127,6 +128,7 @@ def _answer_stats(server: Any) -> None:
         requests = server.requests
         stats["last_arrival"] = requests[-1].arrival if requests else None
         stats["now"] = time.monotonic()
+        stats["wall"] = time.time()  # with "now": where the arrivals' clock stands on the wall clock
         print(json.dumps(stats), flush=True)
 
 

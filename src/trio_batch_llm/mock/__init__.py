@@ -26,7 +26,9 @@ as it would to a provider:
   429s with ``Retry-After``, 5xx answers, hangs, connection resets, truncated
   bodies, RPM/TPM limits the server enforces (with OpenAI's ``x-ratelimit-*``
   headers to tell them, ``ratelimit_headers``, and changes at given times,
-  ``limit_schedule``), a required API key, and the Batch API's create faults
+  ``limit_schedule``), a gateway's limit per calendar minute that tells nothing
+  (``calendar_rpm_limit``), LiteLLM's ``llm_provider-retry-after`` hint beside or
+  instead of ``Retry-After`` (``retry_after_headers``), a required API key, and the Batch API's create faults
   and batch outcomes. Faults are drawn from ``seed``
   and the prompt, so a run gets the same answers and faults on every machine
   and on both backends.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, final
 
@@ -57,18 +58,21 @@ class MockOpenAIApp:
     """The ASGI application (``await app(scope, receive, send)``); serve it or mount it in-process.
 
     ``clock`` (default ``anyio.current_time``) stamps arrivals and drives the
-    RPM/TPM windows; latency and hangs always use ``anyio.sleep``.
+    RPM/TPM windows; ``wall_clock`` (default ``time.time``) says which calendar
+    minute it is, for ``calendar_rpm_limit``; latency and hangs always use ``anyio.sleep``.
     """
 
     def __init__(self, config: MockServerConfig | None = None, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 wall_clock: Callable[[], float] | None = None) -> None:
         self.config = config if config is not None else MockServerConfig()
         self._clock = clock if clock is not None else anyio.current_time  # injectable for exact tests
+        self._wall_clock = wall_clock if wall_clock is not None else time.time  # likewise
         self._records: list[RecordedRequest] = []
         self._counts = Counters()
         self._limits = ServerLimits(self.config)
         self._changed: anyio.Event | None = None
-        self._respond = Responder(self._counts, self._clock, self._notify)
+        self._respond = Responder(self._counts, self._clock, self._notify, self.config.retry_after_headers)
         self._store = BatchStore(self.config, self._execute_line)
 
     # -- observation ----------------------------------------------------------------------------
@@ -108,6 +112,7 @@ class MockOpenAIApp:
             max_served_per_window=self._limits.served.max_total,
             prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens,
             batch_api_requests=c.batch_api_requests, **dataclasses.asdict(self._store.counts),
+            max_served_per_calendar_minute=self._limits.calendar.max_count,
         )
 
     async def wait_for(self, predicate: Callable[[MockServerStats], bool]) -> MockServerStats:
@@ -332,11 +337,12 @@ class MockOpenAIApp:
     async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.
 
-        From here on every answer to this request carries the rate-limit headers (when configured).
+        From here on every answer to this request carries the rate-limit headers (when configured),
+        except a refusal by the calendar-minute limit, which tells nothing.
         """
         limits, now = self._limits, self._clock()
-        decision = limits.admit(now, tokens)
-        exchange.headers = limits.headers(now)
+        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0)
+        exchange.headers = [] if decision.silent else limits.headers(now)
         if decision.too_large:
             await self._respond.send_error(exchange, send, 400,
                                            f"request needs {tokens} tokens, over the TPM limit",
@@ -346,7 +352,8 @@ class MockOpenAIApp:
             exchange.record.outcome = "rate_limited_enforced"
             self._counts.rate_limited_enforced += 1
             await self._respond.send_error(exchange, send, 429, "Rate limit reached (mock server limit)",
-                                           "requests", "rate_limit_exceeded", retry_after=decision.wait)
+                                           "requests", "rate_limit_exceeded",
+                                           retry_after=None if decision.silent else decision.wait)
             return False
         await anyio.lowlevel.checkpoint()
         return True

@@ -15,16 +15,21 @@ set), computed from the same windows the server enforces:
 A refused request's ``Retry-After`` (and ``retry-after-ms``) is the exact wait
 until the window has room for it. Times are the app's clock; the schedule's
 times count from the first completion request the app received.
+
+A calendar-minute limit (``calendar_rpm_limit``) counts what was served since the
+last whole minute of the *wall* clock (``floor(wall / 60)``), as gateways that
+count per calendar minute do, and its refusals are silent: no wait, no headers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import final
 
 from ._state import MockServerConfig, SlidingWindow
 
-__all__ = ["Decision", "ServerLimits", "go_duration"]
+__all__ = ["CalendarMinute", "Decision", "ServerLimits", "go_duration"]
 
 
 def go_duration(seconds: float) -> str:
@@ -51,6 +56,35 @@ class Decision:
     served: bool
     wait: float = 0.0
     too_large: bool = False
+    silent: bool = False
+    """Refused by the calendar-minute limit: the 429 carries no wait and no rate-limit headers."""
+
+
+@final
+class CalendarMinute:
+    """Requests served in the current calendar minute of a wall clock; the count starts again at :00.
+
+    Clock-free (callers pass the wall time), so exact under any injected clock. A
+    time in an earlier minute than the last one counted reads as that last minute,
+    so a wall clock stepped back never reopens a minute already spent.
+    """
+
+    def __init__(self) -> None:
+        self._minute: int | None = None
+        self._count = 0
+        self.max_count = 0
+
+    def served_in(self, wall: float) -> int:
+        """What the minute holding ``wall`` has served so far."""
+        minute = math.floor(wall / 60.0)
+        return self._count if self._minute is not None and minute <= self._minute else 0
+
+    def add(self, wall: float) -> None:
+        minute = math.floor(wall / 60.0)
+        if self._minute is None or minute > self._minute:
+            self._minute, self._count = minute, 0
+        self._count += 1
+        self.max_count = max(self.max_count, self._count)
 
 
 @final
@@ -62,6 +96,7 @@ class ServerLimits:
         self.arrivals = SlidingWindow(config.limit_window)
         self.served = SlidingWindow(config.limit_window)
         self.served_tokens = SlidingWindow(config.limit_window)
+        self.calendar = CalendarMinute()
         self._start: float | None = None
 
     def limits_at(self, now: float) -> tuple[int | None, int | None]:
@@ -80,11 +115,17 @@ class ServerLimits:
             self._start = now
         self.arrivals.add(now)
 
-    def admit(self, now: float, tokens: int) -> Decision:
-        """Serve ``tokens`` at ``now`` if both windows have room (and count it), else say how long to wait."""
+    def admit(self, now: float, tokens: int, wall: float = 0.0) -> Decision:
+        """Serve ``tokens`` at ``now`` if both windows have room (and count it), else say how long to wait.
+
+        ``wall`` is the wall clock's time, read only by the calendar-minute limit.
+        """
         rpm, tpm = self.limits_at(now)
         if tpm is not None and tokens > tpm:
             return Decision(False, too_large=True)
+        calendar = self._config.calendar_rpm_limit
+        if calendar is not None and self.calendar.served_in(wall) >= calendar:
+            return Decision(False, silent=True)
         wait = 0.0
         if rpm is not None:
             wait = self.served.wait_for_room(now, 1, rpm)
@@ -94,6 +135,8 @@ class ServerLimits:
             return Decision(False, wait)
         self.served.add(now)
         self.served_tokens.add(now, tokens)
+        if calendar is not None:
+            self.calendar.add(wall)
         return Decision(True)
 
     def headers(self, now: float) -> list[tuple[bytes, bytes]]:

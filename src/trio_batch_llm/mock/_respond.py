@@ -27,8 +27,10 @@ __all__ = ["Responder"]
 class Responder:
     """Sends the answers of one app, counting them; releases pending requests at shutdown."""
 
-    def __init__(self, counts: Counters, clock: Callable[[], float], notify: Callable[[], None]) -> None:
+    def __init__(self, counts: Counters, clock: Callable[[], float], notify: Callable[[], None],
+                 hints: tuple[str, ...] = ("retry-after",)) -> None:
         self._counts = counts
+        self._hints = hints
         self._clock = clock
         self._notify = notify
         self._active: set[anyio.CancelScope] = set()
@@ -64,7 +66,8 @@ class Responder:
 
     async def send_error(self, exchange: Exchange, send: Send, status: int, message: str, kind: str,
                          code: str | None = None, *, retry_after: float | None = None) -> None:
-        """An OpenAI-shaped error; ``Retry-After`` (and ``retry-after-ms``) when ``retry_after`` is given."""
+        """An OpenAI-shaped error; with ``retry_after``, the configured retry hints (``Retry-After`` and
+        ``retry-after-ms``, and/or LiteLLM's ``llm_provider-retry-after``)."""
         if exchange.record.outcome == "pending":
             exchange.record.outcome = f"error:{status}"
         exchange.record.answered = self._clock()
@@ -75,9 +78,12 @@ class Responder:
         else:
             self._counts.client_errors += 1
         headers: list[tuple[bytes, bytes]] = []
-        if retry_after is not None:
+        if retry_after is not None and "retry-after" in self._hints:
             headers.append((b"retry-after", str(math.ceil(retry_after)).encode()))
             headers.append((b"retry-after-ms", str(math.ceil(retry_after * 1000)).encode()))
+        if retry_after is not None and "llm_provider-retry-after" in self._hints:
+            # LiteLLM's proxy forwards a provider's headers under this prefix; Retry-After is whole seconds.
+            headers.append((b"llm_provider-retry-after", str(math.ceil(retry_after)).encode()))
         if status == 503 and self.closing:
             headers.append((b"connection", b"close"))
         await send_json(send, status, error_payload(message, kind=kind, code=code), headers=headers,

@@ -137,14 +137,17 @@ async def _stop(server: MockServer, owner: anyio.CancelScope) -> None:
 
 @asynccontextmanager
 async def serve_mock(
-    config: MockServerConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+    config: MockServerConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
+    wall_clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[MockServer]:
     """Run the mock server for the duration of the block; ``port=0`` lets the OS choose.
 
     Real sockets need a real clock: do not use it under Trio's ``MockClock``
     (drive :class:`MockOpenAIApp` in-process through ``httpx2.ASGITransport`` there).
+    ``wall_clock`` (default ``time.time``) is what ``calendar_rpm_limit`` reads: a test
+    turns the minute by setting it, without waiting for one.
     """
-    app = MockOpenAIApp(config)
+    app = MockOpenAIApp(config, wall_clock=wall_clock)
     sock = _listen(host, port)
     body_error: BaseException | None = None
     try:

@@ -43,6 +43,14 @@ class MockServerConfig:
     - ``limit_schedule``: ``((at, rpm_limit, tpm_limit), ...)``: from ``at`` seconds after
       the first completion request on, these limits are in force (``None``: no such
       limit); times strictly increasing. Use it to change the limits mid-run.
+    - ``calendar_rpm_limit``: requests served per *calendar minute* of the app's wall
+      clock (the count starts again at every :00), as some gateways count; a request
+      over it gets a 429 that tells nothing: no ``Retry-After``, no rate-limit headers.
+      Refused requests use no quota. It binds beside ``rpm_limit`` / ``tpm_limit``.
+    - ``retry_after_headers``: which retry hints carry a wait (``retry_after``, or an
+      enforced limit's exact wait): ``"retry-after"`` (``Retry-After`` and
+      ``retry-after-ms``) and/or ``"llm_provider-retry-after"`` (LiteLLM's proxy
+      forwarding a provider's Retry-After, whole seconds); ``()`` sends neither.
     - ``server_error_rate`` / ``server_error_status``: injected 5xx.
     - ``hang_rate``: never answers (until the client disconnects or the server stops).
     - ``reset_rate``: closes the connection without a response.
@@ -83,6 +91,8 @@ class MockServerConfig:
     limit_window: float = 60.0
     ratelimit_headers: bool = False
     limit_schedule: tuple[tuple[float, int | None, int | None], ...] = ()
+    calendar_rpm_limit: int | None = None
+    retry_after_headers: tuple[str, ...] = ("retry-after",)
     server_error_rate: float = 0.0
     server_error_status: int = 500
     hang_rate: float = 0.0
@@ -125,6 +135,14 @@ class MockServerConfig:
         for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit)):
             if limit is not None and (not isinstance(limit, int) or limit < 1):
                 raise ConfigurationError(name, limit, "must be a positive integer or None")
+        calendar = self.calendar_rpm_limit
+        if calendar is not None and (isinstance(calendar, bool) or not isinstance(calendar, int)
+                                     or calendar < 1):
+            raise ConfigurationError("calendar_rpm_limit", calendar, "must be a positive integer or None")
+        hints = self.retry_after_headers
+        if not isinstance(hints, tuple) or not all(isinstance(h, str) and h in RETRY_HINTS for h in hints):
+            raise ConfigurationError("retry_after_headers", hints,
+                                     f"must be a tuple of {sorted(RETRY_HINTS)} (or empty)")
         self._check_schedule()
         if not isinstance(self.ratelimit_headers, bool):
             raise ConfigurationError("ratelimit_headers", self.ratelimit_headers, "must be True or False")
@@ -179,6 +197,7 @@ class MockServerConfig:
                                      "must be a positive integer or None")
 
 
+RETRY_HINTS = frozenset({"retry-after", "llm_provider-retry-after"})
 CREATE_FAULTS = frozenset({"ok", "hang_before_create", "hang_after_create", "reset_after_create"})
 BATCH_OUTCOMES = frozenset({"completed", "expired", "failed"})
 _CREATE_ERROR = re.compile(r"error:(\d{3})")
@@ -221,9 +240,11 @@ class MockServerStats:
 
     ``requests`` counts completion requests received; ``rate_limited`` counts
     every 429 sent, of which ``rate_limited_enforced`` came from the server's own
-    RPM/TPM limits. ``max_served_per_window`` is the most requests that passed
-    the limiter in any ``limit_window``; ``max_arrivals_per_window`` counts every
-    arrival. Token counts cover the 200 answers sent.
+    RPM/TPM limits (the calendar-minute one included). ``max_served_per_window``
+    is the most requests that passed the limiter in any ``limit_window``;
+    ``max_arrivals_per_window`` counts every arrival; ``max_served_per_calendar_minute``
+    the most served in one calendar minute (counted only with ``calendar_rpm_limit``).
+    Token counts cover the 200 answers sent.
 
     Files and Batch API requests are counted in ``batch_api_requests`` (not in
     ``requests``); the error counters (``rate_limited``, ``server_errors``,
@@ -263,6 +284,7 @@ class MockServerStats:
     batch_lines: int = 0
     enqueued_tokens: int = 0
     max_enqueued_tokens: int = 0
+    max_served_per_calendar_minute: int = 0
 
 
 @final
