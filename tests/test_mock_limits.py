@@ -171,3 +171,21 @@ def test_serve_mock_command_line_knobs() -> None:
     assert sorted(args.limit_change) == [(30.0, None, 5000), (90.0, 600, None)]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve-mock", "--limit-change", "90:0:"])
+
+
+def test_serve_mock_gateway_knobs() -> None:
+    """``--calendar-rpm-limit`` and ``--retry-hint`` reach MockServerConfig (issue 32's gateways)."""
+    from trio_batch_llm._cli._main import _retry_hints
+
+    args = build_parser().parse_args(["serve-mock", "--calendar-rpm-limit", "600",
+                                      "--retry-hint", "llm_provider-retry-after"])
+    assert args.calendar_rpm_limit == 600
+    assert _retry_hints(args.retry_hint) == ("llm_provider-retry-after",)
+    assert _retry_hints(None) == ("retry-after",)
+    assert _retry_hints(["none"]) == ()
+    assert _retry_hints(["retry-after", "llm_provider-retry-after", "retry-after"]) == (
+        "retry-after", "llm_provider-retry-after")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve-mock", "--retry-hint", "x-retry"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve-mock", "--calendar-rpm-limit", "0"])

@@ -56,6 +56,13 @@ def _demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
                     progress=args.progress)
 
 
+def _retry_hints(chosen: list[str] | None) -> tuple[str, ...]:
+    """``--retry-hint`` as ``MockServerConfig.retry_after_headers`` (``none`` alone: no hint)."""
+    if not chosen:
+        return ("retry-after",)
+    return tuple(dict.fromkeys(h for h in chosen if h != "none"))
+
+
 def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .._values._errors import ConfigurationError
     from ..mock import MockServerConfig, run_mock_server
@@ -70,6 +77,8 @@ def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
             tpm_limit=args.tpm_limit, output_tokens=args.output_tokens, seed=args.seed, api_key=args.api_key,
             model=args.model, ratelimit_headers=args.ratelimit_headers,
             limit_schedule=tuple(sorted(args.limit_change or ())),
+            calendar_rpm_limit=args.calendar_rpm_limit,
+            retry_after_headers=_retry_hints(args.retry_hint),
         )
     except ConfigurationError as exc:
         print(f"trio-batch-llm serve-mock: error: {exc}", file=sys.stderr)
@@ -186,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tokens per minute the server enforces, the same way (default: none)")
     serve.add_argument("--ratelimit-headers", action="store_true",
                        help="send OpenAI-style x-ratelimit-* headers computed from the enforced limits")
+    serve.add_argument("--calendar-rpm-limit", type=positive_int, metavar="N",
+                       help="requests per calendar minute (counted from each :00) the server enforces, "
+                            "as some gateways do: a request over it gets a 429 that tells nothing, no "
+                            "Retry-After and no rate-limit headers (default: none)")
+    serve.add_argument("--retry-hint", choices=["retry-after", "llm_provider-retry-after", "none"],
+                       action="append", metavar="HEADER",
+                       help="the header that carries a wait: retry-after (Retry-After and retry-after-ms, "
+                            "the default), llm_provider-retry-after (as LiteLLM's proxy sends it), or "
+                            "none; repeatable")
     serve.add_argument("--limit-change", type=limit_change, action="append", metavar="AT:RPM:TPM",
                        help="from AT seconds after the first request, enforce these limits (empty: none); "
                             "repeatable")
