@@ -201,7 +201,8 @@ async def test_an_always_429_mock_endpoint_ends_every_item_rate_limit_within_the
     assert took <= 2 * bound + 1.0, took  # two waves of four: each item within its bound
     for result in batch.results:
         assert result.timing.total - result.timing.execution <= bound + 1e-6, result
-        assert result.error is not None and "waited" in result.error and "max_rate_limit_wait=90 s" in result.error
+        assert result.error is not None and "waited" in result.error
+        assert "max_rate_limit_wait=90 s" in result.error
 
 
 # --- the logs ----------------------------------------------------------------------------------
@@ -215,7 +216,8 @@ class Seen:
         self._caplog = caplog
 
     def of(self, level: int) -> list[logging.LogRecord]:
-        return [r for r in self._caplog.records if r.name == "trio_batch_llm.admission" and r.levelno == level]
+        records = self._caplog.records
+        return [r for r in records if r.name == "trio_batch_llm.admission" and r.levelno == level]
 
 
 @pytest.fixture
@@ -255,8 +257,8 @@ async def test_a_first_429_that_starts_no_cooldown_is_info_too(seen: Seen) -> No
     admission.release_rate_limited(None, 0)  # learning on, no Retry-After: no scope-wide cooldown
     admission = await scope.admit()
     admission.release_rate_limited(None, 0)
-    info = [r for r in seen.of(logging.INFO) if "first rate limit" in r.getMessage() or "cooldown" in r.getMessage()
-            or "lowered" in r.getMessage()]
+    info = [r for r in seen.of(logging.INFO)
+            if any(word in r.getMessage() for word in ("first rate limit", "cooldown", "lowered"))]
     assert len(info) == 1, [r.getMessage() for r in seen.of(logging.INFO)]
     assert "'learning'" in info[0].getMessage() and "429" in info[0].getMessage()
 
@@ -329,7 +331,8 @@ async def test_a_call_result_against_an_always_429_endpoint_logs_info_then_one_w
 # --- progress ----------------------------------------------------------------------------------
 
 
-def stats(*, in_flight: int, waiting: int, cooldown: float = 0.0, refusing: float = 0.0) -> QuotaScopeStatistics:
+def stats(*, in_flight: int, waiting: int, cooldown: float = 0.0, refusing: float = 0.0
+          ) -> QuotaScopeStatistics:
     return QuotaScopeStatistics(
         in_flight=in_flight, waiting=waiting, concurrency_bound=16, concurrency_limit=0,
         requests_per_minute=None, requests_in_window=None, tokens_per_minute=None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, final
 
 from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
 from .._strategies._base import LLMCallStrategy
@@ -24,14 +24,16 @@ if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
 
 __all__ = [
-    "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple", "rate_limit_observation",
-    "release_attempt", "start_deadline",
+    "THROTTLED_BY_429S", "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple",
+    "rate_limit_observation", "release_attempt", "start_deadline",
 ]
 
 TOutput = TypeVar("TOutput")
 UserClassifier = Callable[[Exception], Any]
 
 _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
+THROTTLED_BY_429S: Final = "throttled by 429s"
+"""What the error of a result a deadline (a stop) cut short while throttled says, with the seconds."""
 
 
 @final
@@ -284,7 +286,7 @@ class ItemRun(Generic[TOutput]):
 
     def _throttled_note(self, now: float) -> str:
         throttled = self.throttled_for(now)
-        return f" after {throttled:.1f} s throttled by 429s" if throttled > 0 else ""
+        return f" after {throttled:.1f} s {THROTTLED_BY_429S}" if throttled > 0 else ""
 
     def settle(self, now: float) -> ItemTiming:
         """Book the time up to ``now`` and set ``total``: the item's timing, final."""
