@@ -35,8 +35,9 @@ from trio_batch_llm import (
 )
 from trio_batch_llm._admission import QuotaScope
 from trio_batch_llm._admission._records import QuotaScopeStatistics
+from trio_batch_llm._admission._throttle import ThrottleWatch
 from trio_batch_llm._observe._progress import ProgressTracker
-from trio_batch_llm._observe._progress_line import format_progress_line
+from trio_batch_llm._observe._progress_line import fit_progress_line, format_progress_line
 from trio_batch_llm._observe._snapshot import Progress, ProgressSnapshot
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 from trio_batch_llm.mock import MockServerConfig, serve_mock
@@ -425,3 +426,35 @@ async def test_a_deadline_that_cut_an_unthrottled_item_says_nothing_of_429s() ->
     (result,) = batch.results
     assert result.error_category is ErrorCategory.DEADLINE
     assert result.error is not None and "429" not in result.error
+
+
+def test_a_narrow_line_keeps_the_throttled_note_longest() -> None:
+    snap = ProgressSnapshot(completed=10, failed=1, in_flight=0, total=100, waiting=16, tokens_total=12_345,
+                            throttled="every call refused for 1:15")
+    line = fit_progress_line(snap, 80)
+    assert "throttled: every call refused for 1:15" in line and len(line) <= 79
+    assert "tokens" not in line  # the least useful parts went first
+
+
+def test_the_watch_warns_and_wakes_once_per_streak() -> None:
+    watch = ThrottleWatch()
+    assert watch.check_at() == math.inf and watch.due(5.0) == (False, False)
+    assert watch.refused(10.0) is True
+    assert watch.refused(11.0) is False  # the scope's first 429 is logged once, ever
+    watch.shortest_budget = 30.0
+    assert watch.check_at() == 40.0
+    assert watch.due(39.0) == (False, False)
+    assert watch.due(40.0) == (False, True)
+    assert watch.check_at() == 70.0
+    assert watch.due(70.0) == (True, False)
+    assert watch.due(500.0) == (False, False) and watch.check_at() == math.inf
+    assert watch.refusing_for(100.0) == 90.0
+    watch.refused(200.0)  # still the same streak: nothing new
+    assert watch.due(300.0) == (False, False)
+    watch.answered()
+    assert watch.refusing_for(300.0) == 0.0
+    watch.refused(400.0)
+    assert watch.due(460.0) == (True, True)  # a new streak warns (and wakes) again
+    watch.answered()
+    watch.joined(500.0)  # a cooldown joined from another process: throttled, not a 429 of ours
+    assert (watch.refusing_since, watch.rate_limits) == (500.0, 4)
