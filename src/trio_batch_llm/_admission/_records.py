@@ -40,12 +40,14 @@ class Grant(NamedTuple):
 class Ticket:
     """A request waiting in a scope's FIFO queue."""
 
-    __slots__ = ("event", "grant", "tokens")
+    __slots__ = ("enqueued", "event", "grant", "throttle", "tokens")
 
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
         self.grant: Grant | None = None  # set by the core when it admits this waiter
         self.event: Any = None  # the async wrapper's wake-up event; never touched by the core
+        self.throttle: Any = None  # the async wrapper's ThrottleBudget for this waiter, if bounded
+        self.enqueued = 0.0  # when it queued, on the scope's clock (read with ``throttle`` only)
 
 
 @final
@@ -85,6 +87,14 @@ class QuotaScopeStatistics:
     """Round trips to the shared backend on behalf of this scope (admissions and releases)."""
     backend_spares: int = 0
     """Spare request units this process holds from the shared backend, ready to admit without a round trip."""
+    refusing_for: float = 0.0
+    """Seconds since the provider last answered this scope other than with a 429, while it answers
+    only 429s (0: its last answer was not a 429). With a cooldown running, the scope is throttled."""
+
+    @property
+    def throttled(self) -> bool:
+        """Whether the provider is holding this scope back: a cooldown runs, or every answer is a 429."""
+        return self.cooldown_remaining > 0 or self.refusing_for > 0
 
 
 def check_tokens(tokens: int) -> None:

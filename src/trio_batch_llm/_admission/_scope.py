@@ -7,8 +7,9 @@ cooldown is running. One worker's 429 starts one cooldown for the whole scope
 admitted until it ends, then a slow-start ramp reopens admission.
 
 The decisions, the uncontended fast path included, live in the synchronous
-cores (:mod:`._core`, :mod:`._limits`). This module adds the clock and the
-waiting: one ``Event`` per waiter, withdrawn on every exit path. A waiter whose
+cores (:mod:`._core`, :mod:`._limits`, :mod:`._throttle`). This module adds the clock
+and the waiting (over 400 lines because that waiting, bounded or shared, is one loop):
+one ``Event`` per waiter, withdrawn on every exit path. A waiter whose
 wait depends on time (an RPM or TPM window, a cooldown's end, the next step of
 the ramp) sleeps until its computed ready time *or* its event, so no background
 timer task exists: the cooldown needs no owner and closing a scope cancels nothing.
@@ -49,6 +50,7 @@ from .._values._errors import AdmissionClosedError
 from ._core import QuotaCore
 from ._headers import RateLimitObservation
 from ._records import Grant, QuotaScopeStatistics, Ticket
+from ._throttle import ThrottleBudget, ThrottleWatch
 
 if TYPE_CHECKING:
     from ._redis_quota import RedisSharedQuota, SharedTicket
@@ -110,18 +112,22 @@ class Admission:
         return self._scope._clock()
 
     def release(
-        self, actual_tokens: int | None = None, observation: RateLimitObservation | None = None
+        self, actual_tokens: int | None = None, observation: RateLimitObservation | None = None,
+        *, answered: bool = True,
     ) -> None:
         """Free the slot and settle the token reservation against ``actual_tokens``.
 
         ``observation`` is what the answer said about the provider's limits
-        (:func:`parse_rate_limit_headers`); the scope paces by it.
+        (:func:`parse_rate_limit_headers`); the scope paces by it. ``answered=False``:
+        the call was cut short, so it says nothing about whether the provider refuses calls.
         """
         grant = self._grant
         if grant is not None:
             self._grant = None
             scope = self._scope
             core = scope._core
+            if answered and scope.throttle.refusing_since is not None:
+                scope.throttle.answered()  # an answer other than a 429: calls flow again
             if observation is not None or not core.release_uncontended(grant):
                 before = PaceWatch.of(core) if observation is not None else None
                 woken = core.release(grant, actual_tokens, now := scope._clock(), observation)
@@ -153,8 +159,9 @@ class Admission:
         core, now = scope._core, scope._clock()
         before = PaceWatch.of(core)
         wait, woken = core.release_rate_limited(grant, retry_after, actual_tokens, now, observation)
-        before.log_changes(scope.name, core, now, retry_after)
         _wake(woken)
+        cause = retry_after if retry_after is not None or observation is None else observation.retry_after
+        _wake(scope.throttle.refused_by(before, scope.name, core, now, cause, wait))
         shared = scope._shared
         if shared is not None:
             ticket = self._shared
@@ -191,7 +198,7 @@ class QuotaScope:
     the rate discovered from 429s alone is learnt there too, for every process.
     """
 
-    __slots__ = ("_clock", "_core", "_shared", "name")
+    __slots__ = ("_clock", "_core", "_shared", "name", "throttle")
 
     def __init__(
         self,
@@ -217,6 +224,8 @@ class QuotaScope:
         self._clock = clock or anyio.current_time
         self.name = name
         self._shared = shared
+        self.throttle = ThrottleWatch()
+        """Its streak of 429s: the stall warning, the waiters' ``max_rate_limit_wait``, progress."""
 
     @classmethod
     def from_config(
@@ -235,7 +244,9 @@ class QuotaScope:
 
     def join_cooldown(self, seconds: float) -> None:
         """Another process sharing this scope's limit is cooling down: pause here as long (no new storm)."""
-        self._core.pause(seconds, self._clock())
+        now = self._clock()
+        self._core.pause(seconds, now)
+        self.throttle.joined(now)
 
     def __repr__(self) -> str:
         core = self._core
@@ -277,24 +288,27 @@ class QuotaScope:
             raise anyio.WouldBlock
         return Admission(self, grant, ticket)
 
-    async def admit(self, tokens: int = 0) -> Admission:
+    async def admit(self, tokens: int = 0, *, throttle: ThrottleBudget | None = None) -> Admission:
         """Wait for a slot, an RPM unit, ``tokens`` of TPM and the end of any cooldown, in FIFO order.
 
         A cancelled waiter leaves nothing behind: no slot, no reservation, no
         queue entry, and the next waiter is woken if it was first in line.
+        ``throttle``: give up (``ThrottleBudgetSpent``) past it (:meth:`ThrottleWatch.give_up_at`).
         """
         await anyio.lowlevel.checkpoint_if_cancelled()
         shared = self._shared
         if shared is not None:
-            return await self._admit_shared(shared, tokens)
+            return await self._admit_shared(shared, tokens, throttle)
         try:
             admission = self.try_admit_nowait(tokens)
         except anyio.WouldBlock:
-            return Admission(self, await self._wait(tokens))
+            return Admission(self, await self._wait(tokens, throttle))
         await anyio.lowlevel.cancel_shielded_checkpoint()
         return admission
 
-    async def _admit_shared(self, shared: RedisSharedQuota, tokens: int) -> Admission:
+    async def _admit_shared(
+        self, shared: RedisSharedQuota, tokens: int, throttle: ThrottleBudget | None
+    ) -> Admission:
         # Local first (FIFO, concurrency, cooldown), then the share: a slot held while Redis is asked
         # costs this process a slot; a share held while waiting for a slot would cost every process.
         core = self._core
@@ -303,7 +317,7 @@ class QuotaScope:
             try:
                 grant = core.try_admit_nowait(tokens, self._clock())
             except anyio.WouldBlock:
-                grant = await self._wait(tokens)
+                grant = await self._wait(tokens, throttle)
         try:
             ticket = await shared.take(tokens)
         except BaseException:
@@ -311,9 +325,11 @@ class QuotaScope:
             raise
         return Admission(self, grant, ticket)
 
-    async def _wait(self, tokens: int) -> Grant:
+    async def _wait(self, tokens: int, throttle: ThrottleBudget | None = None) -> Grant:
         core = self._core
         ticket = core.enqueue(tokens)
+        if throttle is not None:
+            self.throttle.bound(ticket, throttle, self._clock())
         try:
             return await self._wait_in_line(ticket)
         except BaseException:
@@ -324,10 +340,12 @@ class QuotaScope:
 
     async def _wait_in_line(self, ticket: Ticket) -> Grant:
         core = self._core
+        watch = self.throttle
         while True:
             if core.closed:
                 raise AdmissionClosedError("quota scope is closed")
-            deadline = math.inf
+            # Bounded by max_rate_limit_wait: give up past it (raises), else sleep no later than it.
+            deadline = math.inf if ticket.throttle is None else watch.give_up_at(ticket, self._clock())
             if core.queue[0] is ticket:
                 # First in line: admit ourselves (and whoever fits behind us)
                 # if everything fits, else sleep until it could.
@@ -335,7 +353,11 @@ class QuotaScope:
                 _wake(core.admit_waiters(now))
                 if _granted(ticket) is not None:
                     break
-                deadline = core.ready_at(ticket.tokens, now)
+                deadline = min(deadline, core.ready_at(ticket.tokens, now))
+                if watch.refusing_since is not None:
+                    # The one waiter that looks at the stall when nothing else happens (no timer task).
+                    _wake(watch.check(self.name, core, now))
+                    deadline = min(deadline, watch.check_at())
             event = ticket.event = anyio.Event()
             with anyio.move_on_at(deadline):
                 await event.wait()
@@ -366,7 +388,7 @@ class QuotaScope:
         core = self._core
         before = PaceWatch.of(core)
         started = core.report_rate_limit(retry_after, now := self._clock())
-        before.log_changes(self.name, core, now, retry_after)
+        _wake(self.throttle.refused_by(before, self.name, core, now, retry_after, 0.0))
         if (shared := self._shared) is not None:
             shared.rate_limited(None, core.discovery_signal(None, retry_after, now),
                                 core.cooldown.remaining(now))
@@ -383,7 +405,10 @@ class QuotaScope:
             self._shared.close()
 
     def statistics(self) -> QuotaScopeStatistics:
-        stats = self._core.statistics(self._clock())
+        now = self._clock()
+        stats = self._core.statistics(now)
+        if self.throttle.refusing_since is not None:
+            stats = dataclasses.replace(stats, refusing_for=self.throttle.refusing_for(now))
         shared = self._shared
         if shared is None:
             return stats

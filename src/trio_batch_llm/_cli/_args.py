@@ -104,6 +104,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def wait_bound(text: str) -> float | None:
+    """Seconds > 0, or ``none`` for no bound (``--max-rate-limit-wait``)."""
+    if text.strip().lower() == "none":
+        return None
+    value = _float(text, "a number > 0 or none")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or none, got {text!r}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = _float(text, "a number >= 0")
     if value < 0:

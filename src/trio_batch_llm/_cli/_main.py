@@ -30,6 +30,7 @@ from ._args import (
     positive_float,
     positive_int,
     probability,
+    wait_bound,
 )
 from ._command import EXIT_UNAVAILABLE
 from ._runs_parser import add_runs_parser
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="attempts per item before it fails, rate-limit retries not counted (default 3)")
     run.add_argument("--batch-timeout", type=positive_float, metavar="S",
                      help="seconds the whole run may take")
+    run.add_argument("--max-rate-limit-wait", type=wait_bound, default=600.0, metavar="S",
+                     help="seconds one item may wait throttled by 429s before it fails rate_limit "
+                          "(default 600; none: no bound)")
     run.add_argument("--resume", action="store_true",
                      help="continue the run recorded in --out: keep its successes, run the rest")
     run.add_argument("--resume-policy", choices=["successes", "all"], metavar="successes|all",

@@ -154,7 +154,8 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
             # Bounded, so a huge input is read only as fast as it runs and a stop leaves few queued items.
             max_queue_size=max(2 * args.concurrency, 64),
             guardrails=GuardrailConfig(batch_timeout=args.batch_timeout),
-            retry=RetryConfig(max_attempts=getattr(args, "max_attempts", None) or 3),
+            retry=RetryConfig(max_attempts=getattr(args, "max_attempts", None) or 3,
+                              max_rate_limit_wait=getattr(args, "max_rate_limit_wait", 600.0)),
         )
     except (ConfigurationError, ImportError) as exc:
         raise UsageError(str(exc)) from None

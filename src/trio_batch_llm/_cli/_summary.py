@@ -16,6 +16,7 @@ import math
 from array import array
 from typing import Any, Final, final
 
+from .._engine._item_run import THROTTLED_BY_429S
 from .._values._categories import ErrorCategory
 from .._values._cost import DEFAULT_MODEL_RATES
 from .._values._pricing import CostSum, cost_line
@@ -97,6 +98,8 @@ class RunSummary:
         self.tokens: dict[str, int] = {}
         self.categories: dict[str, int] = {}
         self.first_failures: dict[ErrorCategory, tuple[str, str | None]] = {}
+        self.throttled = 0
+        """Results a deadline or a stop cut short while 429s throttled them (their error says so)."""
         self.admission = LatencySketch()
         self.execution = LatencySketch()
 
@@ -108,6 +111,7 @@ class RunSummary:
             self.not_run += 1
         else:
             self.failed += 1
+            self.throttled += result.error is not None and THROTTLED_BY_429S in result.error
             category = result.error_category
             if category is not None:
                 self.categories[category.value] = self.categories.get(category.value, 0) + 1
@@ -153,6 +157,8 @@ class RunSummary:
         if self.categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(self.categories.items()))
             lines.append(f"  failures    {detail}")
+        if self.throttled:
+            lines.append(f"  throttled   {self.throttled:>10,}   cut short while 429s held them back")
         if ran:
             lines.append("                    p50        p95        p99")
             for label, sketch in (("admission", self.admission), ("execution", self.execution)):

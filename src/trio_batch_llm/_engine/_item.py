@@ -42,6 +42,7 @@ from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
+from ._throttled import admit_within_budget, over_budget, spent
 from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class ItemRunner(Generic[TOutput]):
             tokens = binding.tokens(run.item.prompt, run.item.params)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
-                if held is None:  # past a start limit: between calls, never the attempt's own deadline
+                if held is None:  # past a start limit (between calls), or max_rate_limit_wait in the queue
                     return self.cut(run, guard)  # type: ignore[return-value]
                 # Stage 2's call is awaited here, not in attempt(): a cancellation unwinds one frame
                 # fewer per call in flight (a frame object and a traceback: ~2 µs a worker, asyncio).
@@ -211,7 +212,7 @@ class ItemRunner(Generic[TOutput]):
         finally:
             guard.disarm()
             if run.held is not None:
-                run.held.release(None)  # cut short: real usage unknown, the reservation stands
+                run.held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
                 run.held = None
 
     async def admit(self, binding: Binding, run: ItemRun[TOutput], tokens: int) -> Admission | None:
@@ -228,7 +229,8 @@ class ItemRunner(Generic[TOutput]):
         # Booked by phase, so a wait cut short (by the item deadline, a stop) is counted too.
         cooling = scope.statistics().cooldown_remaining > 0
         run.switch("cooldown" if cooling else "admission_wait", clock())
-        admission = await scope.admit(tokens)
+        if (admission := await admit_within_budget(scope, run, tokens, self._retry)) is None:
+            return None
         try:
             # Granted while this worker was being cancelled: the provider never sees the call,
             # so its RPM unit must come back now, not a window after a call that never was.
@@ -309,8 +311,8 @@ class ItemRunner(Generic[TOutput]):
                 wait = 0.0 if failure.parse_stage else config.wait_before_retry(
                     retries.failures - 1, verdict.retry_after, retries.rng)
         now = self._clock()
-        if not retry:
-            return run.failed_with(exc, category, now)
+        if not retry or (over := over_budget(run, category, wait, config, now)) is not None:
+            return run.failed_with(exc, category, now) if not retry or over is None else over
         if now + wait >= run.item_deadline:
             reason = f"{run.limit_name} of {run.limit} s leaves no room for a retry after {wait:.3g} s"
             return run.deadline_exceeded(reason, now)
@@ -360,13 +362,13 @@ class ItemRunner(Generic[TOutput]):
     def cut(self, run: ItemRun[TOutput], guard: Guard) -> Cut[TOutput]:
         """What cut ``run`` short, read off the clock in the precedence nested scopes had.
 
-        The stop (:data:`STOPPED`: the caller builds that result), the item deadline,
+        Its scope giving up its wait (``max_rate_limit_wait``), the stop (:data:`STOPPED`), the item deadline,
         the call-start deadline (only between calls), then the attempt's own deadline
         (:data:`RETRY`: the timeout is a failed attempt; drive the run again).
         """
         now = self._clock()
-        if guard.stopped is not None or now >= guard.stop_deadline:
-            return STOPPED
+        if run.throttle_spent or guard.stopped is not None or now >= guard.stop_deadline:
+            return spent(run, self._retry, now) if run.throttle_spent else STOPPED  # spent: its scope gave up
         if now >= run.item_deadline:
             return run.deadline_exceeded(f"{run.limit_name} of {run.limit} s", now)
         if not run.calling:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, final
 
 from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
 from .._strategies._base import LLMCallStrategy
@@ -24,14 +24,16 @@ if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
 
 __all__ = [
-    "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple", "rate_limit_observation",
-    "release_attempt", "start_deadline",
+    "THROTTLED_BY_429S", "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple",
+    "rate_limit_observation", "release_attempt", "start_deadline",
 ]
 
 TOutput = TypeVar("TOutput")
 UserClassifier = Callable[[Exception], Any]
 
 _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
+THROTTLED_BY_429S: Final = "throttled by 429s"
+"""What the error of a result a deadline (a stop) cut short while throttled says, with the seconds."""
 
 
 @final
@@ -211,6 +213,9 @@ class ItemRun(Generic[TOutput]):
         "retries",
         "start_limit",
         "started",
+        "throttle_spent",
+        "throttled",
+        "throttled_since",
         "timing",
         "usage",
     )
@@ -250,6 +255,9 @@ class ItemRun(Generic[TOutput]):
         self.retries: Retries | None = None
         self.last_error: BaseException | None = None
         self.result: WorkItemResult[TOutput] | None = None  # kept while its worker renews its scope
+        self.throttled = 0.0  # seconds of throttled waits that ended at a call (._throttled)
+        self.throttled_since: float | None = None  # when the throttled wait under way began
+        self.throttle_spent = False  # its scope gave its admission wait up: max_rate_limit_wait ran out
 
     def switch(self, phase: _Phase, now: float) -> None:
         """Book the time since the last switch to the current phase, then enter ``phase``."""
@@ -257,8 +265,28 @@ class ItemRun(Generic[TOutput]):
         setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
         if self.phase == "execution":
             timing.close_attempt(self.attempts)
+        elif phase == "execution" and self.throttled_since is not None:  # a call ends a throttled wait
+            self.throttled += max(0.0, now - self.throttled_since)
+            self.throttled_since = None
         self.mark = now
         self.phase = phase
+
+    def throttled_for(self, now: float) -> float:
+        """Seconds this item has waited throttled by 429s so far (:mod:`._throttled`), this wait included."""
+        total = self.throttled
+        since = self.throttled_since
+        if since is not None:
+            return total + max(0.0, now - since)
+        binding = self.binding
+        if binding is not None and self.phase in ("admission_wait", "cooldown"):
+            refusing = binding.quota.throttle.refusing_since
+            if refusing is not None:
+                total += max(0.0, now - max(refusing, self.mark))
+        return total
+
+    def _throttled_note(self, now: float) -> str:
+        throttled = self.throttled_for(now)
+        return f" after {throttled:.1f} s {THROTTLED_BY_429S}" if throttled > 0 else ""
 
     def settle(self, now: float) -> ItemTiming:
         """Book the time up to ``now`` and set ``total``: the item's timing, final."""
@@ -296,7 +324,7 @@ class ItemRun(Generic[TOutput]):
 
     def deadline_exceeded(self, reason: str, now: float) -> WorkItemResult[TOutput]:
         """The item's own deadline (or the caller's timeout) came; the last failure is the context."""
-        exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}")
+        exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}{self._throttled_note(now)}")
         if self.last_error is not None:
             exc.__context__ = self.last_error
         return self.failed_with(exc, ErrorCategory.DEADLINE, now)
@@ -314,6 +342,7 @@ class ItemRun(Generic[TOutput]):
         A deadline carries an :class:`ItemDeadlineExceeded`; an abort, a spent budget or
         a refused start carries no exception (none happened), only ``error`` saying why.
         """
+        reason += self._throttled_note(now)  # a deadline (a stop) that cut a throttled wait says so
         if category is ErrorCategory.DEADLINE:
             exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}")
             return self.failed_with(exc, category, now)

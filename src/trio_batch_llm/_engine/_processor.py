@@ -41,6 +41,7 @@ from ._intake import Intake
 from ._item import ItemRunner, start_deadline
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
+from ._throttled import scope_statistics
 from ._unowned import STREAMING_NEEDS_A_BLOCK, PendingInput, run_in_own_block
 from ._workers import Crew
 
@@ -96,6 +97,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply)
+        self._publisher.scope_statistics = partial(scope_statistics, runner._bindings.values())  # progress
         self._crew: Crew[TOutput] = Crew(
             runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
             on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,

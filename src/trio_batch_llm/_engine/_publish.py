@@ -22,7 +22,7 @@ from .._artifacts import append_result, item_fingerprint, unstorable_failure
 from .._observe._events import BatchFinished, BatchStarted
 from .._observe._hooks import Hooks
 from .._observe._log import FailureLog
-from .._observe._progress import CallbackProgress, ProgressTracker
+from .._observe._progress import CallbackProgress, ProgressTracker, ScopeStatistics
 from .._observe._snapshot import Progress
 from .._values._categories import ErrorCategory
 from .._values._errors import ArtifactEncodeError
@@ -74,6 +74,8 @@ class Publisher(Generic[TOutput]):
         self._announced = False
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self.tracker: ProgressTracker | None = None
+        self.scope_statistics: ScopeStatistics | None = None
+        """The run's quota scopes, for progress (calls in flight, throttled): the owner sets it."""
         self._progress: Progress | None = None
         self._per_item: CallbackProgress | None = None
         self._progress_scope: anyio.CancelScope | None = None
@@ -105,7 +107,7 @@ class Publisher(Generic[TOutput]):
             self._channel = channel
         if progress is not None:
             self._progress = progress
-            self.tracker = ProgressTracker(start=started_at, total=total)
+            self.tracker = ProgressTracker(start=started_at, total=total, scopes=self.scope_statistics)
             if isinstance(progress, CallbackProgress):
                 self._per_item = progress
 

@@ -7,8 +7,12 @@ cooldowns and pacing changes), next to the existing ``.cleanup``,
 ``docs/guides/observability.md``):
 
 - a failed attempt that will be retried: DEBUG, per attempt;
-- a cooldown starting, a pacing change: INFO, per scope and change (rare by
-  construction: one per rate-limit storm, one per limit the provider reports);
+- a scope's first 429 and its first cooldown: INFO, with the cause (the
+  Retry-After, or the backoff chosen without one); later cooldowns: DEBUG;
+- a pacing change: INFO, per scope and change (rare by construction: one per
+  limit the provider reports, one per lowering of a discovered rate);
+- a scope whose provider has refused every call for a minute: WARNING, once per
+  stall (again only after calls flowed and stalled anew);
 - a batch's stop (deadline, abort, budget, interruption): INFO, once;
 - an item's final failure: WARNING for the first of its category in a batch,
   DEBUG for the rest (:class:`FailureLog`), so a batch of 10,000 items failing
@@ -40,7 +44,9 @@ __all__ = [
     "FailureLog",
     "PaceWatch",
     "log_cooldown",
+    "log_first_rate_limit",
     "log_retry",
+    "log_stall",
     "log_stop",
 ]
 
@@ -71,11 +77,50 @@ def log_stop(kind: str, reason: str) -> None:
     engine_logger.info("batch stopping (%s): %s", kind, reason, extra={"stop": kind, "reason": reason})
 
 
-def log_cooldown(scope: str, seconds: float, retry_after: float | None) -> None:
-    """INFO: a rate limit started a cooldown of ``scope``: no call starts there for ``seconds``."""
+def _cause(retry_after: float | None, chosen: float) -> str:
+    if retry_after is not None:
+        return f"429, Retry-After {retry_after:.3g} s"
+    return f"429 without Retry-After: backoff of {chosen:.3g} s chosen"
+
+
+def log_cooldown(scope: str, seconds: float, retry_after: float | None, *, first: bool = True) -> None:
+    """A rate limit started a cooldown of ``scope``: no call starts there for ``seconds``.
+
+    INFO for the scope's first cooldown (saying so), DEBUG for the later ones: a provider that
+    refuses for hours would otherwise log a line per cooldown; the stall WARNING covers those."""
+    level = logging.INFO if first else logging.DEBUG
+    if admission_logger.isEnabledFor(level):
+        later = "; its later cooldowns are logged at DEBUG" if first else ""
+        admission_logger.log(
+            level, "quota scope %s: rate limited (%s); no call starts there for %.3g s (cooldown)%s",
+            scope, _cause(retry_after, seconds), seconds, later,
+            extra={"scope": scope, "wait": seconds, "retry_after": retry_after, "category": "rate_limit",
+                   "status": 429},
+        )
+
+
+def log_first_rate_limit(scope: str, retry_after: float | None, wait: float) -> None:
+    """INFO: ``scope``'s first 429 changed nothing scope-wide (no cooldown, no lower pace): say so."""
+    if wait > 0:
+        effect = f"only that call waits {wait:.3g} s (its headers say capacity remains)"
+    else:
+        effect = "no cooldown (no Retry-After): its items retry as the scope's pace allows"
+    cause = f"429, Retry-After {retry_after:.3g} s" if retry_after is not None else "429 without Retry-After"
     admission_logger.info(
-        "quota scope %s: rate limited; no call starts there for %.3g s (cooldown)", scope, seconds,
-        extra={"scope": scope, "wait": seconds, "retry_after": retry_after, "category": "rate_limit"},
+        "quota scope %s: first rate limit (%s); %s", scope, cause, effect,
+        extra={"scope": scope, "wait": wait, "retry_after": retry_after, "category": "rate_limit",
+               "status": 429},
+    )
+
+
+def log_stall(scope: str, seconds: float, refusals: int, waiting: int, in_flight: int) -> None:
+    """WARNING, once per stall: every call of ``scope`` has been answered 429 for ``seconds``."""
+    admission_logger.warning(
+        "quota scope %s: the provider has refused every call for %.0f s (%d 429s in a row; %d calls"
+        " waiting, %d in flight); each item gives up after RetryConfig.max_rate_limit_wait",
+        scope, seconds, refusals, waiting, in_flight,
+        extra={"scope": scope, "stalled": seconds, "refusals": refusals, "waiting": waiting,
+               "in_flight": in_flight, "category": "rate_limit"},
     )
 
 
@@ -112,16 +157,21 @@ class PaceWatch:
 
     def log_changes(
         self, scope: str | None, core: QuotaCore, now: float, retry_after: float | None = None
-    ) -> None:
+    ) -> bool:
+        """Log what changed since :meth:`of`; return whether a cooldown or a lower pace was logged at INFO."""
         name = scope or "-"
         after = PaceWatch.of(core)
+        said = False
         if after.cooldowns != self.cooldowns:
-            log_cooldown(name, core.cooldown.remaining(now), retry_after)
+            first = self.cooldowns == 0
+            log_cooldown(name, core.cooldown.remaining(now), retry_after, first=first)
+            said = first
         if after.rate != self.rate:
             old = None if self.rate is None else self.rate * 60
             new = None if after.rate is None else after.rate * 60
             lowered = new is not None and (old is None or new < old)
             level = logging.INFO if lowered else logging.DEBUG
+            said = said or lowered
             if admission_logger.isEnabledFor(level):
                 admission_logger.log(
                     level, "quota scope %s: request pace %s to %s (was %s), learnt from 429s",
@@ -137,6 +187,7 @@ class PaceWatch:
                     extra={"scope": name, "limit": what, "old": old_limit, "new": new_limit,
                            "source": "headers"},
                 )
+        return said
 
 
 @final

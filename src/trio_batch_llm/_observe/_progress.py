@@ -22,14 +22,18 @@ import collections
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import IO, TypeAlias, final
+from typing import IO, TYPE_CHECKING, Final, TypeAlias, final
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
 from ._callables import is_async_callable
+from ._progress_line import duration
 from ._snapshot import Progress, ProgressSnapshot
+
+if TYPE_CHECKING:
+    from .._admission._records import QuotaScopeStatistics
 
 __all__ = [
     "CallbackProgress",
@@ -45,16 +49,36 @@ ProgressCallback: TypeAlias = Callable[[int, "int | None", str], "Awaitable[None
 _ItemCall: TypeAlias = tuple[int, "int | None", str]
 
 
+REFUSING_SHOWN_AFTER: Final = 10.0
+"""Seconds of nothing but 429s before progress calls a scope throttled (a lone 429 is no news)."""
+
+ScopeStatistics: TypeAlias = Callable[[], "list[QuotaScopeStatistics]"]
+
+
+def throttle_note(scopes: list[QuotaScopeStatistics]) -> str:
+    """Why the provider holds the run back, from its scopes' statistics (``""``: it does not)."""
+    cooling = max((s.cooldown_remaining for s in scopes), default=0.0)
+    if cooling > 0:
+        return f"cooling down {duration(cooling)}"
+    refusing = max((s.refusing_for for s in scopes), default=0.0)
+    if refusing >= REFUSING_SHOWN_AFTER:
+        return f"every call refused for {duration(refusing)}"
+    return ""
+
+
 class ProgressTracker:
     """Counters plus a windowed completion rate; synchronous, fed by the engine.
 
     Times are whatever clock the caller passes (``anyio.current_time()``), so
-    a virtual clock gives exact rates in tests.
+    a virtual clock gives exact rates in tests. ``scopes``, when given, reads the
+    run's quota scopes: calls in flight, items waiting, and whether it is throttled.
     """
 
-    def __init__(self, *, start: float, total: int | None = None, window: float = 10.0) -> None:
+    def __init__(self, *, start: float, total: int | None = None, window: float = 10.0,
+                 scopes: ScopeStatistics | None = None) -> None:
         if window <= 0:
             raise ValueError(f"window={window!r}: must be > 0")
+        self.scopes = scopes
         self.total = total
         self.window = window
         self._start = start
@@ -94,10 +118,18 @@ class ProgressTracker:
         if self.total is not None:
             remaining = max(0, self.total - self.completed)
             eta = 0.0 if remaining == 0 else (remaining / rate if rate > 0 else None)
+        active = max(0, self.started - live)
+        in_flight, waiting, throttled = active, 0, ""
+        if self.scopes is not None and (scopes := self.scopes()):
+            # A call holds its scope's slot: items waiting on a cooldown or a backoff hold none.
+            in_flight = min(active, sum(stats.in_flight for stats in scopes))
+            waiting, throttled = active - in_flight, throttle_note(scopes)
         return ProgressSnapshot(
             completed=self.completed,
             failed=self.failed,
-            in_flight=max(0, self.started - live),
+            in_flight=in_flight,
+            waiting=waiting,
+            throttled=throttled,
             total=self.total,
             replayed=self.replayed,
             tokens_total=self.tokens_total,

@@ -11,10 +11,15 @@ from typing import Final
 
 from ._snapshot import ProgressSnapshot
 
-__all__ = ["MIN_BAR_WIDTH", "fit_progress_line", "fit_progress_parts", "format_progress_line"]
+__all__ = ["MIN_BAR_WIDTH", "duration", "fit_progress_line", "fit_progress_parts", "format_progress_line"]
 
 MIN_BAR_WIDTH: Final = 10
 """A bar narrower than this says nothing; the counters get the room instead."""
+
+
+def duration(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` from an hour), rounded up."""
+    return _duration(seconds)
 
 
 def _duration(seconds: float) -> str:
@@ -26,6 +31,7 @@ def _duration(seconds: float) -> str:
 
 # Parts after the head, each with its rank: the lowest rank is left out first when space is short.
 _RANK_FAILED, _RANK_ETA, _RANK_RATE, _RANK_IN_FLIGHT, _RANK_REPLAYED, _RANK_TOKENS = 6, 5, 4, 3, 2, 1
+_RANK_THROTTLED = 7  # why nothing moves: kept longest
 
 
 def _head(snapshot: ProgressSnapshot) -> str:
@@ -40,6 +46,10 @@ def _parts(snapshot: ProgressSnapshot) -> list[tuple[int, str]]:
     if snapshot.replayed:
         parts.append((_RANK_REPLAYED, f"{snapshot.replayed} replayed"))
     parts.append((_RANK_IN_FLIGHT, f"{snapshot.in_flight} in flight"))
+    if snapshot.waiting:
+        parts.append((_RANK_IN_FLIGHT, f"{snapshot.waiting} waiting"))
+    if snapshot.throttled:
+        parts.append((_RANK_THROTTLED, f"throttled: {snapshot.throttled}"))
     parts.append((_RANK_RATE, f"{snapshot.rate:.1f} items/s"))
     if snapshot.total is not None:
         parts.append((_RANK_ETA, "ETA --:--" if snapshot.eta is None else f"ETA {_duration(snapshot.eta)}"))
@@ -56,6 +66,7 @@ def format_progress_line(snapshot: ProgressSnapshot, *, bar_width: int = 30) -> 
     """One plain-text line, at full length; ``bar_width=0`` leaves the bar out.
 
     ``[######------] 50/100 (50%) | 2 failed | 5 in flight | 3.2 items/s | ETA 0:16 | 1,234 tokens``
+    Throttled: ``... | 0 in flight | 16 waiting | throttled: cooling down 0:42 | ...``.
     Without a total: ``50 done | 2 failed | ...`` and no bar or ETA.
     """
     text = " | ".join([_head(snapshot), *(part for _, part in _parts(snapshot))])

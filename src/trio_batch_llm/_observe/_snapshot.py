@@ -24,6 +24,12 @@ class ProgressSnapshot:
     included; ``failed`` and ``replayed`` are parts of it. ``rate`` is live
     completions per second over a recent window (replays excluded, they cost
     nothing); ``eta`` is seconds left at that rate, ``None`` when unknown.
+
+    When the engine knows its quota scopes, ``in_flight`` counts calls in flight
+    and ``waiting`` the items started but not in a call (waiting for admission, a
+    cooldown or a backoff); ``throttled`` then says why nothing moves when the
+    provider holds the run back ("cooling down 0:42", "every call refused for 1:15"),
+    ``""`` otherwise. Without them, ``in_flight`` counts every started item.
     """
 
     completed: int
@@ -35,6 +41,8 @@ class ProgressSnapshot:
     elapsed: float = 0.0
     rate: float = 0.0
     eta: float | None = None
+    waiting: int = 0
+    throttled: str = ""
 
     @property
     def succeeded(self) -> int:

@@ -112,7 +112,7 @@ class RetryConfig:
 
     Rate-limit failures draw on ``max_rate_limit_retries`` and do not use up
     ``max_attempts``; a provider's Retry-After wins when it is larger than the
-    computed backoff.
+    computed backoff. ``max_rate_limit_wait`` bounds one item's time throttled by 429s (whichever first).
     """
 
     max_attempts: int = 3
@@ -124,6 +124,8 @@ class RetryConfig:
     respect_retry_after: bool = True
     jitter_seed: int | None = None
     """Seed for the jitter, drawn per item (``Random(f"{seed}\\0{item_id}")``); ``None`` is unseeded."""
+    max_rate_limit_wait: float | None = 600.0
+    """Seconds one item may wait throttled by 429s in all (docs/guides/retries.md); ``None``: unbounded."""
 
     def __post_init__(self) -> None:
         whole("max_attempts", self.max_attempts, minimum=1, allow_none=False)
@@ -135,6 +137,7 @@ class RetryConfig:
         if self.exponential_base < 1:
             raise ConfigurationError("exponential_base", self.exponential_base, "must be >= 1")
         whole("max_rate_limit_retries", self.max_rate_limit_retries, minimum=0, allow_none=False)
+        positive("max_rate_limit_wait", self.max_rate_limit_wait)
 
     def backoff_ceiling(self, retry_number: int) -> float:
         """The largest wait before retry ``retry_number`` (0 for the first retry)."""
