@@ -138,7 +138,8 @@ def scenario_config(scenario: str, prompts: list[str], concurrency: int, deadlin
                     budget_items: int) -> ProcessorConfig:
     guard = {
         "batch_deadline": GuardrailConfig(batch_timeout=deadline),
-        "abort": GuardrailConfig(abort_on_error_categories=frozenset({AUTH}), abort_mode=AbortMode.CANCEL_ACTIVE),
+        "abort": GuardrailConfig(abort_on_error_categories=frozenset({AUTH}),
+                                 abort_mode=AbortMode.CANCEL_ACTIVE),
         "budget": GuardrailConfig(max_total_tokens=10 * budget_items),
         "item_deadline": GuardrailConfig(total_timeout_per_item=deadline),
     }[scenario]
@@ -178,7 +179,8 @@ def check(scenario: str, prompts: list[str], outcome: Outcome, surface: str) -> 
         (fatal,) = [p for p in prompts if p.startswith("fatal")]
         assert termination.item_id == fatal, (surface, termination)
     elif scenario == "budget":
-        assert termination.item_id is not None and results[termination.item_id].success, (surface, termination)
+        trigger = termination.item_id
+        assert trigger is not None and results[trigger].success, (surface, termination)
     else:
         assert termination.item_id is None
 
@@ -290,13 +292,13 @@ async def test_a_failing_input_is_fail_fast(anyio_backend: Any) -> None:
 
 
 async def test_a_full_pool_refuses_at_the_door_as_pool_full(anyio_backend: Any) -> None:
-    async with LLMCallPool(Scripted(), config=ProcessorConfig(concurrency=1), max_pending=0) as pool:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(pool.submit_result, "hang-0")
-            while pool.pending == 0:
-                await anyio.lowlevel.checkpoint()
-            refused = await pool.submit_result("ok-1")
-            tg.cancel_scope.cancel()
+    pool = LLMCallPool(Scripted(), config=ProcessorConfig(concurrency=1), max_pending=0)
+    async with pool, anyio.create_task_group() as tg:
+        tg.start_soon(pool.submit_result, "hang-0")
+        while pool.pending == 0:
+            await anyio.lowlevel.checkpoint()
+        refused = await pool.submit_result("ok-1")
+        tg.cancel_scope.cancel()
     assert (refused.error_category, refused.stop_reason) == (ErrorCategory.NOT_EXECUTED, StopReason.POOL_FULL)
 
 
@@ -307,7 +309,8 @@ async def test_a_call_start_deadline_is_the_items_own_deadline(anyio_backend: An
         await proc.add_work(LLMWorkItem(item_id="ok-0", strategy=strategy, prompt="ok-0"))
         batch = await proc.process_all()
     (result,) = batch.results
-    assert (result.error_category, result.stop_reason) == (ErrorCategory.NOT_EXECUTED, StopReason.ITEM_DEADLINE)
+    assert result.error_category is ErrorCategory.NOT_EXECUTED
+    assert result.stop_reason is StopReason.ITEM_DEADLINE
     assert batch.termination.kind == "completed"
 
 
@@ -318,7 +321,8 @@ def test_a_record_without_a_stop_reason_is_unchanged_and_an_unknown_one_reads_as
                              stop_reason=StopReason.PAUSE)
     assert stopped.to_dict()["stop_reason"] == "pause"
     assert WorkItemResult.from_dict(stopped.to_dict()).stop_reason is StopReason.PAUSE
-    assert WorkItemResult.from_dict({**stopped.to_dict(), "stop_reason": "from_the_future"}).stop_reason is None
+    newer = {**stopped.to_dict(), "stop_reason": "from_the_future"}
+    assert WorkItemResult.from_dict(newer).stop_reason is None
     term = BatchTermination("aborted", "authentication failure of item 'b'", item_id="b")
     assert BatchTermination.from_dict(term.to_dict()) == term
     assert "item_id" not in BatchTermination("completed").to_dict()
