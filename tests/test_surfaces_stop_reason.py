@@ -253,30 +253,32 @@ async def test_request_stop_is_shutdown_and_the_queue_says_so(anyio_backend: Any
 
 
 async def test_a_failing_input_is_fail_fast(anyio_backend: Any) -> None:
-    """A lazy source that raises ends the stream with its error; the call it cut short says
-    ``fail_fast`` (an observer sees its result: the stream itself ends with the error)."""
+    """A lazy source that raises ends the stream with its error; the call it cut short and the
+    items it left queued say ``fail_fast`` (an observer sees them: the stream ends with the error)."""
     strategy = Scripted()
-    gate = anyio.Event()
+    calling = anyio.Event()
+    finished = anyio.Event()
     seen: list[WorkItemResult[Any]] = []
 
-    class Gated(LLMCallStrategy[str]):
+    class Flagged(LLMCallStrategy[str]):
         async def execute(self, prompt: str, attempt: int, timeout: float | None,
                           state: RetryState | None = None) -> tuple[str, TokenUsage | None, Any]:
-            await gate.wait()
+            calling.set()
             return await strategy.execute(prompt, attempt, timeout, state)
 
     class Terminals:
         def on_event(self, event: Any) -> None:
             if isinstance(event, ItemFailed | ItemCompleted):
                 seen.append(event.result)
+                if len(seen) == 4:
+                    finished.set()
 
-    gated = Gated()
+    flagged = Flagged()
 
     async def source() -> Any:
         for i in range(4):
-            yield LLMWorkItem(item_id=f"ok-{i}", strategy=gated, prompt=f"ok-{i}")
-        await anyio.lowlevel.checkpoint()
-        gate.set()
+            yield LLMWorkItem(item_id=f"hang-{i}", strategy=flagged, prompt=f"hang-{i}")
+        await calling.wait()  # hang-0 is in its call: only the stop can end it
         raise RuntimeError("the source broke")
 
     async with ParallelBatchProcessor[str](ProcessorConfig(concurrency=1, max_queue_size=8),
@@ -286,8 +288,12 @@ async def test_a_failing_input_is_fail_fast(anyio_backend: Any) -> None:
         with pytest.raises(RuntimeError, match="the source broke"):
             async for _ in proc.results():
                 pass
-    # The call in flight is cut short; the stream's error ends it, so the queue is not reported.
-    assert [r.stop_reason for r in seen if not r.success] == [StopReason.FAIL_FAST], seen
+        with anyio.fail_after(5):  # the stream's error may come before the stopped items settle
+            await finished.wait()
+    # The call in flight is cut short, the queue reported not executed: all say why.
+    assert [(r.item_id, r.error_category, r.stop_reason) for r in seen] == [
+        ("hang-0", ErrorCategory.ABORTED, StopReason.FAIL_FAST),
+        *((f"hang-{i}", ErrorCategory.NOT_EXECUTED, StopReason.FAIL_FAST) for i in (1, 2, 3))]
     assert proc.termination.kind == "interrupted"
 
 
