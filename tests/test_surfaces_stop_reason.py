@@ -244,6 +244,8 @@ async def test_request_stop_is_shutdown_and_the_queue_says_so(anyio_backend: Any
     async with ParallelBatchProcessor[str](cfg) as proc:
         for i in range(5):
             await proc.add_work(LLMWorkItem(item_id=f"ok-{i}", strategy=strategy, prompt=f"ok-{i}"))
+        with pytest.raises(TypeError, match="stop_reason='pause': must be a StopReason"):
+            proc.request_stop("operator", stop_reason="pause")  # type: ignore[arg-type]
         proc.request_stop("operator")
         batch = await proc.process_all()
     assert batch.termination == BatchTermination("interrupted", "operator")

@@ -293,6 +293,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         This is what a first Ctrl+C does in the CLI; ``force_close()`` is the second.
         ``stop_reason`` is what the unfinished items say (a durable run's pause: ``PAUSE``).
         """
+        if not isinstance(stop_reason, StopReason):
+            raise TypeError(f"stop_reason={stop_reason!r}: must be a StopReason")
         self._apply(self._policy.request("interrupted", reason, stop_reason=stop_reason))
 
     def _apply(self, stop: Stop | None) -> None:
