@@ -326,8 +326,9 @@ def test_export_parquet_round_trips_through_pyarrow(capsys: pytest.CaptureFixtur
     rows = read.to_pylist()
     assert [row["id"] for row in rows] == EXPECTED_IDS
     assert rows[2] == {"id": "a", "success": True, "output": "second try", "error": None,
-                       "error_category": None, "attempts": 1, "input_tokens": 7, "output_tokens": 2,
-                       "total_tokens": 9, "execution_seconds": 0.25, "context": '{"row": 1}'}
+                       "error_category": None, "stop_reason": None, "attempts": 1, "input_tokens": 7,
+                       "output_tokens": 2, "total_tokens": 9, "execution_seconds": 0.25,
+                       "context": '{"row": 1}'}
     assert rows[3]["input_tokens"] is None and rows[3]["error_category"] == "server"
     assert json.loads(rows[1]["output"]) == {"label": "spam", "score": 0.9}
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trio_batch_llm import AbortMode, ErrorCategory, GuardrailConfig, WorkItemResult
+from trio_batch_llm import AbortMode, ErrorCategory, GuardrailConfig, StopReason, WorkItemResult
 from trio_batch_llm._engine._stops import Stop, StopPolicy
 
 
@@ -67,7 +67,10 @@ def test_abort_on_a_category_names_the_item_and_follows_the_abort_mode(
     assert policy.judge(_failed(ErrorCategory.RATE_LIMIT, "x")) is None  # not an abort category
     assert policy.judge(_ok("y")) is None
     stop = policy.judge(_failed(ErrorCategory.AUTHENTICATION, "z"))
-    assert stop == Stop("aborted", "authentication failure of item 'z'", cancel_active=cancels)
+    assert stop == Stop("aborted", "authentication failure of item 'z'", cancel_active=cancels,
+                        stop_reason=StopReason.ABORT_CATEGORY, item_id="z")
+    assert policy.termination.item_id == "z"
+    assert policy.unfinished_reason is StopReason.ABORT_CATEGORY
 
 
 def test_a_replayed_failure_is_history_and_never_aborts() -> None:
@@ -83,7 +86,9 @@ def test_the_batch_deadline_cuts_calls_in_flight_as_deadline() -> None:
     # An item cut by the deadline before the stop was recorded is DEADLINE already.
     assert policy.cut_short() == (ErrorCategory.DEADLINE, "cut short: batch deadline")
     stop = policy.deadline_reached()
-    assert stop == Stop("batch_deadline", "batch deadline of 2.5 s", cancel_active=True)
+    assert stop == Stop("batch_deadline", "batch deadline of 2.5 s", cancel_active=True,
+                        stop_reason=StopReason.BATCH_DEADLINE)
+    assert policy.unfinished_reason is StopReason.BATCH_DEADLINE and policy.termination.item_id is None
     assert policy.cut_short() == (ErrorCategory.DEADLINE, "cut short: batch deadline of 2.5 s")
     assert policy.not_executed() == ("not executed: batch deadline of 2.5 s", ErrorCategory.NOT_EXECUTED)
 
@@ -99,7 +104,9 @@ def test_a_spent_token_budget_stops_at_the_item_that_reaches_it_and_queued_are_b
     policy = StopPolicy(GuardrailConfig(max_total_tokens=100))
     assert policy.charge(_ok("a", 60)) is None
     stop = policy.charge(_ok("b", 40))  # reaches the cap exactly: spent
-    assert stop == Stop("budget_exhausted", "max_total_tokens=100 reached", cancel_active=False)
+    assert stop == Stop("budget_exhausted", "max_total_tokens=100 reached", cancel_active=False,
+                        stop_reason=StopReason.BUDGET, item_id="b")
+    assert policy.termination.item_id == "b"
     assert policy.not_executed() == ("not executed: max_total_tokens=100 reached", ErrorCategory.BUDGET)
     assert policy.charge(_ok("c", 5)) is None  # counted, but the first stop stands
     assert policy.counters.total_tokens == 105
@@ -113,6 +120,7 @@ def test_a_cost_budget_stops_when_the_spend_reaches_it() -> None:
     stop = policy.charge(_ok("c"))
     assert stop is not None and stop.kind == "budget_exhausted"
     assert stop.reason == "max_total_cost=0.03 reached"
+    assert (stop.stop_reason, stop.item_id) == (StopReason.BUDGET, "c")
     assert policy.counters.cost == pytest.approx(0.03)
 
 

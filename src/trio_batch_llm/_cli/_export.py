@@ -51,8 +51,8 @@ from ._render import say, say_input_error
 
 __all__ = ["COLUMNS", "ROW_GROUP", "check_table_out", "export_command", "flat_row", "table_format"]
 
-COLUMNS: Final = ("id", "success", "output", "error", "error_category", "attempts", "input_tokens",
-                  "output_tokens", "total_tokens", "execution_seconds", "context")
+COLUMNS: Final = ("id", "success", "output", "error", "error_category", "stop_reason", "attempts",
+                  "input_tokens", "output_tokens", "total_tokens", "execution_seconds", "context")
 ROW_GROUP: Final = 10_000
 _FORMATS: Final = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
                    ".pq": "parquet"}
@@ -102,6 +102,7 @@ def flat_row(result: WorkItemResult[Any], *, structured: bool) -> dict[str, Any]
         "output": result.output if structured else _json_text(result.output),
         "error": result.error,
         "error_category": None if result.error_category is None else result.error_category.value,
+        "stop_reason": None if result.stop_reason is None else result.stop_reason.value,
         "attempts": result.attempts,
         "input_tokens": usage.get("input_tokens"),
         "output_tokens": usage.get("output_tokens"),

@@ -57,6 +57,7 @@ from .._values._errors import (
 from .._values._quota_backend import RedisQuotaBackend
 from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination
+from .._values._stop_reasons import StopReason
 from .._values._urls import is_openai_api, redact_url
 from ._args import quota_backend
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
@@ -291,7 +292,8 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
         pass  # a stop (a signal, a guardrail) closed admission; the rest is for --resume
     except InputError as exc:  # the file changed since it was checked: stop, keep what finished
         outcome.input_error = exc
-        processor.request_stop("the input file changed while the run read it")
+        processor.request_stop("the input file changed while the run read it",
+                               stop_reason=StopReason.FAIL_FAST)
         await anyio.lowlevel.checkpoint()
     await processor.finish()
 

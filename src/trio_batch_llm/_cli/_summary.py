@@ -21,6 +21,7 @@ from .._values._categories import ErrorCategory
 from .._values._cost import DEFAULT_MODEL_RATES
 from .._values._pricing import CostSum, cost_line
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
+from .._values._stop_reasons import stopped_line
 
 __all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary"]
 
@@ -97,6 +98,8 @@ class RunSummary:
         self.retries = 0
         self.tokens: dict[str, int] = {}
         self.categories: dict[str, int] = {}
+        self.stopped: dict[str, int] = {}
+        """Results that did not run to their own end, by stop reason."""
         self.first_failures: dict[ErrorCategory, tuple[str, str | None]] = {}
         self.throttled = 0
         """Results a deadline or a stop cut short while 429s throttled them (their error says so)."""
@@ -116,6 +119,8 @@ class RunSummary:
             if category is not None:
                 self.categories[category.value] = self.categories.get(category.value, 0) + 1
                 self.first_failures.setdefault(category, (result.item_id, result.error))
+        if result.stop_reason is not None:
+            self.stopped[result.stop_reason.value] = self.stopped.get(result.stop_reason.value, 0) + 1
         add_usage(self.tokens, result.token_usage)
         model = result.metadata.get("model") if isinstance(result.metadata, dict) else None
         self.cost.add(result.token_usage, model)
@@ -157,6 +162,8 @@ class RunSummary:
         if self.categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(self.categories.items()))
             lines.append(f"  failures    {detail}")
+        if (line := stopped_line(self.stopped)) is not None:
+            lines.append(line)
         if self.throttled:
             lines.append(f"  throttled   {self.throttled:>10,}   cut short while 429s held them back")
         if ran:

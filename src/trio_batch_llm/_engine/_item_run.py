@@ -17,6 +17,7 @@ from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
 from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
+from .._values._stop_reasons import StopReason
 from .._values._usage import check_token_usage
 from ._classify import Classification, classify
 
@@ -327,14 +328,20 @@ class ItemRun(Generic[TOutput]):
         exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}{self._throttled_note(now)}")
         if self.last_error is not None:
             exc.__context__ = self.last_error
-        return self.failed_with(exc, ErrorCategory.DEADLINE, now)
+        result = self.failed_with(exc, ErrorCategory.DEADLINE, now)
+        result.stop_reason = StopReason.ITEM_DEADLINE
+        return result
 
     def refused_start(self, now: float) -> WorkItemResult[TOutput]:
         """No call starts at or after ``call_start_deadline``: never started, or cut short before a retry."""
         if self.attempts == 0:
-            return self.stopped(ErrorCategory.NOT_EXECUTED, "not executed: call_start_deadline reached", now)
-        reason = "cut short: call_start_deadline reached before a retry"
-        return self.stopped(ErrorCategory.ABORTED, reason, now)
+            reason = "not executed: call_start_deadline reached"
+            result = self.stopped(ErrorCategory.NOT_EXECUTED, reason, now)
+        else:
+            reason = "cut short: call_start_deadline reached before a retry"
+            result = self.stopped(ErrorCategory.ABORTED, reason, now)
+        result.stop_reason = StopReason.ITEM_DEADLINE
+        return result
 
     def stopped(self, category: ErrorCategory, reason: str, now: float) -> WorkItemResult[TOutput]:
         """A result for an item the batch stopped in flight (or refused to start).

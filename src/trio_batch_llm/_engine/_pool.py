@@ -25,6 +25,7 @@ from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallE
 from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import WorkItemResult
+from .._values._stop_reasons import StopReason
 from ._classifier_objects import ClassifierArg
 from ._guards import Guard
 from ._inputs import check_request
@@ -147,6 +148,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
                 error=message,
                 exception=exc,
                 error_category=ErrorCategory.NOT_EXECUTED,
+                stop_reason=StopReason.POOL_FULL,
             )
         return None
 

@@ -34,6 +34,7 @@ from .._values._errors import AdmissionClosedError, BatchInterruptedError
 from .._values._requests import LLMWorkItem
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
+from .._values._stop_reasons import StopReason
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
 from ._classifier_objects import ClassifierArg
 from ._inputs import aiter_items, feed_items
@@ -247,7 +248,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         if self._channel is not None:
             self._channel.decide_failure(exc)
         reason = f"input failed: {type(exc).__name__}: {exc}"
-        self._apply(self._policy.request("interrupted", reason, cancel_active=True))
+        self._apply(self._policy.request("interrupted", reason, cancel_active=True,
+                                         stop_reason=StopReason.FAIL_FAST))
 
     async def finish(self) -> None:
         """No more input: workers drain the queue, then the stream finalizes (a no-op after a stop)."""
@@ -283,20 +285,24 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     # --- stops ---------------------------------------------------------
 
-    def request_stop(self, reason: str = "stop requested") -> None:
+    def request_stop(self, reason: str = "stop requested", *,
+                     stop_reason: StopReason = StopReason.SHUTDOWN) -> None:
         """Stop admitting new items: a controlled stop (``termination.kind == "interrupted"``).
 
         Calls in flight finish; queued items are reported ``NOT_EXECUTED``;
         ``add_work`` raises :class:`AdmissionClosedError` from now on. The
         checkpoint keeps everything that finished, so the run can be resumed.
         This is what a first Ctrl+C does in the CLI; ``force_close()`` is the second.
+        ``stop_reason`` is what the unfinished items say (a durable run's pause: ``PAUSE``).
         """
-        self._apply(self._policy.request("interrupted", reason))
+        if not isinstance(stop_reason, StopReason):
+            raise TypeError(f"stop_reason={stop_reason!r}: must be a StopReason")
+        self._apply(self._policy.request("interrupted", reason, stop_reason=stop_reason))
 
     def _apply(self, stop: Stop | None) -> None:
         if stop is None:
             return
-        log_stop(stop.kind, stop.reason)
+        log_stop(stop.kind, stop.reason, stop.stop_reason.value, stop.item_id)
         self._crew.stop(stop.reason, cut_calls=stop.cancel_active)
         # Queued items drain as "not executed"; new input is refused. The stream's input is
         # thereby finished too, so its finalization can end it cleanly.
@@ -341,7 +347,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         if runtime.running:
             reason = "result stream left early" if self._channel is not None else "processor closing"
             if self._crew.live:
-                self._policy.request("interrupted", reason)  # work was outstanding: not completed
+                why = StopReason.POOL_CLOSED if self._channel is not None else StopReason.SHUTDOWN
+                self._policy.request("interrupted", reason, stop_reason=why)  # work was outstanding
             runtime.cancel(reason)
         await runtime.wait_idle()
         self._intake.recv.close()

@@ -29,6 +29,7 @@ from .._values._errors import ArtifactEncodeError
 from .._values._requests import LLMWorkItem, request_text
 from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import RunCounters
+from .._values._stop_reasons import StopReason
 from ._channel import ResultChannel
 from ._collector import no_collection
 from ._stops import Stop, StopPolicy
@@ -187,7 +188,7 @@ class Publisher(Generic[TOutput]):
     def not_executed(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput]:
         """The result of an item the batch's stop left in the queue."""
         reason, category = self._policy.not_executed()
-        return _not_executed(item, reason, category)
+        return _not_executed(item, reason, category, self._policy.unfinished_reason)
 
     async def drain(self, recv: Any) -> None:
         """Publish every queued item as not executed (the batch stopped; its input is closed).
@@ -199,6 +200,7 @@ class Publisher(Generic[TOutput]):
         if self._drained:
             return  # noqa: ASYNC910 - another worker reported the queue; the worker's exit checkpoints
         reason, category = self._policy.not_executed()
+        why = self._policy.unfinished_reason
         if self.store is not None or self._channel is not None or self._per_item is not None:
             # A step awaits here (a checkpoint write, a bounded stream, per-item progress).
             while True:
@@ -206,7 +208,7 @@ class Publisher(Generic[TOutput]):
                     item = recv.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     return  # noqa: ASYNC910 - no checkpoint per item on purpose; the worker's exit has one
-                await self.publish(_not_executed(item, reason, category), item)
+                await self.publish(_not_executed(item, reason, category, why), item)
         # No step awaits: settle a chunk between two checkpoints, so the calls still in flight
         # resume and finish while the rest of the queue is reported, not behind the whole queue.
         # With no observer and no progress, settling a result the stop decided is two counters
@@ -215,14 +217,14 @@ class Publisher(Generic[TOutput]):
         bulk = not self._observing and self.tracker is None and self.failures.skips(category)
         while True:
             with no_collection():  # no await in this loop
-                left = self._drain_chunk(recv.receive_nowait, reason, category, bulk)
+                left = self._drain_chunk(recv.receive_nowait, reason, category, why, bulk)
             if left is not None:
                 self._drained = left
                 return  # noqa: ASYNC910 - no checkpoint per item on purpose; the worker's exit has one
             await anyio.lowlevel.checkpoint()
 
     def _drain_chunk(self, receive: Callable[[], LLMWorkItem[TOutput]], reason: str,
-                     category: ErrorCategory, bulk: bool) -> bool | None:
+                     category: ErrorCategory, why: StopReason, bulk: bool) -> bool | None:
         """Settle up to :data:`DRAIN_CHUNK` queued items; ``None``: more may follow, else whether
         the input is closed and empty (the workers still finishing their own item need not try
         the queue again) rather than only empty for now."""
@@ -246,6 +248,7 @@ class Publisher(Generic[TOutput]):
                     error=reason,
                     error_category=category,
                     context=item.context,
+                    stop_reason=why,
                 )
                 append(result)
                 if bulk:
@@ -297,8 +300,9 @@ class Publisher(Generic[TOutput]):
             await anyio.lowlevel.checkpoint()
 
 
-def _not_executed(item: LLMWorkItem[Any], reason: str, category: Any) -> WorkItemResult[Any]:
+def _not_executed(item: LLMWorkItem[Any], reason: str, category: Any, why: StopReason) -> WorkItemResult[Any]:
     # Built directly: no run, no exception (none happened), one reason string per stop.
     return WorkItemResult(
-        item_id=item.item_id, success=False, error=reason, error_category=category, context=item.context
+        item_id=item.item_id, success=False, error=reason, error_category=category, context=item.context,
+        stop_reason=why,
     )

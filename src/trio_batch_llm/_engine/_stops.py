@@ -12,6 +12,11 @@ it (cancel the calls in flight or not, close the input)::
     if stop is not None:
         processor.apply(stop)
 
+Each stop also says *why* in the shared vocabulary (:class:`StopReason`: from its kind, or
+given with the request: a failing input is ``FAIL_FAST``, a pause ``PAUSE``), and names the
+item whose result decided it (an abort, a spent budget): every item it leaves unfinished
+carries that reason, and the termination names the item.
+
 Budgets fail closed: a ``cost_function`` that raises or returns something that is not a
 cost stops the batch as ``budget_exhausted``, since an unknown spend must not keep buying.
 """
@@ -20,17 +25,28 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, final
+from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
 from .._values._config import AbortMode, GuardrailConfig, InvalidCost
 from .._values._results import BatchTermination, TerminationKind, WorkItemResult
 from .._values._stats import RunCounters
+from .._values._stop_reasons import StopReason
 
-__all__ = ["Stop", "StopPolicy"]
+__all__ = ["REASON_OF_KIND", "Stop", "StopPolicy"]
 
 logger = logging.getLogger("trio_batch_llm.engine")
+
+REASON_OF_KIND: Final[Mapping[TerminationKind, StopReason]] = {
+    "batch_deadline": StopReason.BATCH_DEADLINE,
+    "budget_exhausted": StopReason.BUDGET,
+    "aborted": StopReason.ABORT_CATEGORY,
+    "interrupted": StopReason.SHUTDOWN,
+    "provider_retired": StopReason.PROVIDER_RETIRED,
+}
+"""The stop reason of a stop of each kind, unless its request names another (``FAIL_FAST``, ``PAUSE``)."""
 
 
 @final
@@ -41,6 +57,10 @@ class Stop:
     kind: TerminationKind
     reason: str
     cancel_active: bool
+    stop_reason: StopReason = StopReason.SHUTDOWN
+    """Why, as every item the stop leaves unfinished says it."""
+    item_id: str | None = None
+    """The item whose result decided the stop (an abort, a spent budget)."""
 
 
 @final
@@ -60,8 +80,10 @@ class StopPolicy:
         "_max_tokens",
         "_not_executed",
         "counters",
+        "item_id",
         "kind",
         "reason",
+        "stop_reason",
     )
 
     def __init__(self, guardrails: GuardrailConfig, counters: RunCounters | None = None) -> None:
@@ -73,6 +95,10 @@ class StopPolicy:
         self._max_cost = guardrails.max_total_cost
         self.kind: TerminationKind | None = None
         self.reason: str | None = None
+        self.stop_reason: StopReason | None = None
+        """Why the batch stopped, as its unfinished items say it (``None``: no stop yet)."""
+        self.item_id: str | None = None
+        """The item whose result decided the stop, if one did."""
         # Fixed once stopped: every not-executed (cut-short) item of this stop shares them.
         self._not_executed: tuple[str, ErrorCategory] | None = None
         self._cut_short: tuple[ErrorCategory, str] | None = None
@@ -85,7 +111,7 @@ class StopPolicy:
 
     @property
     def termination(self) -> BatchTermination:
-        return BatchTermination(kind=self.kind or "completed", reason=self.reason)
+        return BatchTermination(kind=self.kind or "completed", reason=self.reason, item_id=self.item_id)
 
     @property
     def cuts_calls(self) -> bool:
@@ -99,13 +125,27 @@ class StopPolicy:
 
     # --- decisions --------------------------------------------------------------
 
-    def request(self, kind: TerminationKind, reason: str, *, cancel_active: bool = False) -> Stop | None:
-        """Stop with ``kind`` and ``reason`` unless a stop was decided already (the first wins)."""
+    def request(
+        self,
+        kind: TerminationKind,
+        reason: str,
+        *,
+        cancel_active: bool = False,
+        stop_reason: StopReason | None = None,
+        item_id: str | None = None,
+    ) -> Stop | None:
+        """Stop with ``kind`` and ``reason`` unless a stop was decided already (the first wins).
+
+        ``stop_reason`` defaults to the kind's (:data:`REASON_OF_KIND`); ``item_id`` names
+        the item whose result decided the stop.
+        """
         if self.kind is not None:
             return None
         self.kind = kind
         self.reason = reason
-        return Stop(kind, reason, cancel_active)
+        self.stop_reason = why = stop_reason if stop_reason is not None else REASON_OF_KIND[kind]
+        self.item_id = item_id
+        return Stop(kind, reason, cancel_active, why, item_id)
 
     def deadline_reached(self) -> Stop | None:
         """The batch deadline came: calls in flight are cut short."""
@@ -126,6 +166,7 @@ class StopPolicy:
             "aborted",
             f"{category.value} failure of item {result.item_id!r}",
             cancel_active=self._abort_cancels,
+            item_id=result.item_id,
         )
 
     def charge(self, result: WorkItemResult[Any]) -> Stop | None:
@@ -140,7 +181,8 @@ class StopPolicy:
         guard = self._guard
         stop = None
         if self._max_tokens is not None and counters.total_tokens >= self._max_tokens:
-            stop = self.request("budget_exhausted", f"max_total_tokens={self._max_tokens} reached")
+            stop = self.request("budget_exhausted", f"max_total_tokens={self._max_tokens} reached",
+                                item_id=result.item_id)
         if guard.cost_function is None:
             return stop
         try:
@@ -148,13 +190,22 @@ class StopPolicy:
         except InvalidCost as exc:
             logger.warning("item %r: %s; stopping the batch", result.item_id, exc, exc_info=exc.__cause__)
             return stop or self.request(
-                "budget_exhausted", f"item {result.item_id!r}: {exc}; the spend is unknown"
+                "budget_exhausted", f"item {result.item_id!r}: {exc}; the spend is unknown",
+                item_id=result.item_id,
             )
         if self._max_cost is not None and counters.cost >= self._max_cost:
-            return stop or self.request("budget_exhausted", f"max_total_cost={self._max_cost} reached")
+            return stop or self.request("budget_exhausted", f"max_total_cost={self._max_cost} reached",
+                                        item_id=result.item_id)
         return stop
 
     # --- what unfinished items are told -----------------------------------------
+
+    @property
+    def unfinished_reason(self) -> StopReason:
+        """The stop reason of every item this stop leaves unfinished (:meth:`not_executed`,
+        :meth:`cut_short`): the batch deadline's when the deadline cut an item before the stop
+        was recorded."""
+        return self.stop_reason or StopReason.BATCH_DEADLINE
 
     def not_executed(self) -> tuple[str, ErrorCategory]:
         """The error and category of an item the stop left in the queue (``BUDGET`` for a budget)."""

@@ -241,5 +241,7 @@ class Crew(Generic[TOutput]):
             # stop now rather than when the watcher gets its turn.
             self._on_deadline()
         category, reason = self._policy.cut_short()
-        return self._runner.stopped(run, category, reason)
+        result = self._runner.stopped(run, category, reason)
+        result.stop_reason = self._policy.unfinished_reason
+        return result
 

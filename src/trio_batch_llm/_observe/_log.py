@@ -72,9 +72,13 @@ def log_retry(item_id: str, attempt: int, category: ErrorCategory, wait: float, 
         )
 
 
-def log_stop(kind: str, reason: str) -> None:
-    """INFO: the batch stops (``batch_deadline``, ``aborted``, ``budget_exhausted``, ``interrupted``)."""
-    engine_logger.info("batch stopping (%s): %s", kind, reason, extra={"stop": kind, "reason": reason})
+def log_stop(kind: str, reason: str, stop_reason: str | None = None, item_id: str | None = None) -> None:
+    """INFO: the batch stops (``batch_deadline``, ``aborted``, ``budget_exhausted``, ``interrupted``).
+
+    ``stop_reason`` (what its unfinished items say) and ``item_id`` (the item that decided it)
+    go to the record's extras."""
+    engine_logger.info("batch stopping (%s): %s", kind, reason,
+                       extra={"stop": kind, "reason": reason, "stop_reason": stop_reason, "item_id": item_id})
 
 
 def _cause(retry_after: float | None, chosen: float) -> str:

@@ -7,14 +7,16 @@ Spans (OpenTelemetry's semantic conventions for generative AI, where they apply)
   starts; attributes ``trio_batch_llm.batch.total`` (when known), and at the
   end ``.succeeded``, ``.failed``, ``.not_run``, ``.replayed`` and
   ``.termination`` (``completed``, ``batch_deadline``, …; status ``ERROR``
-  unless completed).
+  unless completed), and ``.stop_item_id`` when an item's result decided the
+  stop (an abort, a spent budget).
 - ``chat {model}`` (``CLIENT``), one per attempt, a child of the batch span:
   ``gen_ai.operation.name`` (``chat``), ``gen_ai.system``,
   ``gen_ai.request.model``, ``trio_batch_llm.item_id``,
   ``trio_batch_llm.attempt``; a failed attempt has ``error.type`` (its
   :class:`ErrorCategory` value, e.g. ``rate_limit``) and status ``ERROR``; the
   attempt that succeeded has ``gen_ai.usage.input_tokens`` and
-  ``gen_ai.usage.output_tokens``.
+  ``gen_ai.usage.output_tokens``; the last attempt of an item a stop or its
+  deadline cut short has ``trio_batch_llm.stop_reason`` (a :class:`StopReason` value).
 
 Replayed items and items that never ran make no attempt span; they are
 counted on the batch span.
@@ -161,6 +163,8 @@ class OpenTelemetryObserver:
         for key, value in self._counts.items():
             span.set_attribute(f"trio_batch_llm.batch.{key}", value)
         span.set_attribute("trio_batch_llm.batch.termination", termination.kind)
+        if termination.item_id is not None:
+            span.set_attribute("trio_batch_llm.batch.stop_item_id", termination.item_id)
         if not termination.completed:
             span.set_status(self._status(self._code.ERROR, termination.reason or termination.kind))
         span.end(end_time=now)
@@ -224,4 +228,6 @@ class OpenTelemetryObserver:
                     span.set_attribute(f"gen_ai.usage.{key}", usage[key])
             span.end(end_time=now)
         else:
+            if result.stop_reason is not None:
+                span.set_attribute("trio_batch_llm.stop_reason", result.stop_reason.value)
             self._fail(span, result.error_category, result.error, now)

@@ -64,6 +64,7 @@ from .._values._errors import (
 )
 from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination, WorkItemResult
+from .._values._stop_reasons import StopReason
 from ._ingest import Ingestor, decode_context
 from ._schema import ClaimLostError, LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
 from .repository._client import RepositoryClient
@@ -124,7 +125,8 @@ class Segment:
         if self.stop is None:
             return
         if self._proc is not None:
-            self._proc.request_stop(self.stop_reason)
+            why = StopReason.PAUSE if self.stop == "paused" else StopReason.SHUTDOWN
+            self._proc.request_stop(self.stop_reason, stop_reason=why)
         # The feeder stops reading and calls finish() at once, so the stream ends as finished.
         self.feeder_scope.cancel(self.stop_reason)
         if self.stop != "paused" and self._scope is not None:
@@ -334,7 +336,7 @@ class SegmentDriver(DriverBase):
             await self._fail(RunTermination(seg.failure_kind, f"{type(seg.failure).__name__}: {seg.failure}"))
             raise seg.failure
         if termination.kind != "completed":
-            await self._fail(RunTermination(termination.kind, termination.reason))
+            await self._fail(RunTermination(termination.kind, termination.reason, termination.item_id))
             return
         completed, snap = await self._db.call(self._repo.complete, self._run_id)
         if not completed and snap.status == "running" and seg.progress == 0 and not shared:

@@ -81,13 +81,18 @@ class RunTermination:
 
     kind: str
     reason: str | None = None
+    item_id: str | None = None
+    """The item whose result decided the stop (an abort, a spent budget), as ``BatchTermination`` names it."""
 
     def __post_init__(self) -> None:
         if self.reason is not None and "://" in self.reason:  # stored and printed: no key in a URL
             object.__setattr__(self, "reason", redact_urls(self.reason))
 
     def to_dict(self) -> dict[str, str | None]:
-        return {"kind": self.kind, "reason": self.reason}
+        data = {"kind": self.kind, "reason": self.reason}
+        if self.item_id is not None:  # absent otherwise: stored terminations stay as they were
+            data["item_id"] = self.item_id
+        return data
 
 
 @final

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics as _stats
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from ._details import DETAILS_METADATA_KEY, ResponseDetails
 from ._export_json import export_dict, json_default
 from ._models import is_pydantic_model_class
 from ._pricing import BUILT_IN_RATES, CostSum, Rates, cost_line
-from ._stop_reasons import StopReason
+from ._stop_reasons import StopReason, stop_reason_of, stopped_line
 from ._timing import ItemTiming
 from ._urls import redact_urls
 from ._usage import add_usage as add_usage  # the engine and the CLI import it from here
@@ -136,6 +137,8 @@ class WorkItemResult(Generic[TOutput]):
         }
         if self.details is not None:  # absent otherwise: records stay as they were before details
             data["details"] = self.details.to_dict()
+        if self.stop_reason is not None:  # the same: a record of an item that ran to its end is unchanged
+            data["stop_reason"] = self.stop_reason.value
         return data
 
     @classmethod
@@ -156,6 +159,7 @@ class WorkItemResult(Generic[TOutput]):
             metadata=dict(data.get("metadata") or {}),
             replayed=replayed,
             details=ResponseDetails.from_dict(details) if isinstance(details, Mapping) else None,
+            stop_reason=stop_reason_of(data.get("stop_reason")),
         )
 
 
@@ -172,6 +176,14 @@ class BatchTermination:
     @property
     def completed(self) -> bool:
         return self.kind == "completed"
+
+    def to_dict(self) -> dict[str, Any]:  # item_id only when an item decided the stop: old records stay
+        item = {"item_id": self.item_id} if self.item_id is not None else {}
+        return {"kind": self.kind, "reason": self.reason} | item
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BatchTermination:
+        return cls(kind=data.get("kind", "completed"), reason=data.get("reason"), item_id=data.get("item_id"))
 
 
 NOT_RUN_CATEGORIES: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.BUDGET})
@@ -294,7 +306,9 @@ class BatchResult(Generic[TOutput]):
 
         Items that a stop kept from ever starting (``not_executed``, or
         ``budget`` once a budget was spent) are counted as *not run*, apart
-        from the items that ran and failed; ``failed`` counts both.
+        from the items that ran and failed; ``failed`` counts both. The
+        ``stopped`` line counts the results that did not run to their own end
+        by :class:`StopReason`.
         """
         executed = [r for r in self.results if not r.replayed]
         retries = sum(max(0, r.attempts - 1) for r in executed)
@@ -326,6 +340,8 @@ class BatchResult(Generic[TOutput]):
         if categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(categories.items()))
             lines.append(f"  failures    {detail}")
+        if line := stopped_line(Counter(r.stop_reason.value for r in self.results if r.stop_reason)):
+            lines.append(line)  # why the items that did not run to their own end did not
         fenced = sum(1 for r in executed if r.metadata.get("fence_recovered") is True)
         if fenced:  # structured answers that came wrapped in a markdown code fence, unwrapped
             lines.append(f"  structured  {fenced:,} answers recovered from a code fence")
@@ -341,7 +357,7 @@ class BatchResult(Generic[TOutput]):
         """Strict JSON (no ``NaN``/``Infinity``); ValueError naming the item if an output holds one."""
         return json.dumps(
             {
-                "termination": {"kind": self.termination.kind, "reason": self.termination.reason},
+                "termination": self.termination.to_dict(),
                 "wall_time": self.wall_time,
                 "input_order": self.input_order,
                 "results": [export_dict(r) for r in self.results],
@@ -363,7 +379,7 @@ class BatchResult(Generic[TOutput]):
                     result.output = response_model.model_validate(result.output)
         return BatchResult.from_results(
             results,
-            termination=BatchTermination(kind=term.get("kind", "completed"), reason=term.get("reason")),
+            termination=BatchTermination.from_dict(term),
             wall_time=float(data.get("wall_time", 0.0)),
             input_order=data.get("input_order"),
         )

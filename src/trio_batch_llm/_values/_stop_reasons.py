@@ -14,8 +14,10 @@ an abort, a full pool and a pause no longer share one text-only ``not_executed``
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["StopReason"]
+__all__ = ["StopReason", "stop_reason_of", "stopped_line"]
 
 
 class StopReason(enum.StrEnum):
@@ -35,9 +37,28 @@ class StopReason(enum.StrEnum):
     """The run was paused (``runs pause``); a resume runs the item."""
     SUBMITTER_CANCELLED = "submitter_cancelled"
     """The task that submitted the item (``call_result``, ``LLMCallPool.submit``) was cancelled."""
+    POOL_FULL = "pool_full"
+    """The pool was full (``max_pending``): ``submit_result`` refused the request at the door."""
     POOL_CLOSED = "pool_closed"
     """The pool (or its stream) was closed with the item still queued or refused at the door."""
     PROVIDER_RETIRED = "provider_retired"
     """The circuit breaker retired the scope's provider: the endpoint itself is unusable."""
     SHUTDOWN = "shutdown"
     """The batch was told to stop (``request_stop()``, Ctrl+C, the owner's cancellation)."""
+
+
+def stop_reason_of(value: Any) -> StopReason | None:
+    """A stored ``stop_reason``; one this version does not know (a newer writer's) reads as unknown."""
+    if not value:
+        return None
+    try:
+        return StopReason(value)
+    except ValueError:
+        return None
+
+
+def stopped_line(counts: Mapping[str, int]) -> str | None:
+    """The summaries' line counting results by stop reason (``None`` when no result has one)."""
+    if not counts:
+        return None
+    return "  stopped     " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items()))

@@ -211,7 +211,7 @@ def decode_snapshot(row: tuple[Any, ...]) -> RunSnapshot:
         mode=mode,
         identity=ArtifactIdentity(**json.loads(identity)),
         config=json.loads(config),
-        termination=RunTermination(term["kind"], term.get("reason")) if term else None,
+        termination=RunTermination(term["kind"], term.get("reason"), term.get("item_id")) if term else None,
         checkpoint=SourceCheckpoint(
             position=position, cursor=cursor, fingerprint=fingerprint, last_item_id=last_item,
             exhausted=bool(exhausted),
