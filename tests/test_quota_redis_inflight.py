@@ -240,3 +240,4 @@ async def test_slots_go_round_the_waiting_processes(redis_url: str) -> None:
             first.release()
         assert sorted(order) == ["a"] * 4 + ["b"]
         assert order.index("b") <= 1, order  # a was in line first; b next, not after all of a's
+
