@@ -18,6 +18,7 @@ import pytest
 from trio_batch_llm import ConfigurationError, ProcessorConfig, RedisQuotaBackend
 from trio_batch_llm._admission import QuotaRegistry, QuotaScope
 from trio_batch_llm._admission._redis_inflight import SharedInFlight
+from trio_batch_llm._admission._redis_link import RedisLink
 
 from ._servers.redis import PASSWORD
 
@@ -241,3 +242,27 @@ async def test_slots_go_round_the_waiting_processes(redis_url: str) -> None:
         assert sorted(order) == ["a"] * 4 + ["b"]
         assert order.index("b") <= 1, order  # a was in line first; b next, not after all of a's
 
+
+
+
+async def test_a_lease_released_while_its_renewal_is_on_the_way_is_not_reported_lost(
+    redis_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [1000.0]
+    async with processes(config_for(redis_url, 2), now, count=1) as [(a, leases)]:
+        admission = await a.admit()
+        send = RedisLink.run_source
+        renewals: list[Any] = []
+
+        async def release_overtakes_renewal(link: RedisLink, source: str, keys: Any, args: Any) -> Any:
+            if not renewals:  # the renewal, already holding the lease's id in its arguments
+                renewals.append(args)
+                admission.release()
+                await leases.flush_idle()  # the release's own round trip gets there first
+            return await send(link, source, keys, args)
+
+        monkeypatch.setattr(RedisLink, "run_source", release_overtakes_renewal)
+        with caplog.at_level("WARNING", logger="trio_batch_llm.admission"):
+            reply = await leases._round_trip(-1, [], renew=True)
+        assert len(reply.lost) == 1  # Redis no longer had it ...
+        assert leases.lost == 0 and "lost their lease" not in caplog.text  # ... because it was released

@@ -294,15 +294,15 @@ class SharedInFlight:
             self._held.update(reply.granted)
         elif want == 0:
             self._in_line = False
-        for lease in reply.lost:
-            self._held.discard(lease)
-        if reply.lost:
-            self.lost += len(reply.lost)
+        # A lease released while this renewal was on its way is gone for that reason: not lost.
+        lost = [lease for lease in reply.lost if lease in self._held]
+        self._held.difference_update(lost)
+        if lost:
+            self.lost += len(lost)
             admission_logger.warning(
                 "quota scope %s: %d call(s) in flight lost their lease in Redis (this process did not "
                 "renew it within in_flight_expiry=%g s); other processes may use those slots meanwhile",
-                self.name, len(reply.lost), self.expiry,
-                extra={"scope": self.name, "lost_leases": len(reply.lost)},
+                self.name, len(lost), self.expiry, extra={"scope": self.name, "lost_leases": len(lost)},
             )
         return reply
 
