@@ -159,7 +159,10 @@ def test_quota_max_in_flight_needs_quota(capsys: pytest.CaptureFixture[str], tmp
     code, output = run_main(capsys, "runs", "start", str(db), RUN, str(source), *model, "--quota", "redis://h",
                             "--quota-max-in-flight", "0")
     assert code == 2 and "--quota-max-in-flight" in output, output
-    assert not db.exists()
+    code, output = run_main(capsys, "run", str(source), "--out", str(tmp_path / "out.jsonl"), *model,
+                            "--quota-max-in-flight", "2")
+    assert code == 2 and "--quota-max-in-flight needs --quota" in output, output
+    assert not db.exists() and not (tmp_path / "out.jsonl").exists()
 
 
 async def test_runs_start_refused_by_the_quota_server_is_bad_usage(redis_url: str, tmp_path: Path) -> None:
