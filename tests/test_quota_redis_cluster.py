@@ -236,3 +236,19 @@ async def test_the_script_clock_reaches_every_node(
             assert (await quota._round_trip([_Want(0)])).units == ["2"]
         await link.aclose()
     assert PASSWORD not in repr(link)
+
+
+async def test_max_in_flight_holds_on_a_cluster_whichever_node_holds_the_scope(cluster_url: str) -> None:
+    # With an RPM limit too, both scripts run in the scope's slot, on the node that owns it.
+    config = ProcessorConfig(concurrency=10, max_requests_per_minute=1000, quota_backend=RedisQuotaBackend(
+        cluster_url, cluster=True, max_in_flight=1, max_lease=0))
+    async with registries(config) as made:
+        for index in range(6):  # six scopes: their slots spread over the three nodes
+            a, b = (registry.scope_for(("provider", f"key-{index}"), config) for registry in made)
+            held = await a.admit()
+            with anyio.move_on_after(0.3) as waited:
+                await b.admit()
+            assert waited.cancelled_caught  # max_in_flight=1 across both processes
+            held.release()
+            with anyio.fail_after(5):
+                (await b.admit()).release()

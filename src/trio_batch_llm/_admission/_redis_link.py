@@ -14,6 +14,11 @@ admitted while Redis cannot be asked: a shared limit that cannot be checked is
 treated as exhausted. In a Redis Cluster, a scope's slot that is being
 resharded (``TRYAGAIN``) or has no node (``CLUSTERDOWN``) counts as unreachable too.
 
+**Renewals.** A scope that bounds calls in flight across processes
+(:mod:`._redis_inflight`) holds leases that expire unless renewed: the serving
+task runs a child task that renews them every third of ``in_flight_expiry``,
+and ends it when it stops serving, so no renewal outlives the host.
+
 **Refused.** The serving task's first round trip is a ``PING``; a server that
 refuses the client (a wrong or missing password, a database it does not have)
 will not change its mind, so that ends the link at once, with no retry: every
@@ -49,6 +54,12 @@ class SharedQuota(Protocol):
     async def flush_idle(self) -> None: ...
 
     async def hand_back(self) -> None: ...
+
+
+class Renewer(Protocol):
+    """What the link's renewal task asks of a scope's leases (:class:`~._redis_inflight.SharedInFlight`)."""
+
+    async def renew(self) -> None: ...
 
 __all__ = ["RedisLink", "check_backend", "refusal_message"]
 
@@ -116,7 +127,8 @@ class RedisLink:
 
     __slots__ = (
         "_client", "_closing", "_denials", "_flush_wanted", "_quotas", "_ready", "_refusals", "_refused",
-        "_script", "_stopped", "_unreachable", "backend", "clock", "failures", "round_trips", "script_clock",
+        "_renewers", "_script", "_scripts", "_stopped", "_unreachable", "backend", "clock", "failures",
+        "round_trips", "script_clock",
     )
 
     def __init__(
@@ -130,6 +142,8 @@ class RedisLink:
         self._client: Any = None
         self._script: Any = None
         self._quotas: list[SharedQuota] = []
+        self._renewers: list[Renewer] = []
+        self._scripts: dict[str, Any] = {}  # other scripts' sources -> their registered coredis Script
         self._ready = anyio.Event()
         self._stopped = anyio.Event()
         self._flush_wanted = anyio.Event()
@@ -147,6 +161,9 @@ class RedisLink:
 
     def add(self, quota: SharedQuota) -> None:
         self._quotas.append(quota)
+
+    def add_renewer(self, renewer: Renewer) -> None:
+        self._renewers.append(renewer)
 
     # -- the serving task ----------------------------------------------------
 
@@ -176,33 +193,53 @@ class RedisLink:
                     return
                 self._script = self._client.register_script(ACQUIRE_SCRIPT)
                 self._ready.set()
-                while not self._closing:
-                    # Spares held by an idle process must go back after lease_seconds: wake for them too.
-                    holding = any(quota.holds_spares for quota in self._quotas)
-                    idle = backend.lease_seconds if holding else math.inf
-                    with anyio.move_on_after(idle):
-                        await self._flush_wanted.wait()
-                    self._flush_wanted = anyio.Event()
-                    if self.closing:
-                        break
-                    if not any(quota.wants_refill for quota in self._quotas):
-                        await anyio.sleep(_FLUSH_DELAY)  # releases only: let a few more share the trip
-                    for quota in list(self._quotas):
-                        try:
-                            await quota.flush_idle()
-                        except QuotaBackendError:
-                            pass  # kept for the next round trip; waiting admissions report it
-                with anyio.CancelScope(shield=True) as shield:
-                    shield.deadline = anyio.current_time() + _CLOSE_BOUND
-                    for quota in list(self._quotas):
-                        try:
-                            await quota.hand_back()
-                        except QuotaBackendError:
-                            pass  # what it held expires in Redis on its own (max_call_seconds + a window)
+                async with anyio.create_task_group() as renewals:
+                    renewals.start_soon(self._renew_leases, name="renew Redis in-flight leases")
+                    await self._serve_releases()
+                    renewals.cancel_scope.cancel(reason="the Redis quota link is closing")
         finally:
             self._closing = True
             self._ready.set()
             self._stopped.set()
+
+    async def _serve_releases(self) -> None:
+        """Send the releases nobody else carried until the link closes; then hand back (bounded)."""
+        backend = self.backend
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while not self._closing:
+            # Spares held by an idle process must go back after lease_seconds: wake for them too.
+            holding = any(quota.holds_spares for quota in self._quotas)
+            idle = backend.lease_seconds if holding else math.inf
+            with anyio.move_on_after(idle):
+                await self._flush_wanted.wait()
+            self._flush_wanted = anyio.Event()
+            if self.closing:
+                break
+            if not any(quota.wants_refill for quota in self._quotas):
+                await anyio.sleep(_FLUSH_DELAY)  # releases only: let a few more share the trip
+            for quota in list(self._quotas):
+                try:
+                    await quota.flush_idle()
+                except QuotaBackendError:
+                    pass  # kept for the next round trip; waiting admissions report it
+        with anyio.CancelScope(shield=True) as shield:
+            shield.deadline = anyio.current_time() + _CLOSE_BOUND
+            for quota in list(self._quotas):
+                try:
+                    await quota.hand_back()
+                except QuotaBackendError:
+                    pass  # what it held expires in Redis on its own (max_call_seconds + a window)
+
+    async def _renew_leases(self) -> None:
+        """Renew every scope's in-flight leases, every third of their expiry (never when none are held)."""
+        period = self.backend.in_flight_expiry / 3
+        while True:
+            await anyio.sleep(period)
+            for renewer in list(self._renewers):
+                try:
+                    await renewer.renew()
+                except QuotaBackendError:
+                    pass  # tried again at the next period; a lease lost meanwhile is logged when seen
 
     async def _handshake(self) -> bool:
         """A first round trip (``PING``): ``False`` when the server refused this client (recorded).
@@ -238,6 +275,18 @@ class RedisLink:
     async def run_script(self, keys: Sequence[str], args: Sequence[str | int | float]) -> AcquireReply:
         """One atomic script run, retried while Redis is unreachable (see the module docstring)."""
         return parse_reply(await self._retried(lambda: self._script(keys=list(keys), args=list(args))))
+
+    async def run_source(self, source: str, keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
+        """One atomic run of another script (its source, registered on first use), retried as
+        :meth:`run_script`; the reply as the client read it."""
+
+        def trip() -> Awaitable[Any]:
+            script = self._scripts.get(source)
+            if script is None:
+                script = self._scripts[source] = self._client.register_script(source)
+            return script(keys=list(keys), args=list(args))  # type: ignore[no-any-return]
+
+        return await self._retried(trip)
 
     async def ping(self) -> None:
         """One ``PING``, retried while Redis is unreachable: :class:`QuotaBackendError` if it never answers

@@ -31,6 +31,10 @@ a slow round trip, e.g. on an event loop busy with 200 calls, never leaves the
 admissions waiting for it), never more than ``min(max_lease, limit // 20)`` held
 in all. Unused spares go back after ``lease_seconds``, and at once when
 discovery is active (none is leased then).
+
+**Calls in flight.** With ``RedisQuotaBackend.max_in_flight``, :meth:`~RedisSharedQuota.take`
+first takes a lease (:mod:`._redis_inflight`), then the RPM/TPM share, so that the
+call starts as soon as its rate unit is granted; every settlement gives the lease back.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from .._values._errors import AdmissionClosedError
 from ._headers import RateLimitObservation
 from ._limits import WINDOW_SECONDS
 from ._redis_discovery import SharedDiscovery
+from ._redis_inflight import SharedInFlight
 from ._redis_link import RedisLink
 from ._redis_lua import AcquireReply
 
@@ -70,11 +75,15 @@ class SharedTicket:
     """What one admitted call holds in Redis: its unit id, the tokens it reserved there, its token mark.
 
     ``generation``: the scope's discovery generation when it was granted (:mod:`._redis_discovery`).
+    ``lease``: its lease on a slot of the scope's bound on calls in flight, if any (:mod:`._redis_inflight`).
     """
 
-    __slots__ = ("generation", "token_mark", "tokens", "unit")
+    __slots__ = ("generation", "lease", "token_mark", "tokens", "unit")
 
-    def __init__(self, unit: str, tokens: int, token_mark: int = 0, generation: int = 0) -> None:
+    def __init__(
+        self, unit: str, tokens: int, token_mark: int = 0, generation: int = 0, lease: str = ""
+    ) -> None:
+        self.lease = lease
         self.unit = unit
         self.tokens = tokens
         self.token_mark = token_mark  # the scope's token charge total just after it (see _redis_lua)
@@ -104,7 +113,8 @@ class RedisSharedQuota:
     __slots__ = (
         "_admitted", "_budgets", "_carrying", "_cool", "_demand_at", "_ends", "_keys", "_leader", "_link",
         "_pace", "_queue", "_refilling", "_refunds", "_round_trip_seconds", "_settles", "_spare_cap",
-        "_spares", "_token_budgets", "_wake", "closed", "discovery", "hold", "limit", "name", "on_cooldown",
+        "_spares", "_token_budgets", "_wake", "closed", "discovery", "hold", "inflight", "limit", "name",
+        "on_cooldown",
         "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
     )
 
@@ -146,6 +156,9 @@ class RedisSharedQuota:
         self._refilling = False
         self.closed = False
         link.add(self)
+        backend = link.backend
+        self.inflight = None if backend.max_in_flight is None else SharedInFlight(
+            link, name, backend.max_in_flight, backend.in_flight_expiry)
 
     def __repr__(self) -> str:
         return f"<RedisSharedQuota {self.name} waiting={len(self._queue)} spares={len(self._spares)}>"
@@ -161,6 +174,8 @@ class RedisSharedQuota:
 
     def try_take_nowait(self, tokens: int) -> SharedTicket | None:
         """A spare unit at once, or ``None`` (then :meth:`take`)."""
+        if self.inflight is not None:
+            return None  # a lease needs a round trip
         if not self.has_limits:
             return SharedTicket("", 0)
         if self._queue or self.tpm or not self._spares:
@@ -172,7 +187,21 @@ class RedisSharedQuota:
         return SharedTicket(unit, 0)
 
     async def take(self, tokens: int) -> SharedTicket:
-        """Wait, in FIFO order with this process's other waiters, until Redis grants the share."""
+        """Wait, in FIFO order with this process's other waiters, until Redis grants the share
+        (with a bound on calls in flight, a lease first)."""
+        inflight = self.inflight
+        if inflight is None:
+            return await self._take(tokens)
+        lease = await inflight.acquire()
+        try:
+            ticket = await self._take(tokens)
+        except BaseException:
+            inflight.release(lease)
+            raise
+        ticket.lease = lease
+        return ticket
+
+    async def _take(self, tokens: int) -> SharedTicket:
         await anyio.lowlevel.checkpoint_if_cancelled()
         if not self.has_limits:
             return SharedTicket("", 0)
@@ -362,6 +391,7 @@ class RedisSharedQuota:
         limit: token charges exist only then; the margin is this call's reservation, or
         ``pacing_margin`` of the reported limit if larger, as :mod:`._pacing` keeps it).
         """
+        self._end_lease(ticket)
         if not ticket.unit:
             return
         if observation is not None and self.limit:
@@ -386,6 +416,7 @@ class RedisSharedQuota:
 
     def settle_unused(self, ticket: SharedTicket) -> None:
         """The call never reached the provider: its unit and every reserved token come back."""
+        self._end_lease(ticket)
         if not ticket.unit:
             return
         if self.limit:
@@ -393,6 +424,11 @@ class RedisSharedQuota:
         if self.tpm and ticket.tokens:
             self._settles.append((ticket.unit, ticket.tokens, 0))
         self._kick()
+
+    def _end_lease(self, ticket: SharedTicket) -> None:
+        lease, ticket.lease = ticket.lease, ""
+        if lease and self.inflight is not None:
+            self.inflight.release(lease)
 
     def rate_limited(self, ticket: SharedTicket | None, asked_to_wait: bool | None, cooldown: float) -> None:
         """A 429 in this process: every process sharing the scope pauses ``cooldown`` seconds.
@@ -453,6 +489,8 @@ class RedisSharedQuota:
 
     def close(self) -> None:
         self.closed = True
+        if self.inflight is not None:
+            self.inflight.close()
         for want in self._queue:
             if want.event is not None:
                 want.event.set()

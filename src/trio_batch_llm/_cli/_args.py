@@ -179,12 +179,16 @@ def port(text: str) -> int:
     return value
 
 
-def quota_backend(text: str | None) -> RedisQuotaBackend | None:
-    """``--quota redis://...``: a shared quota backend, or :class:`UsageError` in one line (the URL
-    without its password). Not an argparse ``type``: argparse would print its usage block too."""
+def quota_backend(text: str | None, max_in_flight: int | None = None) -> RedisQuotaBackend | None:
+    """``--quota redis://...`` (and ``--quota-max-in-flight N``): a shared quota backend, or
+    :class:`UsageError` in one line (the URL without its password). Not an argparse ``type``:
+    argparse would print its usage block too."""
     if text is None:
+        if max_in_flight is not None:
+            raise UsageError("--quota-max-in-flight needs --quota redis://... (the Redis that counts "
+                             "the calls in flight of every process)")
         return None
     try:
-        return RedisQuotaBackend(text)
+        return RedisQuotaBackend(text, max_in_flight=max_in_flight)
     except ConfigurationError as exc:
         raise UsageError(f"--quota {exc.value}: {exc.problem}") from None

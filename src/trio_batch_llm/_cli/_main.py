@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
     run.add_argument("--quota", metavar="redis://...",
                      help="share --rpm/--tpm and cooldowns with every process using this Redis")
+    run.add_argument("--quota-max-in-flight", type=positive_int, metavar="N",
+                     help="with --quota: at most N calls in flight in all processes together")
     run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
                      help="seconds one attempt may take (default 120)")
     run.add_argument("--max-attempts", type=positive_int, metavar="N",

@@ -76,7 +76,7 @@ from ._render import (
 from ._request_flags import checkpoint_identity, request_settings
 from ._summary import RunSummary
 
-__all__ = ["RESUME_POLICIES", "RunPlan", "plan_run", "run_command"]
+__all__ = ["RESUME_POLICIES", "RunPlan", "check_quota", "plan_run", "run_command"]
 
 RESUME_POLICIES: Final = {"successes": ResumePolicy.REUSE_SUCCESSES, "all": ResumePolicy.REUSE_ALL}
 
@@ -127,7 +127,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     source, out = Path(args.input), Path(args.out)
     resume_policy = getattr(args, "resume_policy", None)
     resume = bool(args.resume or resume_policy)  # a policy says how to resume: it implies --resume
-    quota = quota_backend(getattr(args, "quota", None))
+    quota = quota_backend(getattr(args, "quota", None), getattr(args, "quota_max_in_flight", None))
     _check_out(out, source, resume=resume)
     scan = scan_input(source)
     provider, model = args.model
@@ -192,7 +192,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
     except QuotaBackendError as exc:
-        if not outcome.opened:  # refused by _check_quota, before the checkpoint was made
+        if not outcome.opened:  # refused by check_quota, before the checkpoint was made
             say(f"error: --quota: {exc}")
             return EXIT_USAGE
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
@@ -298,7 +298,7 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
     await processor.finish()
 
 
-async def _check_quota(backend: RedisQuotaBackend | None) -> None:
+async def check_quota(backend: RedisQuotaBackend | None) -> None:
     """``--quota``: one ``PING`` before the checkpoint is made, so that a wrong password, a database
     the server lacks or a server that stays unreachable is a usage error, not a failed run."""
     if backend is None:
@@ -311,7 +311,7 @@ async def _check_quota(backend: RedisQuotaBackend | None) -> None:
 
 
 async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
-    await _check_quota(plan.config.quota_backend)
+    await check_quota(plan.config.quota_backend)
     store = JsonlArtifactStore(plan.out, identity=plan.identity)
     started = anyio.current_time()
     with unwrap_group(), signal_receiver() as signals:

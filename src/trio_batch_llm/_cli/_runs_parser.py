@@ -114,6 +114,11 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                            "may run twice; results stay exactly-once). 30 is a sound start")
     live.add_argument("--max-attempts", type=positive_int, metavar="N",
                       help="attempts per item before it fails, rate-limit retries not counted (default 3)")
+    live.add_argument("--quota", metavar="redis://...",
+                      help="share --rpm/--tpm and cooldowns with every process using this Redis (as `run` "
+                           "does): lease drivers of one run then share one quota")
+    live.add_argument("--quota-max-in-flight", type=positive_int, metavar="N",
+                      help="with --quota: at most N calls in flight in all processes together")
     batch = start.add_argument_group("provider-batch mode")
     batch.add_argument("--batch-size", type=batch_size, metavar="N",
                        help=f"requests per batch file (default and maximum {MAX_BATCH_REQUESTS})")

@@ -47,6 +47,7 @@ from .._values._errors import (
     BatchLLMError,
     ConfigurationError,
     DatabaseUnavailableError,
+    QuotaBackendError,
     RunSourceError,
     RunStateError,
 )
@@ -64,7 +65,7 @@ from ._render import (
     shown_command,
 )
 from ._request_flags import REQUEST_FLAGS
-from ._run import plan_run
+from ._run import check_quota, plan_run
 from ._runs_db import RunDb
 from ._runs_ops import check_db_path
 
@@ -77,7 +78,8 @@ EXIT_TIMED_OUT: Final = 3
 _PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is not terminal
 _LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
                       "lease_seconds": "--lease-seconds",
-                      "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts"}
+                      "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts",
+                      "quota": "--quota", "quota_max_in_flight": "--quota-max-in-flight"}
 _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--enqueued-token-limit",
                        "poll_interval": "--poll-interval", "request_timeout": "--request-timeout"}
 
@@ -151,7 +153,8 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
         progress=False, max_attempts=args.max_attempts, system=args.system, temperature=args.temperature,
-        max_tokens=args.max_tokens, response_schema=args.response_schema,
+        max_tokens=args.max_tokens, response_schema=args.response_schema, quota=args.quota,
+        quota_max_in_flight=args.quota_max_in_flight,
     ), argv)
     identity = checked.identity
     existing = _existing(db, args.run_id)
@@ -206,6 +209,7 @@ async def _report_progress(run: Run) -> None:
 
 
 async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
+    await check_quota(plan.config.quota_backend)  # as `run`: a refused --quota is bad usage, exit 2
     drive = anyio.CancelScope()  # cancelled by a signal, before or during wait()
     with unwrap_group(), signal_receiver() as signals:
         async with anyio.create_task_group() as group:
@@ -284,6 +288,12 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except RunSourceError as exc:  # the input is not the one the run started with
         say(f"error: {exc}")
         return EXIT_USAGE
+    except QuotaBackendError as exc:
+        if not outcome.opened:  # refused by check_quota, before the run was opened
+            say(f"error: --quota: {exc}")
+            return EXIT_USAGE
+        say(f"error: the run failed: {type(exc).__name__}: {exc}")
+        return EXIT_FAILED
     except DatabaseUnavailableError as exc:  # before or while driving: the run did not fail
         return _unavailable(exc, plan.command)
     except (BatchLLMError, OSError) as exc:

@@ -92,11 +92,15 @@ class RedisQuotaBackend:
       limit and no TPM limit; at most a twentieth of the limit; spares count
       against the limit while held and go back after ``lease_seconds``).
     - ``cluster``: connect with ``coredis.RedisCluster`` (the URL names one seed node).
+    - ``max_in_flight``: at most this many calls in flight in each scope, counting every process
+      together (``None``: no shared bound; each process keeps its own ``concurrency``). Each call
+      holds a lease in Redis that expires ``in_flight_expiry`` seconds after its last renewal (every
+      third of that, by the process holding it), so a killed process's slots come back by then.
     """
 
     __slots__ = (
-        "_url", "cluster", "command_timeout", "connect_timeout", "lease_seconds", "max_call_seconds",
-        "max_lease", "namespace", "unreachable_timeout",
+        "_url", "cluster", "command_timeout", "connect_timeout", "in_flight_expiry", "lease_seconds",
+        "max_call_seconds", "max_in_flight", "max_lease", "namespace", "unreachable_timeout",
     )
 
     def __init__(
@@ -111,6 +115,8 @@ class RedisQuotaBackend:
         max_lease: int = 1024,
         lease_seconds: float = 1.0,
         cluster: bool = False,
+        max_in_flight: int | None = None,
+        in_flight_expiry: float = 30.0,
     ) -> None:
         problem = _url_problem(url) if isinstance(url, str) else _url_problem("")
         if problem is not None:
@@ -120,6 +126,9 @@ class RedisQuotaBackend:
             raise ConfigurationError("namespace", namespace, "must be a non-empty string without braces")
         if isinstance(max_lease, bool) or not isinstance(max_lease, int) or max_lease < 0:
             raise ConfigurationError("max_lease", max_lease, "must be a whole number >= 0")
+        if max_in_flight is not None and (
+                isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1):
+            raise ConfigurationError("max_in_flight", max_in_flight, "must be a whole number >= 1, or None")
         self._url = url
         self.namespace = namespace
         self.unreachable_timeout = _positive("unreachable_timeout", unreachable_timeout)
@@ -129,6 +138,8 @@ class RedisQuotaBackend:
         self.lease_seconds = _positive("lease_seconds", lease_seconds)
         self.max_lease = max_lease
         self.cluster = bool(cluster)
+        self.max_in_flight = max_in_flight
+        self.in_flight_expiry = _positive("in_flight_expiry", in_flight_expiry)
 
     @property
     def display_url(self) -> str:
@@ -140,7 +151,8 @@ class RedisQuotaBackend:
         return self._url
 
     def __repr__(self) -> str:
-        return f"RedisQuotaBackend({self.display_url!r}, namespace={self.namespace!r})"
+        bound = "" if self.max_in_flight is None else f", max_in_flight={self.max_in_flight}"
+        return f"RedisQuotaBackend({self.display_url!r}, namespace={self.namespace!r}{bound})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RedisQuotaBackend) and self._key() == other._key()
@@ -150,17 +162,20 @@ class RedisQuotaBackend:
 
     def _key(self) -> tuple[object, ...]:
         return (self._url, self.namespace, self.unreachable_timeout, self.connect_timeout,
-                self.command_timeout, self.max_call_seconds, self.max_lease, self.lease_seconds, self.cluster)
+                self.command_timeout, self.max_call_seconds, self.max_lease, self.lease_seconds, self.cluster,
+                self.max_in_flight, self.in_flight_expiry)
 
     def __reduce__(self) -> tuple[object, ...]:
         # Picklable for multiprocessing; the URL travels as given (the child needs the password).
         return (_rebuild, (self._url, self.namespace, self.unreachable_timeout, self.connect_timeout,
                            self.command_timeout, self.max_call_seconds, self.max_lease, self.lease_seconds,
-                           self.cluster))
+                           self.cluster, self.max_in_flight, self.in_flight_expiry))
 
 
 def _rebuild(url: str, namespace: str, unreachable: float, connect: float, command: float, hold: float,
-             lease: int, lease_seconds: float, cluster: bool) -> RedisQuotaBackend:
+             lease: int, lease_seconds: float, cluster: bool, max_in_flight: int | None = None,
+             in_flight_expiry: float = 30.0) -> RedisQuotaBackend:
     return RedisQuotaBackend(url, namespace=namespace, unreachable_timeout=unreachable,
                              connect_timeout=connect, command_timeout=command, max_call_seconds=hold,
-                             max_lease=lease, lease_seconds=lease_seconds, cluster=cluster)
+                             max_lease=lease, lease_seconds=lease_seconds, cluster=cluster,
+                             max_in_flight=max_in_flight, in_flight_expiry=in_flight_expiry)
