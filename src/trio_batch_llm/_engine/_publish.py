@@ -29,6 +29,7 @@ from .._values._errors import ArtifactEncodeError
 from .._values._requests import LLMWorkItem, request_text
 from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import RunCounters
+from .._values._stop_reasons import StopReason
 from ._channel import ResultChannel
 from ._collector import no_collection
 from ._stops import Stop, StopPolicy
@@ -185,7 +186,7 @@ class Publisher(Generic[TOutput]):
     def not_executed(self, item: LLMWorkItem[TOutput]) -> WorkItemResult[TOutput]:
         """The result of an item the batch's stop left in the queue."""
         reason, category = self._policy.not_executed()
-        return _not_executed(item, reason, category)
+        return _not_executed(item, reason, category, self._policy.stop_reason)
 
     async def drain(self, recv: Any) -> None:
         """Publish every queued item as not executed (the batch stopped; its input is closed).
@@ -204,7 +205,7 @@ class Publisher(Generic[TOutput]):
                     item = recv.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     return  # noqa: ASYNC910 - no checkpoint per item on purpose; the worker's exit has one
-                await self.publish(_not_executed(item, reason, category), item)
+                await self.publish(_not_executed(item, reason, category, self._policy.stop_reason), item)
         # No step awaits: settle a chunk between two checkpoints, so the calls still in flight
         # resume and finish while the rest of the queue is reported, not behind the whole queue.
         # With no observer and no progress, settling a result the stop decided is two counters
@@ -225,6 +226,7 @@ class Publisher(Generic[TOutput]):
         the input is closed and empty (the workers still finishing their own item need not try
         the queue again) rather than only empty for now."""
         settle = self._settle
+        stop_reason = self._policy.stop_reason
         append = self.results.append
         taken = 0
         outcome: bool | None = None
@@ -244,6 +246,7 @@ class Publisher(Generic[TOutput]):
                     error=reason,
                     error_category=category,
                     context=item.context,
+                    stop_reason=stop_reason,
                 )
                 append(result)
                 if bulk:
@@ -295,8 +298,10 @@ class Publisher(Generic[TOutput]):
             await anyio.lowlevel.checkpoint()
 
 
-def _not_executed(item: LLMWorkItem[Any], reason: str, category: Any) -> WorkItemResult[Any]:
+def _not_executed(item: LLMWorkItem[Any], reason: str, category: Any,
+                  stop_reason: StopReason | None = None) -> WorkItemResult[Any]:
     # Built directly: no run, no exception (none happened), one reason string per stop.
     return WorkItemResult(
-        item_id=item.item_id, success=False, error=reason, error_category=category, context=item.context
+        item_id=item.item_id, success=False, error=reason, error_category=category, context=item.context,
+        stop_reason=stop_reason,
     )

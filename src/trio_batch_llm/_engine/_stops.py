@@ -27,6 +27,7 @@ from .._values._categories import ErrorCategory
 from .._values._config import AbortMode, GuardrailConfig, InvalidCost
 from .._values._results import BatchTermination, TerminationKind, WorkItemResult
 from .._values._stats import RunCounters
+from .._values._stop_reasons import StopReason
 
 __all__ = ["Stop", "StopPolicy"]
 
@@ -60,6 +61,7 @@ class StopPolicy:
         "_max_tokens",
         "_not_executed",
         "counters",
+        "item_id",
         "kind",
         "reason",
     )
@@ -73,6 +75,8 @@ class StopPolicy:
         self._max_cost = guardrails.max_total_cost
         self.kind: TerminationKind | None = None
         self.reason: str | None = None
+        self.item_id: str | None = None
+        """The item that triggered the stop, when one did (the breaker's tripping item)."""
         # Fixed once stopped: every not-executed (cut-short) item of this stop shares them.
         self._not_executed: tuple[str, ErrorCategory] | None = None
         self._cut_short: tuple[ErrorCategory, str] | None = None
@@ -85,7 +89,12 @@ class StopPolicy:
 
     @property
     def termination(self) -> BatchTermination:
-        return BatchTermination(kind=self.kind or "completed", reason=self.reason)
+        return BatchTermination(kind=self.kind or "completed", reason=self.reason, item_id=self.item_id)
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """The stop reason of the items this stop left unfinished (so far: a retired provider's)."""
+        return StopReason.PROVIDER_RETIRED if self.kind == "provider_retired" else None
 
     @property
     def cuts_calls(self) -> bool:
@@ -99,12 +108,14 @@ class StopPolicy:
 
     # --- decisions --------------------------------------------------------------
 
-    def request(self, kind: TerminationKind, reason: str, *, cancel_active: bool = False) -> Stop | None:
+    def request(self, kind: TerminationKind, reason: str, *, cancel_active: bool = False,
+                item_id: str | None = None) -> Stop | None:
         """Stop with ``kind`` and ``reason`` unless a stop was decided already (the first wins)."""
         if self.kind is not None:
             return None
         self.kind = kind
         self.reason = reason
+        self.item_id = item_id
         return Stop(kind, reason, cancel_active)
 
     def deadline_reached(self) -> Stop | None:
