@@ -107,6 +107,17 @@ def test_until_an_answer_at_most_threshold_attempts_are_in_flight() -> None:
     assert breaker.gate(0.0).kind == "wait"
 
 
+def test_the_start_bound_ends_after_a_pause_without_a_refusal() -> None:
+    """A slow endpoint (no answer yet, no refusal either) runs at ``threshold`` calls for a pause at most."""
+    breaker = CircuitBreaker(CONFIG)
+    assert [breaker.gate(1.0).kind for _ in range(3)] == ["go"] * 3
+    wait = breaker.gate(2.0)
+    assert (wait.kind, wait.until) == ("wait", 6.0)  # the first attempt asked at 1.0; a 5 s pause
+    assert [breaker.gate(6.0).kind for _ in range(10)] == ["go"] * 10
+    _fail(breaker, 7.0)  # but a streak bounds it again
+    assert breaker.gate(7.0).kind == "wait"
+
+
 def test_a_probe_cut_short_lets_another_probe_go() -> None:
     breaker = CircuitBreaker(CONFIG)
     for _ in range(3):

@@ -6,10 +6,12 @@ tested without an event loop (:mod:`._breaker_gate` is its async side). The stat
 - ``closed``: calls go. An attempt that fails with an endpoint-unusable error
   (:attr:`Classification.endpoint_unusable`) adds one to the streak; any other
   outcome (an answer, a 5xx, a 429, a timeout: the endpoint was reached or may
-  have been) ends the streak. While the endpoint is not proven (no answer yet)
-  or a streak has begun, at most ``threshold`` attempts are counted or in flight
-  together (``streak + unresolved <= threshold``), so a dead endpoint costs
-  ``threshold`` attempts, not one per worker and retry.
+  have been) ends the streak. While a streak has begun, and at the start until
+  the endpoint has answered once (for ``pause`` seconds at most: a refusal comes
+  within a round trip, and a slow endpoint must not run at ``threshold`` calls
+  for long), at most ``threshold`` attempts are counted or in flight together
+  (``streak + unresolved <= threshold``), so a dead endpoint costs ``threshold``
+  attempts, not one per worker and retry.
 - ``open`` (the streak reached ``threshold``): nothing goes until ``pause`` seconds
   have passed; waiting items spend no attempts.
 - ``half_open``: one probe goes, the rest wait. Its answer (or any non-unusable
@@ -67,7 +69,7 @@ class CircuitBreaker:
     """One scope's breaker. :meth:`gate` before an attempt; then exactly one of :meth:`answered`,
     :meth:`failed` or :meth:`released` for every attempt it let go."""
 
-    __slots__ = ("_cause", "_first", "_open_until", "_probes_failed", "_probing", "_proven", "config",
+    __slots__ = ("_cause", "_cold_until", "_first", "_open_until", "_probes_failed", "_probing", "_proven", "config",
                  "state", "streak", "trip", "unresolved")
 
     def __init__(self, config: CircuitBreakerConfig) -> None:
@@ -82,6 +84,7 @@ class CircuitBreaker:
         self._first: str | None = None
         self._cause = ""
         self._proven = False
+        self._cold_until = math.nan  # the end of the start's bound: set at the first gate()
         self._open_until = math.inf
         self._probes_failed = 0
         self._probing = False
@@ -95,8 +98,16 @@ class CircuitBreaker:
         """May an attempt start at ``now``? ``go``/``probe`` count it as started."""
         state = self.state
         if state == "closed":
-            if (self.streak or not self._proven) and self.streak + self.unresolved >= self.config.threshold:
-                return _WAIT_FOR_AN_OUTCOME
+            if self.streak + self.unresolved >= self.config.threshold and (self.streak or not self._proven):
+                if self.streak:
+                    return _WAIT_FOR_AN_OUTCOME
+                if math.isnan(self._cold_until):  # the first attempt asks now
+                    self._cold_until = now + self.config.pause
+                if now < self._cold_until:
+                    return Gate("wait", self._cold_until)
+                self._proven = True  # no refusal in a pause's time: the endpoint is there
+            elif math.isnan(self._cold_until):
+                self._cold_until = now + self.config.pause
             self.unresolved += 1
             return GO
         if state == "retired":
