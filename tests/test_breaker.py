@@ -13,7 +13,7 @@ import ssl
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from trio_batch_llm import (
@@ -131,11 +131,12 @@ def test_a_probe_cut_short_lets_another_probe_go() -> None:
 Op = tuple[str, float]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
+@example(threshold=3, probes=1, ops=[("start", 0.0)] * 2 + [("fail", 0.0)] + [("start", 0.0)] * 6)
 @given(
     threshold=st.integers(1, 6),
     probes=st.integers(1, 3),
-    ops=st.lists(st.tuples(st.sampled_from(["start", "fail", "fail", "fail", "answer", "release"]),
+    ops=st.lists(st.tuples(st.sampled_from(["start", "start", "start", "fail", "fail", "answer", "release"]),
                            st.floats(0.0, 3.0)), max_size=120),
 )
 def test_never_more_than_threshold_plus_probes_attempts_after_the_first_failure_of_a_streak(
@@ -159,6 +160,8 @@ def test_never_more_than_threshold_plus_probes_attempts_after_the_first_failure_
                     since_streak += 1
             elif gate.kind == "retired":
                 assert breaker.state == "retired"
+            if since_streak is not None:
+                assert since_streak <= threshold + probes + released_since
             continue
         if not in_flight:
             continue

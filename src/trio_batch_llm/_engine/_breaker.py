@@ -69,8 +69,8 @@ class CircuitBreaker:
     """One scope's breaker. :meth:`gate` before an attempt; then exactly one of :meth:`answered`,
     :meth:`failed` or :meth:`released` for every attempt it let go."""
 
-    __slots__ = ("_cause", "_cold_until", "_first", "_open_until", "_probes_failed", "_probing", "_proven", "config",
-                 "state", "streak", "trip", "unresolved")
+    __slots__ = ("_cause", "_cold_until", "_first", "_open_until", "_probes_failed", "_probing", "_proven",
+                 "config", "state", "streak", "trip", "unresolved")
 
     def __init__(self, config: CircuitBreakerConfig) -> None:
         self.config = config

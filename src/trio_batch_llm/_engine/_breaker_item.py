@@ -21,18 +21,17 @@ TOutput = TypeVar("TOutput")
 
 
 async def pass_gate(gate: BreakerGate, run: ItemRun[Any]) -> bool:
-    """Before an attempt's admission: wait for the breaker's turn (no attempt is spent waiting).
+    """Before an attempt's admission, when :meth:`BreakerGate.try_enter` said wait: wait for the
+    breaker's turn (open, half-open, bounded or retired; no attempt is spent waiting).
 
     ``False`` when no attempt may start: the scope was retired, or the run's start limit came."""
-    gated = gate.try_enter()
-    if gated is None:  # open, half-open, bounded, or retired
-        clock = gate.clock
-        run.switch("admission_wait", clock())
-        gated = await gate.enter()
-        if gated is None or clock() >= run.start_limit:
-            if gated is not None:
-                gate.released(probe=gated)
-            return False
+    clock = gate.clock
+    run.switch("admission_wait", clock())
+    gated = await gate.enter()
+    if gated is None or clock() >= run.start_limit:
+        if gated is not None:
+            gate.released(probe=gated)
+        return False
     run.gated = gated  # told its outcome once: release_attempt(), else ItemRunner.drive's finally
     return True
 

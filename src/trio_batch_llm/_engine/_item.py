@@ -228,8 +228,11 @@ class ItemRunner(Generic[TOutput]):
         if run.start_limit != math.inf and clock() >= run.start_limit:
             await anyio.lowlevel.checkpoint()
             return None
-        if binding.breaker is not None and not await pass_gate(binding.breaker, run):
-            return None  # retired (drive() says so), or the start limit came while it waited
+        gate = binding.breaker
+        if gate is not None:  # the circuit breaker lets the attempt go at once, or it waits for its turn
+            run.gated = gate.try_enter()  # (no coroutine on the hot path)
+            if run.gated is None and not await pass_gate(gate, run):
+                return None  # retired (drive() says so), or the start limit came while it waited
         scope = binding.quota
         try:
             return scope.try_admit_nowait(tokens)  # noqa: ASYNC910 - hot path; execute() checkpoints
