@@ -232,7 +232,7 @@ class ItemRunner(Generic[TOutput]):
         if gate is not None:  # the circuit breaker lets the attempt go at once, or it waits for its turn
             run.gated = gate.try_enter()  # (no coroutine on the hot path)
             if run.gated is None and not await pass_gate(gate, run):
-                return None  # retired (drive() says so), or the start limit came while it waited
+                return None  # noqa: ASYNC910 - pass_gate() awaited: retired, or past the start limit
         scope = binding.quota
         try:
             return scope.try_admit_nowait(tokens)  # noqa: ASYNC910 - hot path; execute() checkpoints
