@@ -52,6 +52,7 @@ async def test_one_429_pauses_all_50_workers_for_the_cooldown() -> None:
         concurrency=50,
         rate_limit=RateLimitConfig(slow_start_seconds=0.0),
         retry=RetryConfig(max_rate_limit_retries=3),
+        circuit_breaker=None,  # all 50 calls at t=0, not the breaker's start bound (10 until an answer)
     )
     t0 = anyio.current_time()
     batch = await process_prompts(CallableStrategy(fn), [f"p{i}" for i in range(200)], config=config)

@@ -62,6 +62,7 @@ from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
+from ._values._breaker_config import CircuitBreakerConfig as CircuitBreakerConfig
 from ._values._categories import ErrorCategory as ErrorCategory
 from ._values._config import AbortMode as AbortMode
 from ._values._config import ArtifactIdentity as ArtifactIdentity
@@ -135,6 +136,7 @@ __all__ = [
     "CLEANUP_TIMED_OUT",
     "CallOutcome",
     "CallableStrategy",
+    "CircuitBreakerConfig",
     "CleanupInterruptedError",
     "ConfigurationError",
     "CounterSnapshot",

@@ -11,15 +11,26 @@ from typing import Final
 
 import anyio
 
+from .._values._breaker_config import CircuitBreakerConfig
+
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNAVAILABLE", "EXIT_USAGE", "UsageError", "api_key_from",
+           "circuit_breaker_of",
            "signal_receiver"]
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
-# sysexits.h's EX_UNAVAILABLE ("a service is unavailable"): the run database could not be reached.
+# sysexits.h's EX_UNAVAILABLE ("a service is unavailable"): the run database could not be reached,
+# or the circuit breaker retired the provider (`run`: the endpoint is unusable).
 # Not 1 (the run did not fail) nor 2 (the usage was fine): a scheduler may simply try again later.
 EXIT_UNAVAILABLE: Final = 69
+
+
+def circuit_breaker_of(threshold: int | None) -> CircuitBreakerConfig | None:
+    """``--circuit-breaker N``: the breaker with threshold ``N``; 0 turns it off."""
+    if threshold is None:
+        return CircuitBreakerConfig()
+    return CircuitBreakerConfig(threshold=threshold) if threshold > 0 else None
 
 
 class UsageError(Exception):

@@ -26,6 +26,7 @@ from ._args import (
     add_request_arguments,
     limit_change,
     non_negative_float,
+    non_negative_int,
     port,
     positive_float,
     positive_int,
@@ -128,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-rate-limit-wait", type=wait_bound, default=600.0, metavar="S",
                      help="seconds one item may wait throttled by 429s before it fails rate_limit "
                           "(default 600; none: no bound)")
+    run.add_argument("--circuit-breaker", type=non_negative_int, default=10, metavar="N",
+                     help="stop the run when N attempts in a row find the endpoint unusable (connection "
+                          "refused, DNS or TLS failure, HTTP 401/403, 404 on the model) and a probe "
+                          "after a pause fails too; exit code 69 (default 10; 0: off)")
     run.add_argument("--resume", action="store_true",
                      help="continue the run recorded in --out: keep its successes, run the rest")
     run.add_argument("--resume-policy", choices=["successes", "all"], metavar="successes|all",

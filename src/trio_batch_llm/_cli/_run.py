@@ -60,7 +60,16 @@ from .._values._results import BatchTermination
 from .._values._stop_reasons import StopReason
 from .._values._urls import is_openai_api, redact_url
 from ._args import quota_backend
-from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from, signal_receiver
+from ._command import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    UsageError,
+    api_key_from,
+    circuit_breaker_of,
+    signal_receiver,
+)
 from ._input import InputError, InputScan, iter_input, scan_input
 from ._render import (
     ProgressMode,
@@ -157,6 +166,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
             guardrails=GuardrailConfig(batch_timeout=args.batch_timeout),
             retry=RetryConfig(max_attempts=getattr(args, "max_attempts", None) or 3,
                               max_rate_limit_wait=getattr(args, "max_rate_limit_wait", 600.0)),
+            circuit_breaker=circuit_breaker_of(getattr(args, "circuit_breaker", 10)),
         )
     except (ConfigurationError, ImportError) as exc:
         raise UsageError(str(exc)) from None
@@ -354,6 +364,10 @@ def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
             f"{unfinished} still to run")
         say(f"resume with: {plan.resume_command}{redaction_note(plan.resume_command)}")
         return 128 + int(outcome.signal)
+    if termination.kind == "provider_retired":
+        say(f"the provider was retired: the endpoint is unusable; fix it (URL, key, model), then resume "
+            f"with: {plan.resume_command}{redaction_note(plan.resume_command)}")
+        return EXIT_UNAVAILABLE
     if summary.failed or not termination.completed or unfinished:
         say(f"{unfinished} item(s) did not succeed; to run them again: {plan.resume_command}"
             f"{redaction_note(plan.resume_command)}")

@@ -38,6 +38,7 @@ from typing import Final, TypeAlias, final
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded, ProviderError
 from .._values._retry_after import parse_retry_after, retry_after_from_headers
+from ._endpoint import endpoint_unusable
 
 __all__ = [
     "Classification",
@@ -60,11 +61,20 @@ class Classification:
 
     ``retry_after`` is the provider's minimum wait in seconds (``None`` when it
     gave none); ``status_code`` is the HTTP status when the exception carried one.
+    ``unusable_because`` says why the failure is about the endpoint itself (connection
+    refused, DNS, TLS, 401/403, a 404 about the model: :mod:`._endpoint`), whoever
+    decided the category; ``None`` otherwise. What the circuit breaker counts.
     """
 
     category: ErrorCategory
     retry_after: float | None = None
     status_code: int | None = None
+    unusable_because: str | None = None
+
+    @property
+    def endpoint_unusable(self) -> bool:
+        """Whether the failure says the endpoint itself is unusable."""
+        return self.unusable_because is not None
 
     @property
     def retryable(self) -> bool:
@@ -167,7 +177,7 @@ def classify(
         raise TypeError(f"classify() takes an Exception, not {type(exc).__name__}")
     # Fast path: the strategy has already said what the failure is.
     if user_classifier is None and strategy_classifier is None and isinstance(exc, ProviderError):
-        return Classification(exc.category, _clean_seconds(exc.retry_after), exc.status_code)
+        return _provider_said(exc)
 
     for classifier in (user_classifier, strategy_classifier):
         if classifier is None:
@@ -181,14 +191,24 @@ def classify(
             category, retry_after = ErrorCategory(verdict), None
         if retry_after is None:
             retry_after = _retry_after_of(exc, now)
-        return Classification(category, retry_after, _status_code_of(exc))
+        status = _status_code_of(exc)
+        return Classification(category, retry_after, status, _unusable(exc, status))
 
     return _default(exc, now)
 
 
+def _provider_said(exc: ProviderError) -> Classification:
+    status = exc.status_code
+    return Classification(exc.category, _clean_seconds(exc.retry_after), status, _unusable(exc, status))
+
+
+def _unusable(exc: Exception, status: int | None) -> str | None:
+    return endpoint_unusable(exc, status, _error_text(exc) if status == 404 else None)
+
+
 def _default(exc: Exception, now: float | None) -> Classification:
     if isinstance(exc, ProviderError):
-        return Classification(exc.category, _clean_seconds(exc.retry_after), exc.status_code)
+        return _provider_said(exc)
     status = _status_code_of(exc)
     retry_after = _retry_after_of(exc, now)
     if isinstance(exc, ItemDeadlineExceeded):
@@ -198,7 +218,7 @@ def _default(exc: Exception, now: float | None) -> Classification:
         category = _category_by_status(status)
     if category is None:
         category = _category_by_builtin_type(exc)
-    return Classification(_refine(category, exc), retry_after, status)
+    return Classification(_refine(category, exc), retry_after, status, _unusable(exc, status))
 
 
 def _category_by_class_name(exc_type: type[Exception]) -> ErrorCategory | None:

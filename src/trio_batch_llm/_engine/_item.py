@@ -3,7 +3,8 @@
 Shared by the processor's workers and the pool's callers. A :class:`Binding` is what the
 path needs of one strategy, resolved once per owner (:mod:`._item_run`): nothing on the hot
 path calls back into the host. An :class:`ItemRun` is one item on its way; it survives its
-guard firing (:mod:`._guards`), so the caller can go on with it::
+guard firing (:mod:`._guards`), so the caller can go on with it (the module is over 400 lines because
+its stages share one runner's state on the hot path; the breaker's part is in :mod:`._breaker_gate`)::
 
     result = await runner.drive(run, guard)     # in the guard's scope
     ...the scope caught a deadline or a stop; in the guard's next scope:
@@ -40,6 +41,8 @@ from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage
+from ._breaker_gate import Breakers, OnRetire, tell_gate
+from ._breaker_item import pass_gate, retired_result
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
 from ._throttled import admit_within_budget, over_budget, spent
@@ -77,7 +80,7 @@ class ItemRunner(Generic[TOutput]):
 
     __slots__ = (
         "_attempt_timeout",
-        "_bindings",
+        "_bindings", "_breakers",
         "_classifier",
         "_clock",
         "_config",
@@ -96,8 +99,9 @@ class ItemRunner(Generic[TOutput]):
         *,
         classifier: ClassifierArg | None = None,
         hooks: Hooks | None = None,
-        start_by: float = math.inf,
+        start_by: float = math.inf, on_retire: OnRetire | None = None,
     ) -> None:
+        self._breakers = Breakers(config.circuit_breaker, on_retire, anyio.current_time)  # one per scope
         self._hooks = hooks if hooks is not None and hooks.active else None
         self._host = host
         self._config = config
@@ -151,6 +155,7 @@ class ItemRunner(Generic[TOutput]):
             estimator=tokens,
             user_classifier=self._classifier,
         )
+        binding.breaker = self._breakers.of(binding.quota)
         self._bindings[id(strategy)] = binding
         return binding
 
@@ -181,8 +186,8 @@ class ItemRunner(Generic[TOutput]):
             tokens = binding.tokens(run.item.prompt, run.item.params)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
-                if held is None:  # past a start limit (between calls), or max_rate_limit_wait in the queue
-                    return self.cut(run, guard)  # type: ignore[return-value]
+                if held is None:  # past a start limit (between calls), max_rate_limit_wait, a retired scope
+                    return retired_result(run) or self.cut(run, guard)  # type: ignore[return-value]
                 # Stage 2's call is awaited here, not in attempt(): a cancellation unwinds one frame
                 # fewer per call in flight (a frame object and a traceback: ~2 µs a worker, asyncio).
                 timeout = self.attempt(run, guard)
@@ -214,6 +219,9 @@ class ItemRunner(Generic[TOutput]):
             if run.held is not None:
                 run.held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
                 run.held = None
+            if run.gated is not None and run.binding is not None:  # let go by the breaker, cut short
+                tell_gate(run.binding.breaker, run.gated, cut=True)  # (or its admission refused)
+                run.gated = None
 
     async def admit(self, binding: Binding, run: ItemRun[TOutput], tokens: int) -> Admission | None:
         """Stage 1: the quota scope's admission, or ``None`` at or past the run's start limit."""
@@ -221,6 +229,11 @@ class ItemRunner(Generic[TOutput]):
         if run.start_limit != math.inf and clock() >= run.start_limit:
             await anyio.lowlevel.checkpoint()
             return None
+        gate = binding.breaker
+        if gate is not None:  # the circuit breaker lets the attempt go at once, or it waits for its turn
+            run.gated = gate.try_enter()  # (no coroutine on the hot path)
+            if run.gated is None and not await pass_gate(gate, run):
+                return None  # noqa: ASYNC910 - pass_gate() awaited: retired, or past the start limit
         scope = binding.quota
         try:
             return scope.try_admit_nowait(tokens)  # noqa: ASYNC910 - hot path; execute() checkpoints

@@ -19,10 +19,12 @@ from .._values._requests import LLMWorkItem
 from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
 from .._values._stop_reasons import StopReason
 from .._values._usage import check_token_usage
+from ._breaker_gate import tell_gate
 from ._classify import Classification, classify
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
+    from ._breaker_gate import BreakerGate
 
 __all__ = [
     "THROTTLED_BY_429S", "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple",
@@ -41,7 +43,7 @@ THROTTLED_BY_429S: Final = "throttled by 429s"
 class Binding:
     """One strategy as the item path uses it, resolved once per owner (``ItemRunner.bind``)."""
 
-    __slots__ = ("estimate", "estimator", "execute_text", "parses", "quota", "strategy",
+    __slots__ = ("breaker", "estimate", "estimator", "execute_text", "parses", "quota", "strategy",
                  "strategy_classifier", "user_classifier")
 
     def __init__(
@@ -64,6 +66,8 @@ class Binding:
         self.user_classifier = user_classifier
         self.parses = type(strategy).parse_output is not LLMCallStrategy.parse_output
         """Whether the strategy has a parse stage of its own (``parse_output`` overridden)."""
+        self.breaker: BreakerGate | None = None
+        """The circuit breaker of ``quota`` for this owner (``None``: off)."""
         takes_requests = (type(strategy).execute_request is not LLMCallStrategy.execute_request
                           or "execute_request" in getattr(strategy, "__dict__", ()))
         self.execute_text: Callable[..., Awaitable[Any]] | None = None if takes_requests else strategy.execute
@@ -150,6 +154,9 @@ def release_attempt(
     own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
     A call cut short is released by ``ItemRunner.drive`` instead, with its usage unknown."""
     run.held = None
+    if run.gated is not None and run.binding is not None:  # the breaker let it go: its outcome
+        tell_gate(run.binding.breaker, run.gated, run.item.item_id, verdict, exc)
+        run.gated = None
     observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
                                          held.now)
     if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
@@ -201,6 +208,7 @@ class ItemRun(Generic[TOutput]):
         "binding",
         "calling",
         "failed",
+        "gated",
         "held",
         "item",
         "item_deadline",
@@ -250,6 +258,7 @@ class ItemRun(Generic[TOutput]):
         """No call of this item starts at or after it."""
         self.binding: Binding | None = None
         self.held: Admission | None = None  # released exactly once; cut short -> release(None)
+        self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)

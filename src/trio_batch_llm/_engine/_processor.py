@@ -35,6 +35,7 @@ from .._values._requests import LLMWorkItem
 from .._values._results import BatchResult, BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from .._values._stop_reasons import StopReason
+from ._breaker_gate import Retirement
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
 from ._classifier_objects import ClassifierArg
 from ._inputs import aiter_items, feed_items
@@ -94,7 +95,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)
         self._resume = resume
         runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
-                                     start_by=start_deadline(call_start_deadline))  # ahead of the streams
+                                     start_by=start_deadline(call_start_deadline),  # ahead of the streams
+                                     on_retire=self._provider_retired)
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply)
@@ -309,6 +311,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._intake.close()
         if self._mode is _Mode.STREAMING:
             self._mode = _Mode.FINISHED
+
+    def _provider_retired(self, retirement: Retirement) -> None:
+        # Calls in flight finish (they were let go before the breaker opened); items waiting at the
+        # breaker end PROVIDER_RETIRED, the queue drains as not executed with the same reason.
+        self._apply(self._policy.request("provider_retired", retirement.reason, item_id=retirement.item_id))
 
     def _on_crash(self, exc: BaseException) -> None:
         if self._crash is None:

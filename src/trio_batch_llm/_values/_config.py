@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
+from ._breaker_config import CircuitBreakerConfig, check_circuit_breaker
 from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
 from ._config_warnings import warn_if_suspicious
@@ -337,6 +338,8 @@ class ProcessorConfig:
     startup_ramp: StartupRampConfig | None = None
     quota_backend: RedisQuotaBackend | None = None
     """Where quota scopes keep shared state: ``None`` (in this process) or a :class:`RedisQuotaBackend`."""
+    circuit_breaker: CircuitBreakerConfig | None = field(default_factory=CircuitBreakerConfig)
+    """Each quota scope's circuit breaker (fail closed when the endpoint is unusable); ``None``: off."""
 
     def __post_init__(self) -> None:
         if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
@@ -370,6 +373,7 @@ class ProcessorConfig:
         positive("post_processor_timeout", self.post_processor_timeout)
         if self.startup_ramp is not None and not isinstance(self.startup_ramp, StartupRampConfig):
             raise ConfigurationError("startup_ramp", self.startup_ramp, "must be a StartupRampConfig")
+        check_circuit_breaker(self.circuit_breaker)
         warn_if_suspicious(self)
 
     @property
