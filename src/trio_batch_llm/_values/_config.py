@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
+from ._artifact_identity import ArtifactIdentity as ArtifactIdentity
 from ._breaker_config import CircuitBreakerConfig, check_circuit_breaker
 from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
@@ -77,33 +78,6 @@ class ResumePolicy(enum.Enum):
     """Replay stored successes; rerun everything else."""
     REUSE_ALL = "reuse_all"
     """Also replay terminal provider failures; engine verdicts always rerun."""
-
-
-@final
-@dataclass(frozen=True, slots=True)
-class ArtifactIdentity:
-    """What a checkpoint was produced by; a resume refuses a different identity."""
-
-    provider: str
-    model: str
-    prompt_version: str | None = None
-    parser_version: str | None = None
-    application_version: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("provider", "model"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ConfigurationError(name, value, "must be a non-empty string")
-
-    def to_dict(self) -> dict[str, str | None]:
-        return {
-            "provider": self.provider,
-            "model": self.model,
-            "prompt_version": self.prompt_version,
-            "parser_version": self.parser_version,
-            "application_version": self.application_version,
-        }
 
 
 @final
