@@ -62,10 +62,10 @@ from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
+from ._values._artifact_identity import ArtifactIdentity as ArtifactIdentity
 from ._values._breaker_config import CircuitBreakerConfig as CircuitBreakerConfig
 from ._values._categories import ErrorCategory as ErrorCategory
 from ._values._config import AbortMode as AbortMode
-from ._values._config import ArtifactIdentity as ArtifactIdentity
 from ._values._config import GuardrailConfig as GuardrailConfig
 from ._values._config import ProcessorConfig as ProcessorConfig
 from ._values._config import RateLimitConfig as RateLimitConfig

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .._values._config import ArtifactIdentity
+from .._values._artifact_identity import ArtifactIdentity
 from .._values._requests import LLMWorkItem, Prompt
 
 __all__ = [

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._strategies._callable import CallableStrategy
-from .._values._config import ArtifactIdentity
+from .._values._artifact_identity import ArtifactIdentity
 from .._values._errors import ConfigurationError
 from .._values._strategy_settings import default_params, system_prompt_of
 from ._fingerprint import canonical_json

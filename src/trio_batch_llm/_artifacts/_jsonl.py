@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, Final, final
 
-from .._values._config import ArtifactIdentity
+from .._values._artifact_identity import ArtifactIdentity
 from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
 from .._version import __version__

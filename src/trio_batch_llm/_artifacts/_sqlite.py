@@ -29,8 +29,8 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, final
 
+from .._values._artifact_identity import ArtifactIdentity
 from .._values._checks import non_negative, whole
-from .._values._config import ArtifactIdentity
 from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
 from ._codec import JSONValue

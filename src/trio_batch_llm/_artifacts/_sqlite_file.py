@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, final
 
-from .._values._config import ArtifactIdentity
+from .._values._artifact_identity import ArtifactIdentity
 from .._values._errors import ArtifactStoreError, ConfigurationError
 from .._version import __version__
 from ._fingerprint import encode_record, identity_fingerprint

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._values._config import ArtifactIdentity
+from .._values._artifact_identity import ArtifactIdentity
 from .._values._errors import (
     ArtifactEncodeError,
     ArtifactMismatchError,

@@ -36,7 +36,7 @@ from typing import Final, Literal, final
 
 from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
 from ..._artifacts._sqlite_file import SqliteFile, check_busy_timeout
-from ..._values._config import ArtifactIdentity
+from ..._values._artifact_identity import ArtifactIdentity
 from ..._values._errors import ArtifactMismatchError, ArtifactStoreError
 from .._schema import (
     LIVE_SUBMISSION_STATES,

@@ -20,7 +20,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Final
 
-from ..._values._config import ArtifactIdentity
+from ..._values._artifact_identity import ArtifactIdentity
 from ..._values._errors import ArtifactStoreError
 from .._schema import (
     LIVE_SUBMISSION_STATES,
