@@ -23,6 +23,7 @@ from trio_batch_llm import (
     ConfigurationError,
     ErrorCategory,
     GuardrailConfig,
+    LLMCallPool,
     LLMCallStrategy,
     ProcessorConfig,
     ProviderError,
@@ -71,6 +72,7 @@ class Always429(LLMCallStrategy[str]):
         self.latency = latency
         self.calls = 0
         self.seen: list[tuple[int, ErrorCategory | None]] = []
+        self.refuse = True  # False: the provider is back and answers
 
     async def execute(
         self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
@@ -78,6 +80,8 @@ class Always429(LLMCallStrategy[str]):
         self.calls += 1
         self.seen.append((attempt, state.last_category if state is not None else None))
         await anyio.sleep(self.latency)
+        if not self.refuse:
+            return f"ok: {prompt}", None, None
         raise ProviderError("429 Too Many Requests", category=ErrorCategory.RATE_LIMIT,
                             retry_after=self.retry_after)
 
@@ -176,13 +180,39 @@ async def test_items_queued_behind_a_refusing_scope_give_up_within_the_bound() -
     strategy = Always429(retry_after=None)
     cfg = ProcessorConfig(concurrency=4, retry=RetryConfig(max_rate_limit_retries=10_000,
                                                            max_rate_limit_wait=bound))
+    began = anyio.current_time()
     batch = await process_prompts(strategy, [f"p{n}" for n in range(12)], config=cfg)
+    took = anyio.current_time() - began
     assert {r.error_category for r in batch.results} == {ErrorCategory.RATE_LIMIT}
+    not_tried = 0
     for result in batch.results:
         assert result.error is not None and "max_rate_limit_wait=120 s" in result.error
+        assert result.timing.total - result.timing.execution <= bound + 1e-6, result
+        if "not tried" in result.error:
+            # Behind a streak already longer than the bound, and not first in line: at once.
+            not_tried += 1
+            assert "its scope has refused every call for" in result.error
+            assert result.timing.total == pytest.approx(0.0, abs=1e-6) and result.attempts == 0
+            continue
         waited = float(result.error.split("waited ")[1].split(" s")[0])
         assert waited <= bound + 1e-6, result.error
-        assert result.timing.total - result.timing.execution <= bound + 1e-6, result
+    # Three waves of four would take three bounds; the first wave's bound, then one probe's, at most.
+    assert not_tried >= 6, [r.error for r in batch.results]
+    assert took <= 2 * bound + 1.0, took
+
+
+async def test_a_long_lived_pool_still_probes_a_scope_that_refused_for_longer_than_the_bound() -> None:
+    """The first in line behind a long streak is the probe: when the provider comes back, it gets in."""
+    bound = 30.0
+    strategy = Always429(retry_after=None)
+    cfg = ProcessorConfig(concurrency=4, retry=RetryConfig(max_rate_limit_retries=10_000,
+                                                           max_rate_limit_wait=bound))
+    async with LLMCallPool(strategy, config=cfg) as pool:
+        first = await pool.submit_result("a")
+        assert first.error_category is ErrorCategory.RATE_LIMIT
+        strategy.refuse = False  # the provider comes back
+        later = await pool.submit_result("b")
+    assert later.success, later.error
 
 
 @pytest.mark.parametrize("anyio_backend", virtual_backends(threshold=0.01))
@@ -202,7 +232,7 @@ async def test_an_always_429_mock_endpoint_ends_every_item_rate_limit_within_the
     assert took <= 2 * bound + 1.0, took  # two waves of four: each item within its bound
     for result in batch.results:
         assert result.timing.total - result.timing.execution <= bound + 1e-6, result
-        assert result.error is not None and "waited" in result.error
+        assert result.error is not None and ("waited" in result.error or "not tried" in result.error)
         assert "max_rate_limit_wait=90 s" in result.error
 
 

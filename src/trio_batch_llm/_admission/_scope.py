@@ -345,8 +345,10 @@ class QuotaScope:
             if core.closed:
                 raise AdmissionClosedError("quota scope is closed")
             # Bounded by max_rate_limit_wait: give up past it (raises), else sleep no later than it.
-            deadline = math.inf if ticket.throttle is None else watch.give_up_at(ticket, self._clock())
-            if core.queue[0] is ticket:
+            head = core.queue[0] is ticket
+            deadline = (math.inf if ticket.throttle is None
+                        else watch.give_up_at(ticket, self._clock(), head=head))
+            if head:
                 # First in line: admit ourselves (and whoever fits behind us)
                 # if everything fits, else sleep until it could.
                 now = self._clock()

@@ -9,6 +9,7 @@ Three things read it:
 - a waiter's bound (``RetryConfig.max_rate_limit_wait``): a waiter gives up
   :meth:`give_up_at` (:class:`ThrottleBudgetSpent`), counted from its own
   last 429, else from when it queued or the streak began, whichever is later;
+  behind a streak already longer than the bound, at once unless first in line;
 - statistics and progress: how long the scope has refused every call.
 
 Synchronous and clock-free like the other cores (``now`` is passed in), so no
@@ -38,10 +39,13 @@ STALL_SECONDS: Final = 60.0
 class ThrottleBudgetSpent(Exception):
     """A waiter's ``max_rate_limit_wait`` ran out while it waited for admission."""
 
-    def __init__(self, throttled: float) -> None:
+    def __init__(self, throttled: float, streak: float | None = None) -> None:
         super().__init__(f"throttled for {throttled:.3g} s")
         self.throttled = throttled
         """Seconds this wait counted as throttled (from its start, or the streak's, to now)."""
+        self.streak = streak
+        """Set when the waiter gave up at once, behind a streak of refusals already longer than its
+        bound: how long the scope had refused every call (the waiter itself waited for nothing)."""
 
 
 @final
@@ -155,8 +159,21 @@ class ThrottleWatch:
         since = self.refusing_since
         return None if since is None else max(since, ticket.enqueued)
 
-    def give_up_at(self, ticket: Ticket, now: float) -> float:
-        """When bounded ``ticket`` gives up (``inf``: not throttled); past it, ``ThrottleBudgetSpent``."""
+    def give_up_at(self, ticket: Ticket, now: float, *, head: bool = True) -> float:
+        """When bounded ``ticket`` gives up (``inf``: not throttled); past it, ``ThrottleBudgetSpent``.
+
+        Behind a streak already longer than its bound, a waiter with no 429 of its own that is
+        not first in line gives up at once: the scope has refused every call for longer than this
+        item may wait, so a batch against an endpoint that refuses everything ends within about one
+        bound rather than one bound per wave of workers. The first in line still waits its own
+        bound and is admitted when the scope is ready: the probe that ends the streak when the
+        provider comes back (a long-lived pool is never shut out for good).
+        """
+        budget: ThrottleBudget = ticket.throttle
+        streak_since = self.refusing_since
+        if (not head and budget.since is None and streak_since is not None
+                and now - streak_since >= budget.seconds):
+            raise ThrottleBudgetSpent(0.0, streak=now - streak_since)
         since = self.throttled_since(ticket)
         if since is None:
             return math.inf

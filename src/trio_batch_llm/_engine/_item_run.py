@@ -218,6 +218,7 @@ class ItemRun(Generic[TOutput]):
         "mark",
         "outer",
         "phase",
+        "refused_streak",
         "result",
         "retries",
         "start_limit",
@@ -268,6 +269,7 @@ class ItemRun(Generic[TOutput]):
         self.throttled = 0.0  # seconds of throttled waits that ended at a call (._throttled)
         self.throttled_since: float | None = None  # when the throttled wait under way began
         self.throttle_spent = False  # its scope gave its admission wait up: max_rate_limit_wait ran out
+        self.refused_streak: float | None = None  # ... at once, behind refusals longer than its bound
 
     def switch(self, phase: _Phase, now: float) -> None:
         """Book the time since the last switch to the current phase, then enter ``phase``."""

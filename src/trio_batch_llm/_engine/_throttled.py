@@ -37,8 +37,9 @@ async def admit_within_budget(scope: QuotaScope, run: ItemRun[Any], tokens: int,
     budget = None if limit is None else ThrottleBudget(max(0.0, limit - run.throttled), run.throttled_since)
     try:
         admission = await scope.admit(tokens, throttle=budget)
-    except ThrottleBudgetSpent:
+    except ThrottleBudgetSpent as spent_:
         run.throttle_spent = True
+        run.refused_streak = spent_.streak
         return None  # noqa: ASYNC910 - admit() checkpointed before it gave up
     if run.throttled_since is None and (refusing := scope.throttle.refusing_since) is not None:
         run.throttled_since = max(refusing, run.mark)
@@ -63,7 +64,7 @@ def over_budget(run: ItemRun[Any], category: ErrorCategory, wait: float, config:
 
 def spent(run: ItemRun[Any], config: RetryConfig, now: float) -> WorkItemResult[Any]:
     """The result of ``run``, whose scope gave its admission wait up (``run.throttle_spent``)."""
-    return rate_limit_wait_over(run, config.max_rate_limit_wait or 0.0, now)
+    return rate_limit_wait_over(run, config.max_rate_limit_wait or 0.0, now, streak=run.refused_streak)
 
 
 def scope_statistics(bindings: Iterable[Binding]) -> list[QuotaScopeStatistics]:
@@ -72,15 +73,18 @@ def scope_statistics(bindings: Iterable[Binding]) -> list[QuotaScopeStatistics]:
     return [scope.statistics() for scope in scopes.values()]
 
 
-def rate_limit_wait_over(run: ItemRun[Any], limit: float, now: float, ahead: float = 0.0
-                         ) -> WorkItemResult[Any]:
+def rate_limit_wait_over(run: ItemRun[Any], limit: float, now: float, ahead: float = 0.0, *,
+                         streak: float | None = None) -> WorkItemResult[Any]:
     """``max_rate_limit_wait`` ran out (or the cooldown ``ahead`` would pass it): ``RATE_LIMIT``.
 
-    Its exception is the item's last 429 (``None`` when it never got a call in)."""
+    ``streak``: the item gave up at once, behind a scope that had refused every call for that
+    long already. Its exception is the item's last 429 (``None`` when it never got a call in)."""
     retries = run.retries
     refused = 0 if retries is None else retries.rate_limited
     waited = run.throttled_for(now)
-    if refused:
+    if streak is not None and not refused:
+        text = f"rate limited: not tried: its scope has refused every call for {streak:.1f} s"
+    elif refused:
         text = f"rate limited: waited {waited:.1f} s on 429s ({refused} 429s)"
     else:
         text = f"rate limited: waited {waited:.1f} s for admission while its scope refused every call"
