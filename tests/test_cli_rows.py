@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trio_batch_llm import FakeStrategy, process_prompts
+from trio_batch_llm import FakeStrategy, OpenAICompatibleStrategy, process_prompts
 from trio_batch_llm._cli._input_jsonl import classify_line, scan_range
 from trio_batch_llm._engine._inputs import to_item
 from trio_batch_llm._values._prompts import ROW_KEYS, row_problem
@@ -89,6 +89,10 @@ def _full(path: Path, row: dict[str, Any]) -> object:
     return classify_line(path, json.dumps(row) + " " * 300, 1)
 
 
+# The CLI's own strategy kind: it takes chat messages and request params (FakeStrategy takes text only).
+_WIRE = OpenAICompatibleStrategy("m", base_url="http://127.0.0.1:9/v1", api_key="k", api_key_env=None)
+
+
 @settings(max_examples=400, deadline=None)
 @given(_rows)
 def test_the_fast_path_accepts_exactly_what_the_full_check_accepts(
@@ -108,7 +112,7 @@ def test_the_fast_path_accepts_exactly_what_the_full_check_accepts(
     # And the row rule is the API's: a row the CLI accepts has keys the API accepts.
     if not isinstance(full, ValueError):
         assert row_problem(row) is None
-        to_item(row, 0, FakeStrategy())
+        to_item(row, 0, _WIRE)  # a strategy that sends messages and params, as the CLI's does
     elif row_problem(row) is not None:
         field, _ = row_problem(row)  # type: ignore[misc]
         assert f'field "{field}"' in str(full)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -351,7 +352,8 @@ async def test_status_error_mapping_sdk_unwrapped() -> None:
         case = (status, headers, body)
         assert isinstance(error, openai.APIStatusError), case
         assert error.status_code == status, case
-        assert verdict == Classification(category, retry_after, status), case
+        assert replace(verdict, unusable_because=None) == Classification(category, retry_after, status), case
+        assert verdict.endpoint_unusable == (status in (401, 403)), case  # what the circuit breaker counts
         assert str(error).startswith(f"Error code: {status}"), case
 
 
@@ -376,7 +378,10 @@ async def test_default_classifier_on_real_sdk_exceptions() -> None:
             error, _ = await sdk_failure(strategy)
         gap = _gap_of(body)
         expected = DEFAULT_CLASSIFIER_GAPS[gap] if gap is not None else category
-        assert classify(error) == Classification(expected, retry_after, status), (status, headers, body)
+        verdict = classify(error)
+        assert replace(verdict, unusable_because=None) == Classification(expected, retry_after, status), (
+            status, headers, body)
+        assert verdict.endpoint_unusable == (status in (401, 403)), (status, headers, body)
 
 
 async def test_retry_after_http_date_through_a_strategy() -> None:
@@ -442,7 +447,9 @@ async def test_transport_error_mapping_sdk() -> None:
         timed_out = isinstance(raised, httpx2.TimeoutException)
         assert type(error) is (openai.APITimeoutError if timed_out else openai.APIConnectionError), raised
         expected = ErrorCategory.TIMEOUT if timed_out else ErrorCategory.TRANSIENT
-        assert verdict == Classification(expected, None, None), raised
+        assert replace(verdict, unusable_because=None) == Classification(expected, None, None), raised
+        # "connection refused" says the endpoint is unusable (the circuit breaker counts it): nothing else
+        assert verdict.endpoint_unusable == ("refused" in str(raised)), raised
         assert classify(error) == verdict, raised
         assert error.__cause__ is raised, raised
 
