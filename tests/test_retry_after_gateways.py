@@ -11,7 +11,11 @@ from __future__ import annotations
 import pytest
 
 from trio_batch_llm import ErrorCategory
-from trio_batch_llm._admission._headers import RATE_LIMIT_METADATA_KEY, parse_rate_limit_headers, rate_limit_headers
+from trio_batch_llm._admission._headers import (
+    RATE_LIMIT_METADATA_KEY,
+    parse_rate_limit_headers,
+    rate_limit_headers,
+)
 from trio_batch_llm._strategies.openai._wire_errors import error_from_status
 from trio_batch_llm._values._retry_after import retry_after_from_headers
 

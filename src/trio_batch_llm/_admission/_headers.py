@@ -41,8 +41,8 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, final
 
 from .._values._retry_after import MAX_HEADER_CHARS as _MAX_HEADER_CHARS
-from .._values._retry_after import decimal_number as _number
 from .._values._retry_after import RETRY_AFTER_HEADERS, retry_after_from_headers
+from .._values._retry_after import decimal_number as _number
 
 __all__ = [
     "RATE_LIMIT_METADATA_KEY",

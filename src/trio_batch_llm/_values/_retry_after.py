@@ -40,7 +40,8 @@ from datetime import UTC
 from typing import Final, TypeAlias
 
 __all__ = [
-    "MAX_HEADER_CHARS", "RETRY_AFTER_HEADERS", "WallClock", "decimal_number", "parse_retry_after", "retry_after_from_headers",
+    "MAX_HEADER_CHARS", "RETRY_AFTER_HEADERS", "WallClock", "decimal_number", "parse_retry_after",
+    "retry_after_from_headers",
 ]
 
 WallClock: TypeAlias = float | Callable[[], float] | None
