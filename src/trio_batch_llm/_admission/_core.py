@@ -34,7 +34,7 @@ when the answer depends on time, so the caller reads its clock only then.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, final
 
 import anyio
@@ -45,6 +45,7 @@ from ._headers import RateLimitObservation
 from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore
 from ._pacing import PacingCore
 from ._records import Grant, QuotaScopeStatistics, Ticket, check_tokens
+from ._refusals import RefusalRule
 
 __all__ = ["Grant", "QuotaCore", "QuotaScopeStatistics", "Ticket"]
 
@@ -69,7 +70,7 @@ class QuotaCore:
 
     __slots__ = (
         "_bare", "_blip_wait", "admitted_total", "bound", "closed", "cooldown", "fast", "in_flight", "paced",
-        "pacing", "queue", "rate_limits_reported", "requests", "tokens",
+        "pacing", "queue", "rate_limits_reported", "refusals", "requests", "tokens",
     )
 
     def __init__(
@@ -99,6 +100,7 @@ class QuotaCore:
         )
         self.paced = False
         self._blip_wait = config.blip_retry_seconds
+        self.refusals = RefusalRule()  # which 429s follow the rate, which refuse a call at random
         self.queue: deque[Ticket] = deque()
         self.closed = False
         self.admitted_total = 0
@@ -228,6 +230,7 @@ class QuotaCore:
         """
         if self.requests is None and self.tokens is None and not self.queue and not self.paced:
             self.in_flight -= 1
+            self.refusals.answered()  # (not paced, no cooldown: nothing a lone 429 did is left)
             return True
         return False
 
@@ -261,6 +264,8 @@ class QuotaCore:
         ``observation`` is what the answer said about the provider's limits.
         """
         pacing = self.pacing
+        if self.refusals.answered(pacing.discovery.generation if self.paced and pacing is not None else None):
+            self.refusals.forget(pacing, self.cooldown, now)  # noise confirmed: undo what lone 429s did
         if pacing is not None and (self.paced or observation is not None):
             pacing.answered(grant.pace, actual_tokens, observation, self.in_flight - 1, now)
             self._start_pacing()
@@ -292,16 +297,27 @@ class QuotaCore:
         # The calls that ended before this one, less the 429s among them: roughly what got through.
         served_before = self.admitted_total - self.in_flight - self.rate_limits_reported
         self.rate_limits_reported += 1
-        blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now,
-                                   served_before)
-        self._start_pacing()
+        if (observation is None or not observation.reports_budget) and not self.refusals.refused(
+                pacing.discovery):
+            self.refusals.forget(pacing, self.cooldown, now)  # a refusal a lower rate would not cure
+            pacing.blips += 1
+            blip = True
+        else:
+            blip = pacing.rate_limited(grant.pace, observation, retry_after, self.in_flight - 1, now,
+                                       served_before)
+            self._start_pacing()
         if blip:
             wait = retry_after if retry_after is not None else self._blip_wait
             return wait, self._settle(grant, actual_tokens, now)
-        if retry_after is not None:
-            self._cool_down(retry_after, now, grant.generation)
+        if retry_after is not None and self._cool_down(retry_after, now, grant.generation):
+            self.refusals.cooled(self.cooldown.generation)
         self.fast = False
         return 0.0, self._settle(grant, actual_tokens, now)
+
+    def use_wall_clock(self, clock: Callable[[], float]) -> None:
+        """Let discovery's storm probes meet the wall-clock minute (``clock``: the scope's clock)."""
+        if self.pacing is not None:
+            self.pacing.use_wall_clock(clock)
 
     def release_unused(self, grant: Grant, now: float) -> Sequence[Ticket]:
         """The call never reached the provider: free the slot, refund the RPM unit and every token."""
@@ -332,7 +348,9 @@ class QuotaCore:
                          now: float) -> bool | None:
         """Whether a 429 feeds discovery (None: not), and if so whether it asked to wait."""
         pacing = self.pacing
-        return None if pacing is None else pacing.discovery_signal(observation, retry_after, now)
+        if pacing is None or self.refusals.transient:
+            return None  # the last 429 was a per-call refusal: nothing for a shared discovery either
+        return pacing.discovery_signal(observation, retry_after, now)
 
     def report_rate_limit(
         self, retry_after: float | None, now: float, *, admitted_generation: int | None = None
@@ -342,6 +360,7 @@ class QuotaCore:
         With learning on and no ``retry_after``, it lowers the discovered rate instead.
         """
         self.rate_limits_reported += 1
+        self.refusals.transient = False
         pacing = self.pacing
         if pacing is not None and retry_after is None:
             pacing.rate_limited(None, None, None, self.in_flight, now)

@@ -27,9 +27,14 @@ last decrease belongs to a storm already answered):
   rate is left alone and calls go one at a time until an answer gets
   through: right after the scope's cooldown if the provider said when to
   come back, else each probe a doubling gap after the last (1 s, 2 s, ...
-  at most a window).
+  at most a window), and never later than just after the next wall-clock minute
+  (``:00``, :data:`MINUTE_SLACK` past it) when the scope knows the wall time
+  (``wall_offset``): a provider counting per calendar minute has room again then.
 
 Admissions are spread at the rate with :data:`~._limits.PACE_CREDIT` seconds of credit.
+
+A 429 reaches these rules only when :mod:`._refusals` says it follows the rate
+(a long enough run of refusals); random refusals are retried by their call alone.
 
 A ``shared`` discovery neither paces nor learns: the scope's limit lives in
 Redis, whose script applies these rules for every process (:mod:`._redis_discovery`).
@@ -39,12 +44,16 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Final, final
 
 from .._values._config import RateLimitConfig
 from ._limits import NOW, PACE_CREDIT, WINDOW_SECONDS
 
-__all__ = ["Discovery"]
+__all__ = ["MINUTE_SLACK", "Discovery"]
+
+MINUTE_SLACK: Final = 0.5
+"""Seconds after a wall-clock minute's ``:00`` that a storm's probe goes (clocks differ a little)."""
 
 _MIN_FIRST_ESTIMATE: Final = 60
 """Calls that must have got through before the first 429 for it to set the pace: fewer say little
@@ -78,6 +87,7 @@ class Discovery:
         "generation",
         "rate",
         "shared",
+        "wall_offset",
     )
 
     def __init__(self, config: RateLimitConfig, requests_per_minute: float | None, *,
@@ -103,6 +113,8 @@ class Discovery:
         self._tat = NOW
         self._admitted = _Tally()
         self._served = _Tally()
+        self.wall_offset: Callable[[], float] | None = None
+        """Wall-clock seconds minus the scope's clock (a function, read only in a storm with no hint)."""
 
     def ready_at(self, in_flight: int, now: float) -> float:
         ready = NOW
@@ -112,6 +124,8 @@ class Discovery:
                 self._limited_at = now
         if self._storm:
             probe = math.inf if in_flight else self._probed_at + self._storm_gap
+            if self._storm_gap and self.wall_offset is not None and probe < math.inf:
+                probe = min(probe, next_minute(self._probed_at, self.wall_offset()))
             if probe > ready:
                 ready = probe
         return ready
@@ -229,6 +243,13 @@ class Discovery:
         self._slope = (peak - self.rate) / config.discovery_recovery_seconds
         self._probe_slope = config.discovery_probe * peak / WINDOW_SECONDS
         self._grown_at = now
+
+
+def next_minute(after: float, wall_offset: float) -> float:
+    """The first wall-clock ``:00`` (plus :data:`MINUTE_SLACK`) after ``after``, on the scope's clock."""
+    wall = after + wall_offset
+    boundary = (math.floor((wall - MINUTE_SLACK) / WINDOW_SECONDS) + 1) * WINDOW_SECONDS + MINUTE_SLACK
+    return boundary - wall_offset
 
 
 @final

@@ -41,8 +41,8 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, final
 
 from .._values._retry_after import MAX_HEADER_CHARS as _MAX_HEADER_CHARS
+from .._values._retry_after import RETRY_AFTER_HEADERS, retry_after_from_headers
 from .._values._retry_after import decimal_number as _number
-from .._values._retry_after import retry_after_from_headers
 
 __all__ = [
     "RATE_LIMIT_METADATA_KEY",
@@ -56,7 +56,7 @@ RATE_LIMIT_METADATA_KEY: Final = "rate_limit"
 """The result-metadata key under which a strategy reports an answer's rate-limit headers."""
 
 _PREFIXES: Final = ("x-ratelimit-", "anthropic-ratelimit-")
-_RETRY_AFTER: Final = frozenset({"retry-after", "retry-after-ms"})
+_RETRY_AFTER: Final = frozenset(RETRY_AFTER_HEADERS)  # LiteLLM's llm_provider- pair too
 _UNIT_SECONDS: Final[Mapping[str, float]] = {
     "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9,
 }
@@ -109,7 +109,8 @@ def rate_limit_headers(headers: Any) -> dict[str, str]:
     """The rate-limit headers of an answer, as a strategy reports them in ``metadata["rate_limit"]``.
 
     Keeps the names starting ``x-ratelimit-`` or ``anthropic-ratelimit-`` and
-    ``retry-after`` / ``retry-after-ms``, lower-cased, with ``str`` values.
+    ``retry-after`` / ``retry-after-ms`` (also with LiteLLM's ``llm_provider-`` prefix),
+    lower-cased, with ``str`` values.
     ``headers`` is any mapping, or an object with ``items()`` such as httpx's
     ``Headers``; anything else gives ``{}``.
     """

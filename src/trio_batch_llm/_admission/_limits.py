@@ -329,6 +329,19 @@ class CooldownCore:
         self._until = until
         self.ramp_end = until + self._config.slow_start_seconds
 
+    def lift(self, generation: int, now: float) -> None:
+        """End cooldown ``generation`` (if still the latest) and its ramp now: the report that began
+        them proved to be a per-call refusal.
+
+        The level stays (a storm soon after still grows the next cooldown); the generation too.
+        """
+        if generation != self.generation:
+            return
+        if self._until > now:
+            self._until = now
+        if self.ramp_end > now:
+            self.ramp_end = now
+
     def ready_at(self, now: float) -> float:
         """When the pause ends (in the past when there is none)."""
         return self._until

@@ -36,6 +36,8 @@ estimate itself); with no estimate (0), the mean real usage per call.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from typing import Final, NamedTuple, final
 
 from .._values._config import RateLimitConfig
@@ -206,6 +208,21 @@ class PacingCore:
         self.discovery.commit(now)
         self._open += 1
         return PaceMark(self.requests_total, self.tokens_total, estimate, self.discovery.generation)
+
+    def forget_discovery(self) -> None:
+        """Start discovery over: what it learnt came from refusals now known for noise.
+
+        The generation goes on (a 429 to a call admitted before is still as new as it was).
+        """
+        old = self.discovery
+        self.discovery = Discovery(self._config, None if math.isinf(old.cap) else old.cap * WINDOW_SECONDS,
+                                   shared=old.shared)
+        self.discovery.generation = old.generation
+        self.discovery.wall_offset = old.wall_offset
+
+    def use_wall_clock(self, clock: Callable[[], float]) -> None:
+        """Give discovery the wall clock: ``time.time()`` minus ``clock()``, the scope's clock."""
+        self.discovery.wall_offset = lambda: time.time() - clock()
 
     # -- answers ------------------------------------------------------------------------------
 

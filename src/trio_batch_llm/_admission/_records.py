@@ -80,7 +80,8 @@ class QuotaScopeStatistics:
     reported_tokens_remaining: int | None = None
     """The tokens the provider last said were left (``None``: never said)."""
     rate_limit_blips: int = 0
-    """429s whose headers said capacity remained: retried by their call alone, no scope-wide effect."""
+    """429s retried by their call alone, no scope-wide effect: headers said capacity remained, or too
+    short a run of refusals for the noise share (:mod:`._refusals`)."""
     backend: str = "local"
     """Where the RPM/TPM limits are kept: ``"local"`` (this process) or ``"redis"`` (shared)."""
     backend_round_trips: int = 0

@@ -222,6 +222,7 @@ class QuotaScope:
             shared_discovery=not local,
         )
         self._clock = clock or anyio.current_time
+        self._core.use_wall_clock(self._clock)  # a storm's probes meet a calendar minute (issue 32)
         self.name = name
         self._shared = shared
         self.throttle = ThrottleWatch()

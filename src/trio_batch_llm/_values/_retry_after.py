@@ -1,4 +1,4 @@
-"""The one reader of a provider's ``Retry-After`` (and OpenAI's ``retry-after-ms``), for every path.
+"""The one reader of a provider's ``Retry-After`` (OpenAI's ``retry-after-ms``, gateways'), for every path.
 
 The engine's classifier (an exception's ``retry_after`` text or its response's
 headers), the OpenAI dialects' error answers and the quota scope's rate-limit
@@ -21,6 +21,11 @@ What is read (RFC 9110 §10.2.3 and §5.6.7, with the one leniency providers nee
   honoured. Measured from ``now`` (wall-clock seconds since the epoch) and 0 when past.
 - ``retry-after-ms``: a decimal number of milliseconds, as above; it wins over
   ``Retry-After`` when it can be read, and is ignored (``Retry-After`` decides) when not.
+- **Gateways**: LiteLLM's proxy passes the upstream provider's headers on with an
+  ``llm_provider-`` prefix, and on a provider's own 429 sends its ``retry-after`` only
+  so (``llm_provider-retry-after``, ``llm_provider-retry-after-ms``). They are read the
+  same way, after the unprefixed pair (the gateway's own word, when it gives one, is
+  about the gateway, which is what the next call meets first).
 
 Anything else is ``None``: no wait was asked for.
 """
@@ -35,7 +40,8 @@ from datetime import UTC
 from typing import Final, TypeAlias
 
 __all__ = [
-    "MAX_HEADER_CHARS", "WallClock", "decimal_number", "parse_retry_after", "retry_after_from_headers",
+    "MAX_HEADER_CHARS", "RETRY_AFTER_HEADERS", "WallClock", "decimal_number", "parse_retry_after",
+    "retry_after_from_headers",
 ]
 
 WallClock: TypeAlias = float | Callable[[], float] | None
@@ -45,6 +51,12 @@ for :func:`time.time`."""
 MAX_HEADER_CHARS: Final = 256
 """A header value longer than this is not a number or a date."""
 _DECIMAL: Final = frozenset("0123456789.")
+_GATEWAY_PREFIX: Final = "llm_provider-"
+RETRY_AFTER_HEADERS: Final = ("retry-after-ms", "retry-after", _GATEWAY_PREFIX + "retry-after-ms",
+                              _GATEWAY_PREFIX + "retry-after")
+"""The names read for a wait (lower case), the first that can be read winning."""
+_RANK: Final = {name: rank for rank, name in enumerate(RETRY_AFTER_HEADERS)}
+_LENGTHS: Final = frozenset(len(name) for name in RETRY_AFTER_HEADERS)
 
 
 def decimal_number(text: str) -> float | None:
@@ -79,7 +91,8 @@ def parse_retry_after(value: str | bytes, *, now: WallClock = None) -> float | N
 
 
 def retry_after_from_headers(headers: object, *, now: WallClock = None) -> float | None:
-    """Seconds to wait from an answer's headers: ``retry-after-ms``, else ``Retry-After``; else ``None``.
+    """Seconds to wait from an answer's headers: ``retry-after-ms``, else ``Retry-After``, else the
+    same two with LiteLLM's ``llm_provider-`` prefix (:data:`RETRY_AFTER_HEADERS`); else ``None``.
 
     ``headers`` is any mapping (names in any case) or an object with ``items()``
     such as httpx's ``Headers``; names and values may be ``bytes``. Anything else gives ``None``.
@@ -87,8 +100,7 @@ def retry_after_from_headers(headers: object, *, now: WallClock = None) -> float
     items = getattr(headers, "items", None)
     if items is None:
         return None
-    millis: str | bytes | None = None
-    value: str | bytes | None = None
+    found_by_rank: list[str | bytes | None] = [None] * len(RETRY_AFTER_HEADERS)
     try:
         for pair in items():
             if not isinstance(pair, tuple) or len(pair) != 2:
@@ -96,19 +108,21 @@ def retry_after_from_headers(headers: object, *, now: WallClock = None) -> float
             name, found = pair
             if isinstance(name, bytes):
                 name = name.decode("latin-1")
-            if not isinstance(name, str) or not isinstance(found, (str, bytes)) or len(name) not in (11, 14):
-                continue  # only "retry-after" (11) and "retry-after-ms" (14) are read
-            name = name.lower()
-            if name == "retry-after-ms":
-                millis = found
-            elif name == "retry-after":
-                value = found
+            if not isinstance(name, str) or not isinstance(found, (str, bytes)) or len(name) not in _LENGTHS:
+                continue  # cheap: only names as long as one of RETRY_AFTER_HEADERS are looked up
+            rank = _RANK.get(name.lower())
+            if rank is not None:
+                found_by_rank[rank] = found
     except Exception:  # noqa: BLE001 - headers that cannot be listed have no wait we can read
         return None
-    if millis is not None:
-        if isinstance(millis, bytes):
-            millis = millis.decode("latin-1")
-        seconds = decimal_number(millis.strip())
-        if seconds is not None and math.isfinite(seconds):
-            return seconds / 1000.0
-    return None if value is None else parse_retry_after(value, now=now)
+    for rank in range(0, len(found_by_rank), 2):  # each pair: milliseconds, then Retry-After
+        millis, value = found_by_rank[rank], found_by_rank[rank + 1]
+        if millis is not None:
+            if isinstance(millis, bytes):
+                millis = millis.decode("latin-1")
+            seconds = decimal_number(millis.strip())
+            if seconds is not None and math.isfinite(seconds):
+                return seconds / 1000.0
+        if value is not None and (seconds := parse_retry_after(value, now=now)) is not None:
+            return seconds
+    return None
