@@ -20,7 +20,6 @@ assertions below are exact: a request arrives at the instant it was admitted.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import selectors
 from collections import defaultdict
 from functools import partial
@@ -215,13 +214,13 @@ async def test_fault_storm(kind: str) -> None:
         later = [r for r in attempts[hung.prompt] if r.arrival > hung.arrival]
         assert not later or later[0].arrival >= hung.arrival + ATTEMPT_TIMEOUT
 
-    # Retry-After drives the scope's cooldown: after each 429 went out, nothing arrives until it passed.
-    arrivals = sorted(r.arrival for r in requests)
+    # Retry-After is honoured: a refused item tries again no sooner than it said. (Since issue 32 the
+    # 30 % of 429s here, refusals at random, no longer pause the whole scope: once the rule has seen
+    # that they come at random, each is retried by its own call, and the others go on.)
     for limited in (r for r in requests if r.outcome == "error:429"):
         assert limited.answered is not None
-        following = bisect.bisect_right(arrivals, limited.answered)
-        if following < len(arrivals):
-            assert arrivals[following] >= limited.answered + RETRY_AFTER, limited
+        later = [r for r in attempts[limited.prompt] if r.arrival > limited.arrival]
+        assert not later or later[0].arrival >= limited.answered + RETRY_AFTER, limited
 
     # The RPM limit bound (no correct engine finishes this many requests sooner) and the server's
     # own count shows it was never exceeded in any 60 s window.
