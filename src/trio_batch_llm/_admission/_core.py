@@ -277,11 +277,11 @@ class QuotaCore:
     ) -> tuple[float, Sequence[Ticket]]:
         """The call was rate limited (a 429): learn from it or start the cooldown, *then* release.
 
-        In that order, so the freed slot cannot go to a waiter ahead of the
-        cooldown. The 429 did reach the provider: its RPM unit counts as after
-        :meth:`release`. Returns the seconds *this call* should wait before
-        its retry beyond what admission imposes (non-zero only for a blip:
-        a 429 whose headers say capacity remains), and the tickets to wake.
+        In that order, so the freed slot cannot go to a waiter ahead of the cooldown.
+        The 429 reached the provider: its RPM unit counts as after :meth:`release`.
+        Returns the seconds *this call* should wait before its retry beyond what admission
+        imposes (non-zero only for a blip: a 429 whose headers say capacity remains), and the
+        tickets to wake.
 
         With learning on, a scope-wide cooldown starts only for a wait the
         provider asked for (``retry_after``, or the observation's); otherwise
@@ -309,8 +309,9 @@ class QuotaCore:
         if blip:
             wait = retry_after if retry_after is not None else self._blip_wait
             return wait, self._settle(grant, actual_tokens, now)
-        if retry_after is not None and self._cool_down(retry_after, now, grant.generation):
-            self.refusals.cooled(self.cooldown.generation)
+        if retry_after is not None:  # the provider asked for a wait: kept even if the cooldown is lifted
+            started = self._cool_down(retry_after, now, grant.generation)
+            self.refusals.cooled(self.cooldown.generation if started else None, now + retry_after)
         self.fast = False
         return 0.0, self._settle(grant, actual_tokens, now)
 

@@ -138,13 +138,16 @@ class RefusalRule:
     cooldown generation to lift).
     """
 
-    __slots__ = ("_epoch", "_fed_run", "_noise_cooldown", "evidence", "transient")
+    __slots__ = ("_epoch", "_fed_run", "_lift_pending", "_noise_cooldown", "_noise_until", "evidence",
+                 "transient")
 
     def __init__(self) -> None:
         self.evidence = RefusalEvidence()
         self.transient = False  # the last 429 was a per-call refusal
         self._fed_run = 0  # the longest run that acted on the scope
         self._noise_cooldown = -1  # the cooldown generation a lone 429 began, before noise was confirmed
+        self._noise_until = -math.inf  # the latest end a provider asked for (Retry-After) before it
+        self._lift_pending = False  # noise confirmed: undo at the first look past _noise_until
         self._epoch = [0, 0, 0]  # the discovery generation, its answers and its 429s
 
     def _count(self, generation: int, refused: int) -> list[int]:
@@ -182,18 +185,25 @@ class RefusalRule:
             self._fed_run = evidence.run
         return follows
 
-    def cooled(self, generation: int) -> None:
-        """A 429 that acted began cooldown ``generation``: lifted if it proves to be noise."""
+    def cooled(self, generation: int | None, asked_until: float) -> None:
+        """A 429 that acted asked for a wait until ``asked_until`` and began cooldown ``generation``
+        (``None``: it joined the running one). Lifted if it proves to be noise, but not before the
+        latest time a provider asked for: its Retry-After is its word, noise or not."""
         if not self.evidence.confirmed:
-            self._noise_cooldown = generation
+            if generation is not None:
+                self._noise_cooldown = generation
+            self._noise_until = max(self._noise_until, asked_until)
 
     def forget(self, pacing: PacingCore | None, cooldown: CooldownCore, now: float) -> None:
         """Once random refusals are confirmed and no run as long as the rule now asks for ever
         acted, undo what lone 429s did: the discovered rate (it measured nothing but chance)
         and the cooldown they began."""
-        if not 0 < self._fed_run < self.evidence.needed:
-            return
-        self._fed_run = 0
+        if 0 < self._fed_run < self.evidence.needed:
+            self._fed_run = 0
+            self._lift_pending = True
+        if not self._lift_pending or now < self._noise_until:
+            return  # (not before the provider's Retry-After has run: its word, noise or not)
+        self._lift_pending = False
         if pacing is not None:
             pacing.forget_discovery()
         cooldown.lift(self._noise_cooldown, now)
