@@ -112,13 +112,19 @@ async def test_call_result_against_an_always_429_endpoint_ends_rate_limit_within
     result = await call_result(strategy, "p")
     took = anyio.current_time() - began
     assert result.error_category is ErrorCategory.RATE_LIMIT
-    assert took == pytest.approx(600.0 + result.attempts * strategy.latency)  # the bound, plus the calls
     assert result.timing.execution == pytest.approx(result.attempts * strategy.latency)
     assert result.error is not None
-    assert "waited 600.0 s on 429s" in result.error and f"({result.attempts} 429s)" in result.error
-    assert "max_rate_limit_wait=600 s" in result.error
     assert isinstance(result.exception, ProviderError)  # the last 429, as the provider said it
     assert result.attempts == strategy.calls <= 21
+    # Whichever budget runs out first ends it. Discovery's storm probes meet the wall clock's next
+    # minute (issue 32, point 2), so how many fit in 600 s depends on when in the minute the test
+    # runs: the bound (600 s, then the calls), or the 20 rate-limit retries a little before it.
+    if result.attempts < 21:
+        assert took == pytest.approx(600.0 + result.attempts * strategy.latency)  # the bound + the calls
+        assert "waited 600.0 s on 429s" in result.error and f"({result.attempts} 429s)" in result.error
+        assert "max_rate_limit_wait=600 s" in result.error
+    else:
+        assert took <= 600.0 + result.attempts * strategy.latency + 1e-6
 
 
 @pytest.mark.parametrize("retry_after", [None, 1.0])
