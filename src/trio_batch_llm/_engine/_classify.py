@@ -70,6 +70,9 @@ class Classification:
     retry_after: float | None = None
     status_code: int | None = None
     unusable_because: str | None = None
+    stops_batch: str | None = None
+    """Why no later call to the provider can succeed (a per-day quota, a spend limit): the item is not
+    retried and the batch stops at once (a strategy's :class:`ProviderError` says so)."""
 
     @property
     def endpoint_unusable(self) -> bool:
@@ -199,7 +202,8 @@ def classify(
 
 def _provider_said(exc: ProviderError) -> Classification:
     status = exc.status_code
-    return Classification(exc.category, _clean_seconds(exc.retry_after), status, _unusable(exc, status))
+    return Classification(exc.category, _clean_seconds(exc.retry_after), status, _unusable(exc, status),
+                          exc.stops_batch)
 
 
 def _unusable(exc: Exception, status: int | None) -> str | None:

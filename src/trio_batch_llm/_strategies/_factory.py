@@ -11,11 +11,12 @@ from .openai._sdk import OpenAIStrategy
 
 __all__ = ["llm"]
 
-_PROVIDERS = ("openai", "openai-compatible")
+_PROVIDERS = ("openai", "openai-compatible", "anthropic", "gemini", "openrouter")
 
 
 def llm(spec: str, **kwargs: Any) -> LLMCallStrategy[str]:
-    """Build a strategy: ``"openai:gpt-4o-mini"`` or ``"openai-compatible:NAME"`` (needs ``base_url=``).
+    """Build a strategy: ``"openai:gpt-4o-mini"``, ``"openai-compatible:NAME"`` (needs ``base_url=``),
+    ``"anthropic:NAME"``, ``"gemini:NAME"`` or ``"openrouter:VENDOR/NAME"``.
 
     Keyword arguments go to the strategy's constructor unchanged. Either strategy sends
     ``OPENAI_API_KEY`` only to OpenAI's own API; another ``base_url=`` takes ``api_key=`` or
@@ -32,4 +33,16 @@ def llm(spec: str, **kwargs: Any) -> LLMCallStrategy[str]:
         if "base_url" not in kwargs:
             raise ConfigurationError("base_url", None, f"{spec!r} needs base_url=")
         return OpenAICompatibleStrategy(model, **kwargs)
+    if provider == "anthropic":  # each provider's module is imported only when asked for
+        from .anthropic._strategy import AnthropicStrategy
+
+        return AnthropicStrategy(model, **kwargs)
+    if provider == "gemini":
+        from .gemini._strategy import GeminiStrategy
+
+        return GeminiStrategy(model, **kwargs)
+    if provider == "openrouter":
+        from .openai._openrouter import openrouter_strategy
+
+        return openrouter_strategy(model, **kwargs)
     raise ConfigurationError("spec", spec, f"unknown provider {provider!r}; known: {', '.join(_PROVIDERS)}")

@@ -92,6 +92,9 @@ class ProviderError(BatchLLMError):
     ``metadata`` is what the answer said besides, as a success's metadata
     would: under ``"rate_limit"``, its rate-limit headers (name -> value),
     which the engine's quota scope learns the provider's limits from.
+    ``stops_batch`` says why no later call to this provider can succeed either
+    (a per-day quota spent, a spend limit reached): the item is not retried and
+    the batch stops at once, its termination naming this reason.
     """
 
     def __init__(
@@ -103,9 +106,13 @@ class ProviderError(BatchLLMError):
         status_code: int | None = None,
         token_usage: Mapping[str, int] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        stops_batch: str | None = None,
     ) -> None:
         super().__init__(message)
         check_token_usage(token_usage, "ProviderError(token_usage=...)")
+        if stops_batch is not None and (not isinstance(stops_batch, str) or not stops_batch.strip()):
+            raise ValueError(f"ProviderError(stops_batch=...): expected a non-empty reason, got {stops_batch!r}")
+        self.stops_batch = stops_batch
         self.category = ErrorCategory(category)
         self.retry_after = retry_after
         self.status_code = status_code

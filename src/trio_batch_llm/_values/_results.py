@@ -54,14 +54,22 @@ class TokenUsage(TypedDict, total=False):
     """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown.
 
     ``cached_input_tokens`` (input tokens served from the provider's prompt cache,
-    part of ``input_tokens``) and ``reasoning_tokens`` (hidden reasoning, part of
-    ``output_tokens``) read as 0 when missing: use ``usage.get("reasoning_tokens", 0)``.
+    part of ``input_tokens``), ``cache_write_input_tokens`` (input tokens written to
+    the provider's prompt cache by this call, part of ``input_tokens`` too: Anthropic's
+    ``cache_creation_input_tokens``, billed above the plain input rate) and
+    ``reasoning_tokens`` (hidden reasoning, part of ``output_tokens``) read as 0 when
+    missing: use ``usage.get("reasoning_tokens", 0)``.
+
+    ``input_tokens`` is every input token of the call, whatever the provider's own
+    field says: Anthropic's ``input_tokens`` leaves out cache reads and writes, so its
+    strategy adds them back; Gemini's ``promptTokenCount`` already includes them.
     """
 
     input_tokens: int
     output_tokens: int
     total_tokens: int
     cached_input_tokens: int
+    cache_write_input_tokens: int
     reasoning_tokens: int
 
 

@@ -25,7 +25,8 @@ from typing import Any, Final
 __all__ = ["TOKEN_USAGE_KEYS", "add_usage", "check_token_usage", "token_usage_problem", "usage_total"]
 
 TOKEN_USAGE_KEYS: Final = frozenset(
-    {"input_tokens", "output_tokens", "total_tokens", "cached_input_tokens", "reasoning_tokens"}
+    {"input_tokens", "output_tokens", "total_tokens", "cached_input_tokens", "cache_write_input_tokens",
+     "reasoning_tokens"}
 )
 """The keys a token usage report may have: all of :class:`TokenUsage`'s (a test holds them equal;
 ``_results`` imports this module, so it cannot be read from the class here)."""
