@@ -25,8 +25,8 @@ import pytest
 from trio_batch_llm import BatchLLMError, ConfigurationError, ErrorCategory, ProviderError
 from trio_batch_llm._engine._classify import Classification, classify
 from trio_batch_llm._strategies._factory import llm
+from trio_batch_llm._strategies._keys import Secret
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
-from trio_batch_llm._strategies.openai._keys import Secret
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
 from trio_batch_llm._strategies.openai._wire_errors import error_from_status
 from trio_batch_llm._values._retry_after import retry_after_from_headers as parse_retry_after
@@ -661,7 +661,7 @@ def test_llm_factory(monkeypatch: pytest.MonkeyPatch) -> None:
     local = llm("openai-compatible:llama-3", base_url="http://localhost:8000/v1")
     assert isinstance(local, OpenAICompatibleStrategy)
     assert local.model_name == "llama-3"
-    for spec in ("anthropic:claude", "gpt-4o", "openai:", 42):
+    for spec in ("mistral:large", "gpt-4o", "openai:", 42):
         with pytest.raises(ConfigurationError) as info:
             llm(spec)  # type: ignore[arg-type]
         assert repr(spec) in str(info.value)

@@ -111,7 +111,8 @@ class ProviderError(BatchLLMError):
         super().__init__(message)
         check_token_usage(token_usage, "ProviderError(token_usage=...)")
         if stops_batch is not None and (not isinstance(stops_batch, str) or not stops_batch.strip()):
-            raise ValueError(f"ProviderError(stops_batch=...): expected a non-empty reason, got {stops_batch!r}")
+            raise ValueError(f"ProviderError(stops_batch=...): expected a non-empty reason, "
+                             f"not {stops_batch!r}")
         self.stops_batch = stops_batch
         self.category = ErrorCategory(category)
         self.retry_after = retry_after

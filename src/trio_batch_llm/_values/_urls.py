@@ -102,10 +102,16 @@ def join_url(base_url: str, path: str) -> str:
 
 def is_openai_api(url: str) -> bool:
     """Whether ``url`` is OpenAI's own API: ``https://api.openai.com`` (port 443), no userinfo."""
+    return is_host_api(url, OPENAI_API_HOST)
+
+
+def is_host_api(url: str, host: str) -> bool:
+    """Whether ``url`` is ``https://HOST`` (port 443, no userinfo): a provider's own API, where its key
+    from the environment may go unasked."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
         return False
-    return (parts.scheme.lower() == "https" and (parts.hostname or "") == OPENAI_API_HOST
+    return (parts.scheme.lower() == "https" and (parts.hostname or "") == host
             and port in (None, 443) and parts.username is None and parts.password is None)

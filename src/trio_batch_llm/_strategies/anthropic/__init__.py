@@ -1,1 +1,1 @@
-"""Anthropic's Messages API: the strategy over the official ``anthropic`` SDK, its wire dialect and errors, and Message Batches."""
+"""Anthropic's Messages API: the strategy over the ``anthropic`` SDK, its wire dialect and errors, batches."""

@@ -1,1 +1,1 @@
-"""Gemini's ``generateContent``: the strategy over the official ``google-genai`` SDK, its wire dialect and errors, context caching and batch mode."""
+"""Gemini's ``generateContent``: the strategy over ``google-genai``, its dialect, errors, caching, batches."""

@@ -29,8 +29,8 @@ from ..._values._errors import ProviderError
 from ..._values._prompts import LLMRequest, request_of_text
 from ..._values._urls import join_url, redact_url
 from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
+from .._keys import Secret
 from ._batch_lines import decode_result_files, request_line
-from ._keys import Secret
 from ._wire import API_PATHS, Api, prompt_text_of_request
 from ._wire_errors import decode_error_body, error_from_status
 

@@ -29,8 +29,8 @@ from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
 from .._base import LLMCallStrategy
+from .._keys import Secret, endpoint_api_key
 from ._batch_api import OpenAIBatchEndpoint
-from ._keys import Secret, endpoint_api_key
 from ._wire import (
     API_PATHS,
     RESPONSES_REFUSED,

@@ -19,7 +19,7 @@ import httpx2
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
 from ..._values._urls import redact_urls
-from ._keys import Secret
+from .._keys import Secret
 
 __all__ = [
     "DEFAULT_TIMEOUT",

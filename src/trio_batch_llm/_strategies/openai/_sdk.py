@@ -28,8 +28,8 @@ from ..._values._prompts import LLMRequest
 from ..._values._results import RetryState, TokenUsage
 from ..._values._retry_after import retry_after_from_headers
 from ..._values._urls import is_openai_api, redact_url
+from .._keys import Secret, endpoint_api_key
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
-from ._keys import Secret, endpoint_api_key
 from ._wire import parse_response_body
 from ._wire_errors import status_category
 

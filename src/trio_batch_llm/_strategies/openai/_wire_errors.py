@@ -17,7 +17,7 @@ from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
 from ..._values._retry_after import retry_after_from_headers
-from ._keys import Secret
+from .._keys import Secret
 
 __all__ = ["decode_error_body", "error_from_status", "status_category"]
 

@@ -1,7 +1,8 @@
 """API keys: where one comes from, and a wrapper that never shows it.
 
-A key is sent only where it belongs (:func:`endpoint_api_key`): the user named
-it for this endpoint, or it is OpenAI's key and this is OpenAI. Inside the
+A key is sent only where it belongs (:func:`endpoint_api_key`, :func:`provider_api_key`):
+the user named it for this endpoint, or it is a provider's own key (``OPENAI_API_KEY``,
+``ANTHROPIC_API_KEY``, ...) and this is that provider's own host. Inside the
 library it travels as a :class:`Secret`, which no repr, log line, f-string or
 pickle reveals; messages that may echo it are scrubbed with :meth:`Secret.redact`.
 """
@@ -12,10 +13,10 @@ import hashlib
 import os
 from typing import Any, final
 
-from ..._values._errors import ConfigurationError
-from ..._values._urls import is_openai_api
+from .._values._errors import ConfigurationError
+from .._values._urls import is_host_api, is_openai_api
 
-__all__ = ["OPENAI_KEY_ENV", "Secret", "endpoint_api_key", "resolve_api_key"]
+__all__ = ["OPENAI_KEY_ENV", "Secret", "endpoint_api_key", "provider_api_key", "resolve_api_key"]
 
 OPENAI_KEY_ENV = "OPENAI_API_KEY"
 _MIN_SECRET_LENGTH = 8
@@ -72,3 +73,21 @@ def endpoint_api_key(api_key: str | None, api_key_env: str | None, base_url: str
     if api_key is not None or api_key_env is not None:
         return resolve_api_key(api_key, env=api_key_env)
     return resolve_api_key(None, env=OPENAI_KEY_ENV if is_openai_api(base_url) else None)
+
+
+def provider_api_key(api_key: str | None, api_key_env: str | None, base_url: str, *, host: str,
+                     env_names: tuple[str, ...]) -> Secret | None:
+    """The key for ``base_url`` of a provider whose own API is ``https://HOST``: ``api_key``, else the
+    variable ``api_key_env`` (for any endpoint), else the first set of ``env_names`` (the provider's
+    own variables, such as ``ANTHROPIC_API_KEY``) only when ``base_url`` is that host; ``None`` if none
+    applies. A key in the shell is never handed to another endpoint (a mock, a gateway) unasked.
+    """
+    if api_key is not None or api_key_env is not None:
+        return resolve_api_key(api_key, env=api_key_env)
+    if not is_host_api(base_url, host):
+        return None
+    for name in env_names:
+        found = resolve_api_key(None, env=name)
+        if found is not None:
+            return found
+    return None
