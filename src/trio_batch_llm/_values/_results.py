@@ -53,16 +53,10 @@ TerminationKind = Literal[
 class TokenUsage(TypedDict, total=False):
     """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown.
 
-    ``cached_input_tokens`` (input tokens served from the provider's prompt cache,
-    part of ``input_tokens``), ``cache_write_input_tokens`` (input tokens written to
-    the provider's prompt cache by this call, part of ``input_tokens`` too: Anthropic's
-    ``cache_creation_input_tokens``, billed above the plain input rate) and
-    ``reasoning_tokens`` (hidden reasoning, part of ``output_tokens``) read as 0 when
-    missing: use ``usage.get("reasoning_tokens", 0)``.
-
-    ``input_tokens`` is every input token of the call, whatever the provider's own
-    field says: Anthropic's ``input_tokens`` leaves out cache reads and writes, so its
-    strategy adds them back; Gemini's ``promptTokenCount`` already includes them.
+    ``input_tokens`` is every input token of the call (Anthropic's own field leaves out cache
+    reads and writes; its strategy adds them back). Read as 0 when missing: ``cached_input_tokens``
+    (served from the prompt cache), ``cache_write_input_tokens`` (written to it, billed above the
+    input rate), both part of ``input_tokens``; ``reasoning_tokens``, part of ``output_tokens``.
     """
 
     input_tokens: int
