@@ -51,13 +51,11 @@ TerminationKind = Literal[
 
 
 class TokenUsage(TypedDict, total=False):
-    """Tokens one call (or the sum of an item's attempts) used. Missing keys mean unknown.
-
-    ``input_tokens`` is every input token of the call (Anthropic's own field leaves out cache
-    reads and writes; its strategy adds them back). Read as 0 when missing: ``cached_input_tokens``
-    (served from the prompt cache), ``cache_write_input_tokens`` (written to it, billed above the
-    input rate), both part of ``input_tokens``; ``reasoning_tokens``, part of ``output_tokens``.
-    """
+    """Tokens one call (or the sum of an item's attempts) used; missing keys mean unknown.
+    ``input_tokens`` is every input token (Anthropic's field leaves out cache reads and writes;
+    its strategy adds them back). As 0 when missing: ``cached_input_tokens`` (read from the
+    prompt cache) and ``cache_write_input_tokens`` (written to it, billed above the input rate),
+    parts of ``input_tokens``; ``reasoning_tokens``, part of ``output_tokens``."""
 
     input_tokens: int
     output_tokens: int
