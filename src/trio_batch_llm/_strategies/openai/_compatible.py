@@ -5,8 +5,8 @@ No SDK: the request body, the response parsing and the error table live in
 constructed, never by ``import trio_batch_llm``).
 
 Shared clients. Strategies with equal :meth:`lease_identity` share one client
-per event loop: :meth:`prepare` opens it into a per-loop registry (an
-``anyio.lowlevel.RunVar``) unless it is already there, :meth:`execute` looks it
+per event loop: :meth:`prepare` opens it into the per-loop registry
+(:mod:`.._clients`) unless it is already there, :meth:`execute` looks it
 up, :meth:`cleanup` closes it and drops it (idempotently). The engine's lease
 registry runs ``prepare`` once per identity and ``cleanup`` at the last
 release, which is exactly the lifetime the client needs. A client passed in
@@ -29,6 +29,7 @@ from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
 from .._base import LLMCallStrategy
+from .._clients import client_registry
 from .._keys import Secret, endpoint_api_key
 from ._batch_api import OpenAIBatchEndpoint
 from ._wire import (
@@ -45,7 +46,6 @@ from ._wire_errors import decode_error_body, error_from_status
 __all__ = ["OpenAICompatibleStrategy"]
 
 _DEFAULT_TIMEOUT = 600.0  # mirrors _http.DEFAULT_TIMEOUT without importing httpx2
-_CLIENTS: anyio.lowlevel.RunVar[dict[object, Any]] = anyio.lowlevel.RunVar("trio_batch_llm_clients")
 
 
 def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None) -> ProviderError:
@@ -68,16 +68,6 @@ def schema_rejected(error: ProviderError) -> bool:
         return False
     text = str(error).lower()
     return "invalid_json_schema" in text or "schema" in text
-
-
-def _registry() -> dict[object, Any]:
-    """This event loop's shared clients, by lease identity."""
-    try:
-        return _CLIENTS.get()
-    except LookupError:
-        clients: dict[object, Any] = {}
-        _CLIENTS.set(clients)
-        return clients
 
 
 class _EndpointStrategy(LLMCallStrategy[str]):
@@ -259,7 +249,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         await anyio.lowlevel.checkpoint()
         if self._user_client is not None:
             return
-        clients = _registry()
+        clients = client_registry()
         identity = self.lease_identity()
         if identity not in clients:
             clients[identity] = self._open_client()
@@ -268,7 +258,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         if self._user_client is not None:
             await anyio.lowlevel.checkpoint()
             return
-        clients = _registry()
+        clients = client_registry()
         identity = self.lease_identity()
         client = clients.get(identity)
         if client is None:
@@ -282,7 +272,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
     def _client_for_call(self) -> Any:
         if self._user_client is not None:
             return self._user_client
-        client = _registry().get(self.lease_identity())
+        client = client_registry().get(self.lease_identity())
         if client is None:
             raise RuntimeError(f"{type(self).__name__}.prepare() must run before execute()")
         return client
