@@ -288,6 +288,9 @@ class MockOpenAIApp:
         plan = self._plan(route, payload, prompt, occurrence)
         if plan.kind == "ok":
             return 200, success_body(self.config, route, payload, prompt, occurrence, plan.content)
+        if plan.kind == "error" and plan.code == "error_in_200":
+            message, kind, _ = dialect.error_text(plan.status, None)
+            return 200, error(plan.status, message, kind, plan.code)[1]
         if plan.kind == "error":
             return error(plan.status, *dialect.error_text(plan.status, plan.code))
         return error(500, *dialect.error_text(500, None))
