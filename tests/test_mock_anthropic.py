@@ -325,3 +325,34 @@ async def test_served_on_the_same_port_as_openai_and_read_by_the_official_sdk() 
     assert limited.value.request_id is not None and limited.value.request_id.startswith("req_")
     assert openai_reply.json()["choices"][0]["message"]["content"] == "echo: ping"
     assert server.stats.resets == 1
+
+
+async def test_input_and_output_token_limits_are_enforced_apart_and_told_in_anthropics_headers() -> None:
+    clock = ManualClock()
+    shared = "S" * 400  # 100 mock tokens, cached after the first request
+    system = [{"type": "text", "text": shared, "cache_control": {"type": "ephemeral"}}]
+    config = MockServerConfig(input_tpm_limit=150, output_tpm_limit=1000, ratelimit_headers=True)
+    app = MockOpenAIApp(config, clock=clock, wall_clock=lambda: 1_800_000_000.0 + clock.now)
+    async with client_of(app) as client:
+        first = await client.post("/v1/messages", json=message("a", system=system))
+        # 101 input tokens again, but 100 of them read from the cache: they do not count
+        cached = await client.post("/v1/messages", json=message("b", system=system))
+        uncached = await client.post("/v1/messages", json=message("c" * 400))  # 100 new input tokens
+        clock.now = 60.0
+        later = await client.post("/v1/messages", json=message("c" * 400))
+        openai = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "d"}]})
+    assert [r.status_code for r in (first, cached, uncached, later)] == [200, 200, 429, 200]
+    assert cached.json()["usage"]["cache_read_input_tokens"] == 100
+    head = first.headers
+    assert head["anthropic-ratelimit-input-tokens-limit"] == "150"
+    assert head["anthropic-ratelimit-input-tokens-remaining"] == str(150 - mock_token_count(shared + "\na"))
+    assert head["anthropic-ratelimit-input-tokens-reset"] == "2027-01-15T08:01:00Z"
+    output = mock_token_count("echo: " + shared + "\na")
+    assert head["anthropic-ratelimit-output-tokens-remaining"] == str(1000 - output)
+    assert "anthropic-ratelimit-requests-limit" not in head  # only the limits that are set
+    assert uncached.json()["error"]["type"] == "rate_limit_error"
+    assert uncached.headers["retry-after"] == "60"
+    # OpenAI's headers have no input/output split: its answers tell none of these limits
+    assert not any(name.startswith("x-ratelimit") for name in openai.headers)
+    assert app.statistics().rate_limited_enforced == 1

@@ -24,8 +24,9 @@
   whose ``error.details.error_code`` is ``enforced_spend_limit_reached`` (the form
   the official SDK 2.x reads into ``error_code``), sent without a wait.
   Waits go in ``retry-after`` (whole seconds); every answer has a ``request-id``.
-- Rate limits: ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``
-  from the server's own limits, the reset an RFC 3339 time on the wall clock.
+- Rate limits: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+  remaining,reset}`` from the server's own limits (``rpm_limit``, ``tpm_limit``,
+  ``input_tpm_limit``, ``output_tpm_limit``), the reset an RFC 3339 time on the wall clock.
 """
 
 from __future__ import annotations
@@ -189,6 +190,12 @@ class AnthropicDialect:
                 "service_tier": "standard",
             },
         }
+
+    def cached_input_tokens(self, route: Route, payload: Mapping[str, Any], prompt_tokens: int) -> int:
+        """The input tokens this request would read from the prompt cache: they do not count
+        against the input-token limit (an optional hook of a dialect, read by the app's limiter)."""
+        model = str(payload.get("model") or "mock-model")
+        return self._cache.peek(model, _blocks(payload), prompt_tokens)
 
     def usage_of(self, body: Mapping[str, Any]) -> tuple[int, int]:
         usage = body["usage"]

@@ -230,7 +230,10 @@ class MockOpenAIApp:
             return
         _, completion_tokens = reply(self.config, prompt)
         prompt_tokens = mock_token_count(prompt)
-        if not await self._admit(exchange, send, prompt_tokens + completion_tokens):
+        cached = getattr(dialect, "cached_input_tokens", None)  # optional: cache reads count no input
+        counted = prompt_tokens - (cached(route, payload, prompt_tokens) if cached is not None else 0)
+        if not await self._admit(exchange, send, prompt_tokens + completion_tokens,
+                                 (counted, completion_tokens)):
             return
         # Counted once admitted, so the server's own 429s do not shift a prompt's scripted faults.
         occurrence = self._counts.occurrences[prompt]
@@ -361,14 +364,15 @@ class MockOpenAIApp:
 
         await respond.guarded(exchange, receive, send, act)
 
-    async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
+    async def _admit(self, exchange: Exchange, send: Send, tokens: int, split: tuple[int, int]) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.
 
         From here on every answer to this request carries the rate-limit headers (when configured),
         except a refusal by the calendar-minute limit, which tells nothing.
         """
         limits, now = self._limits, self._clock()
-        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0)
+        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0,
+                                split)
         dialect = exchange.dialect
         exchange.headers = dialect.response_headers(exchange.request_id)
         if not decision.silent:
