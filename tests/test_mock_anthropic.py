@@ -91,6 +91,8 @@ async def test_the_documented_request_example_is_answered() -> None:
     (VERSION, message("hi", max_tokens=0), "max_tokens"),
     (VERSION, message("hi", system=7), "system"),
     (VERSION, message("hi", temperature=1.5), "temperature"),
+    ({"anthropic-version": "2026-10-21"}, message("hi", temperature=0.5), "temperature"),
+    ({"anthropic-version": "2026-10-21"}, message("hi", top_k=5), "top_k"),
     (VERSION, {"model": "c", "max_tokens": 9, "messages": [{"role": "robot", "content": "hi"}]},
      "messages.0.role"),
     (VERSION, {"model": "c", "max_tokens": 9, "messages": [
@@ -259,6 +261,10 @@ async def test_prompt_caching_writes_then_reads_within_the_ttl() -> None:
     clock.now = 299.0 + 301.0  # a read refreshed the TTL; past it the prefix is written again
     third = await usage("third", system)
     assert (third["cache_creation_input_tokens"], third["cache_read_input_tokens"]) == (prefix, 0)
+    async with client_of(app) as client:  # a top-level cache_control marks the last block
+        top = [(await client.post("/v1/messages", json=message(
+            "T" * 40, cache_control={"type": "ephemeral"}))).json()["usage"] for _ in range(2)]
+    assert (top[0]["cache_creation_input_tokens"], top[1]["cache_read_input_tokens"]) == (10, 10)
     hour = await usage("h1", long_lived)
     clock.now += 3000.0
     later = await usage("h2", long_lived)
@@ -266,7 +272,7 @@ async def test_prompt_caching_writes_then_reads_within_the_ttl() -> None:
     assert later["cache_read_input_tokens"] == mock_token_count(shared + "!")
     assert app.statistics().prompt_tokens == sum(
         u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
-        for u in (first, second, third, hour, later))
+        for u in (first, second, third, *top, hour, later))
 
 
 async def test_rate_limit_headers_are_anthropics_with_rfc3339_resets() -> None:

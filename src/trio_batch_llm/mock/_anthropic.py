@@ -16,7 +16,8 @@
   the beta's ``output_format``, ``{"type": "json_schema", "schema"}``) with a text
   block of JSON. The content markers (``[[schema_violation]]``, ``[[refusal]]``…)
   break either; a refusal is ``stop_reason`` ``refusal``.
-- Prompt caching: :mod:`._anthropic_cache`; ``input_tokens`` excludes the tokens
+- Prompt caching: :mod:`._anthropic_cache` (a top-level ``cache_control`` marks the last
+  block); ``input_tokens`` excludes the tokens
   written to and read from the cache, as Anthropic counts them.
 - Errors: ``{"type": "error", "error": {"type", "message"}, "request_id"}`` with
   the type Anthropic gives each status (429 ``rate_limit_error``, 529
@@ -66,6 +67,10 @@ def _blocks(payload: Mapping[str, Any]) -> list[tuple[str, Any]]:
             out.append((content, {"type": "text", "text": content}))
         elif isinstance(content, list):
             out += [(_block_text(b), b) for b in content if isinstance(b, Mapping)]
+    control = payload.get("cache_control")
+    if isinstance(control, Mapping) and out:  # top-level: marks the last cacheable block
+        text, block = out[-1]
+        out[-1] = (text, {**block, "cache_control": control})
     return out
 
 
