@@ -123,8 +123,9 @@ async def test_the_spend_limit_knob_speaks_openais_quota_error_on_its_routes() -
 
 
 def test_serve_mock_knobs_reach_the_config() -> None:
-    args = build_parser().parse_args(["serve-mock", "--spend-limit-after", "3"])
-    assert args.spend_limit_after == 3
+    args = build_parser().parse_args(["serve-mock", "--spend-limit-after", "3", "--input-tpm-limit", "500",
+                                      "--output-tpm-limit", "90"])
+    assert (args.spend_limit_after, args.input_tpm_limit, args.output_tpm_limit) == (3, 500, 90)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve-mock", "--spend-limit-after", "-1"])
 
