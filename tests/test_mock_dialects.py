@@ -137,5 +137,10 @@ async def test_serve_mock_prints_each_dialects_base_url(anyio_backend: str) -> N
         base = lines[0]
         urls = dict(line.split() for line in lines[1:] if line.split()[0] in ("openai", "anthropic"))
         assert urls == {"openai": base, "anthropic": base.removesuffix("/v1")}
+        # a request answered first: the server is serving (and its signal receiver is in place)
+        async with httpx2.AsyncClient(base_url=urls["anthropic"]) as client:
+            reply = await client.post("/v1/messages", headers=VERSION, json={
+                "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.json()["content"][0]["text"] == "echo: hi"
         cli.send_signal(signal.SIGINT)
     assert cli.returncode == 0, cli.output
