@@ -19,6 +19,8 @@ import pytest
 from trio_batch_llm.mock import MockOpenAIApp, MockServerConfig, serve_mock
 from trio_batch_llm.mock._state import mock_token_count
 
+from .conftest import trio_virtual_clock
+
 pytestmark = pytest.mark.anyio
 
 WIRE = Path(__file__).resolve().parent / "data" / "wire"
@@ -362,3 +364,47 @@ async def test_input_and_output_token_limits_are_enforced_apart_and_told_in_anth
     # OpenAI's headers have no input/output split: its answers tell none of these limits
     assert not any(name.startswith("x-ratelimit") for name in openai.headers)
     assert app.statistics().rate_limited_enforced == 1
+
+
+class TestFaultKnobs:
+    """The generic knobs and markers on the Anthropic route: latency on the app's own clock (Trio's
+    virtual one, or asyncio's), a marker's Retry-After, truncated bodies, the calendar-minute limit."""
+
+    @pytest.fixture(scope="class", params=[pytest.param("asyncio", id="asyncio"),
+                                           pytest.param(trio_virtual_clock(), id="trio")])
+    @classmethod
+    def anyio_backend(cls, request: pytest.FixtureRequest) -> Any:
+        return request.param
+
+    async def test_latency_retry_after_and_malformed_markers(self) -> None:
+        app = MockOpenAIApp(MockServerConfig(latency=0.02))
+        async with client_of(app) as client:
+            slow = await client.post("/v1/messages", json=message("a [[latency:0.25]]"))
+            hinted = await client.post("/v1/messages", json=message("b [[fail:429]] [[retry_after:7.2]]"))
+            broken = await client.post("/v1/messages", json=message("c [[malformed]]"))
+            flaky = [await client.post("/v1/messages", json=message("d [[fail:529x2]]")) for _ in range(3)]
+        record = app.requests[0]
+        assert slow.status_code == 200 and record.answered is not None
+        assert record.answered - record.arrival >= 0.25
+        assert (hinted.status_code, hinted.headers["retry-after"]) == (429, "8")
+        assert broken.status_code == 200
+        with pytest.raises(ValueError):
+            json.loads(broken.text)
+        assert [r.status_code for r in flaky] == [529, 529, 200]
+        stats = app.statistics()
+        assert (stats.malformed, stats.rate_limited, stats.server_errors) == (1, 1, 2)
+
+    async def test_the_calendar_minute_limit_refuses_silently(self) -> None:
+        wall = [120.0]
+        config = MockServerConfig(calendar_rpm_limit=1, ratelimit_headers=True, rpm_limit=100)
+        app = MockOpenAIApp(config, wall_clock=lambda: wall[0])
+        async with client_of(app) as client:
+            served = await client.post("/v1/messages", json=message("a"))
+            refused = await client.post("/v1/messages", json=message("b"))
+            wall[0] = 180.0
+            next_minute = await client.post("/v1/messages", json=message("c"))
+        assert [r.status_code for r in (served, refused, next_minute)] == [200, 429, 200]
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert "retry-after" not in refused.headers
+        assert not any(name.startswith("anthropic-ratelimit") for name in refused.headers)
+        assert "anthropic-ratelimit-requests-limit" in served.headers
