@@ -29,28 +29,25 @@ Nothing here sends or reads a clock.
 
 from __future__ import annotations
 
-import hashlib
-import random
 import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ._plan import Content, reply
-from ._state import MockServerConfig, mock_token_count
-from ._structured import answer_json, example_of, schema_violation
+from ._state import mock_token_count
+from ._structured import answer_json
 
 __all__ = [
     "MEDIA_TOKENS",
     "blocked_answer",
     "content_problem",
     "fields_of",
-    "generate_answer",
     "model_path",
     "prompt_text",
     "prompt_tokens",
     "request_problem",
     "requested_function",
     "requested_schema",
+    "shape_answer",
     "unknown_field",
 ]
 
@@ -262,36 +259,31 @@ def requested_function(payload: Mapping[str, Any], prompt: str) -> tuple[str, di
     return None
 
 
-def generate_answer(config: MockServerConfig, payload: Mapping[str, Any], *, model: str, prompt: str,
-                    occurrence: int, content: Content = "text", cached_tokens: int = 0) -> dict[str, Any]:
-    """The 200 ``GenerateContentResponse`` for ``prompt``'s ``occurrence``-th arrival.
+def shape_answer(payload: Mapping[str, Any], *, model: str, text: str, call: tuple[str, Any] | None,
+                 response_id: str, cached_tokens: int = 0) -> dict[str, Any]:
+    """The 200 ``GenerateContentResponse`` carrying ``text`` (or the function ``call``: name, args).
 
     ``cached_tokens`` are the tokens of the cache the request named: added to
     ``promptTokenCount`` and reported as ``cachedContentTokenCount``.
     """
-    text, _ = reply(config, prompt)
-    rng = random.Random(f"{config.seed}\x00json\x00{prompt}")
-    function = requested_function(payload, prompt)
-    schema = requested_schema(payload)
     part: dict[str, Any]
     finish = "STOP"
-    if function is not None:
-        part = {"functionCall": {"name": function[0], "args": example_of(function[1], rng)}}
-        output = answer_json(part["functionCall"]["args"])
+    if call is not None:
+        part = {"functionCall": {"name": call[0], "args": call[1]}}
+        output = answer_json(call[1])
     else:
-        if schema is not None:
-            text = _structured_text(schema, content, text, rng)
         text, finish = _limited(text, _config(payload))
         part, output = {"text": text}, text
     generation = _config(payload)
     count = generation.get("candidateCount")
-    output_tokens = mock_token_count(output) * (count if isinstance(count, int) and count > 1 else 1)
+    count = count if isinstance(count, int) and count > 1 else 1
+    output_tokens = mock_token_count(output) * count
     thoughts = _thoughts(generation, output_tokens)
     thinking = generation.get("thinkingConfig")
     shown = isinstance(thinking, Mapping) and bool(thoughts and fields_of(thinking).get("includeThoughts"))
     parts: list[dict[str, Any]] = [{"text": "Thinking it over (mock).", "thought": True}] if shown else []
     candidates = [{"content": {"role": "model", "parts": [*parts, dict(part)]}, "finishReason": finish,
-                   "index": i} for i in range(count if isinstance(count, int) and count > 1 else 1)]
+                   "index": i} for i in range(count)]
     own = prompt_tokens(payload)
     usage: dict[str, Any] = {
         "promptTokenCount": own + cached_tokens, "candidatesTokenCount": output_tokens,
@@ -303,9 +295,8 @@ def generate_answer(config: MockServerConfig, payload: Mapping[str, Any], *, mod
         usage["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached_tokens}]
     if thoughts:
         usage["thoughtsTokenCount"] = thoughts
-    digest = hashlib.sha256(f"{config.seed}\x00{prompt}\x00{occurrence}".encode()).hexdigest()[:22]
     return {"candidates": candidates, "usageMetadata": usage, "modelVersion": model.removeprefix("models/"),
-            "responseId": digest}
+            "responseId": response_id}
 
 
 def blocked_answer(payload: Mapping[str, Any], *, model: str, response_id: str) -> dict[str, Any]:
@@ -317,17 +308,6 @@ def blocked_answer(payload: Mapping[str, Any], *, model: str, response_id: str) 
         "usageMetadata": {"promptTokenCount": own, "totalTokenCount": own},
         "modelVersion": model.removeprefix("models/"), "responseId": response_id,
     }
-
-
-def _structured_text(schema: dict[str, Any], content: Content, text: str, rng: random.Random) -> str:
-    if content == "invalid_json":
-        return "Sure! Here is the answer: " + text
-    if content == "schema_violation":
-        return answer_json(schema_violation(schema, rng))
-    if content == "refusal":  # Gemini has no refusal field: a model that declines says so in text
-        return "I can't help with that (mock)"
-    answer = answer_json(example_of(schema, rng))
-    return "```json\n" + answer + "\n```" if content == "fenced" else answer
 
 
 def _limited(text: str, generation: Mapping[str, Any]) -> tuple[str, str]:
