@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from trio_batch_llm.mock._dialect import Route
 from trio_batch_llm.mock._gemini import (
-    generate_answer,
     model_path,
     prompt_text,
     prompt_tokens,
@@ -21,12 +21,23 @@ from trio_batch_llm.mock._gemini import (
     requested_schema,
 )
 from trio_batch_llm.mock._gemini_caches import CacheStore, parse_duration
+from trio_batch_llm.mock._gemini_dialect import GeminiDialect
 from trio_batch_llm.mock._gemini_errors import duration_text, quota_exhausted, status_error
+from trio_batch_llm.mock._plan import Content, success_body
 from trio_batch_llm.mock._state import MockServerConfig, mock_token_count
 
 
 def request(text: str, **extra: Any) -> dict[str, Any]:
     return {"contents": [{"role": "user", "parts": [{"text": text}]}], **extra}
+
+
+def generate_answer(config: MockServerConfig, payload: dict[str, Any], *, model: str, prompt: str,
+                    occurrence: int, content: Content = "text", dialect: GeminiDialect | None = None,
+                    ) -> dict[str, Any]:
+    """The success body the app would send, built through the seam as the app builds it."""
+    dialect = dialect if dialect is not None else GeminiDialect(config, lambda: 0.0)
+    route = Route(dialect, "generateContent", model)
+    return success_body(config, route, payload, prompt, occurrence, content)
 
 
 # -- routes and request checks ---------------------------------------------------------------------
@@ -97,10 +108,12 @@ def test_a_plain_answer_has_googles_fields_and_usage() -> None:
 
 
 def test_cached_tokens_are_part_of_the_prompt_count_and_thoughts_are_reported_apart() -> None:
+    dialect = GeminiDialect(MockServerConfig(), lambda: 0.0)
+    _, cache = dialect.caches.create(cache_body("x" * 4000), now=0.0, wall=WALL)
     thinking = {"thinkingBudget": 2, "includeThoughts": True}
-    payload = request("hello", generationConfig={"thinkingConfig": thinking})
+    payload = request("hello", cachedContent=cache["name"], generationConfig={"thinkingConfig": thinking})
     body = generate_answer(MockServerConfig(), payload, model="m", prompt="hello", occurrence=0,
-                           cached_tokens=1000)
+                           dialect=dialect)
     usage = body["usageMetadata"]
     own, output = mock_token_count("hello"), mock_token_count("echo: hello")
     assert usage["promptTokenCount"] == own + 1000

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ._dialect import Dialect
+from ._gemini_dialect import GeminiDialect
 from ._openai import OpenAIDialect
 from ._state import MockServerConfig
 
@@ -13,5 +14,6 @@ __all__ = ["DIALECTS"]
 
 DIALECTS: Final[tuple[Callable[[MockServerConfig, Callable[[], float]], Dialect], ...]] = (
     OpenAIDialect,
+    GeminiDialect,
 )
 """Each makes its dialect for one app, from the app's config and its clock."""

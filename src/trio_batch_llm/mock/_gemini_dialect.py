@@ -26,16 +26,16 @@ What is Gemini's own (beside the wire format of :mod:`._gemini`):
 
 from __future__ import annotations
 
+import json
 import math
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, final
 from urllib.parse import parse_qs
 
 from .._values._schema_check import response_schema_problem
+from ._asgi import Exchange, Receive, Scope, Send, send_json
 from ._dialect import Answer, LimitState, Problem, Route
-from ._gemini import prompt_text as gemini_prompt_text
 from ._gemini import (
     blocked_answer,
     fields_of,
@@ -45,24 +45,28 @@ from ._gemini import (
     requested_schema,
     shape_answer,
 )
+from ._gemini import prompt_text as gemini_prompt_text
 from ._gemini_caches import Answer as CacheAnswer
-from ._gemini_caches import CacheStore
+from ._gemini_caches import CacheStore, GeminiCacheStats
 from ._gemini_errors import cache_not_found, google_error, quota_exhausted, status_error
+from ._respond import Responder
 from ._state import MockServerConfig
 
 __all__ = ["GeminiDialect"]
 
+Arrive = Callable[[Scope, Any, "str | None", float, Any], Exchange]
+Refusal = Callable[[Exchange], "tuple[int, str, str, str | None] | None"]
 _DAY: Final = 86_400.0
 _CACHES: Final = re.compile(r"/v1(?:beta|alpha)?/cachedContents(?:/([^/:]+))?")
-_WITH_CACHE: Final = ("CachedContent can not be used with GenerateContent request setting system_instruction, "
-                      "tools or tool_config.\n\nProposed fix: move those values to CachedContent from "
-                      "GenerateContent request.")
+_WITH_CACHE: Final = ("CachedContent can not be used with GenerateContent request setting "
+                      "system_instruction, tools or tool_config.\n\nProposed fix: move those values to "
+                      "CachedContent from GenerateContent request.")
 _NAMED: Final = {
     "context_length_exceeded": "The input token count (1048577) exceeds the maximum number of tokens allowed "
                                "(1048576).",
     "content_policy_violation": "The request was blocked by the safety filters (mock).",
-    "invalid_json_schema": "* GenerateContentRequest.generation_config.response_schema: the mock refuses this "
-                           "schema, as Gemini refuses one it does not support.\n",
+    "invalid_json_schema": "* GenerateContentRequest.generation_config.response_schema: the mock refuses "
+                           "this schema, as Gemini refuses one it does not support.\n",
 }
 
 
@@ -77,8 +81,6 @@ class GeminiDialect:
     def __init__(self, config: MockServerConfig, clock: Callable[[], float]) -> None:
         self._config = config
         self._clock = clock
-        self.wall_clock: Callable[[], float] = time.time
-        """Names the moments of cache times (``createTime``...); the app sets its own."""
         self.caches = CacheStore(min_tokens=config.gemini_min_cache_tokens, seed=config.seed)
         self._day_start: float | None = None
         self._today = (0, 0)  # (day number since the first request, requests counted that day)
@@ -189,7 +191,8 @@ class GeminiDialect:
         if status == 429 and code in ("per_day_quota", "spend_limit"):
             return quota_exhausted("day", model=model, limit=self._config.gemini_daily_request_limit)
         if status == 429:
-            return quota_exhausted("minute", model=model, retry_delay=retry_after, limit=self._config.rpm_limit)
+            return quota_exhausted("minute", model=model, retry_delay=retry_after,
+                                   limit=self._config.rpm_limit)
         if code == "cache_not_found":
             return cache_not_found()
         if status == 401:
@@ -211,9 +214,35 @@ class GeminiDialect:
 
     # -- the context caches ---------------------------------------------------------------------
 
-    def serve_cache(self, method: str, cache_id: str | None, payload: Any, query: str) -> CacheAnswer:
-        """Answer one ``cachedContents`` request (routed by :meth:`cache_route`) as ``(status, body)``."""
-        now, wall = self._clock(), self.wall_clock()
+    def cache_statistics(self) -> GeminiCacheStats:
+        """The context caches' counts now (alive, created, deleted, expired, renewed, used, ...)."""
+        return self.caches.statistics(self._clock())
+
+    async def cache_request(self, found: tuple[str, str | None], arrive: Arrive, refusal_of: Refusal,
+                            respond: Responder, wall_clock: Callable[[], float], scope: Scope, raw: bytes,
+                            receive: Receive, send: Send) -> None:
+        """Serve one ``cachedContents`` request for the app, which passes its ``arrive`` (records it)
+        and ``refusal_of`` (shutdown, wrong key): refused as any request, else the store answers."""
+        try:
+            payload: Any = json.loads(raw) if raw else None
+        except ValueError:
+            payload = raw.decode("utf-8", "replace")
+        exchange = arrive(scope, payload, None, self._clock(), self)
+        refusal = refusal_of(exchange)
+        if refusal is not None:
+            await respond.send_error(exchange, send, *refusal)
+            return
+        query = scope.get("query_string", b"").decode("latin-1")
+        status, body = self.serve_cache(*found, payload, query, wall_clock())
+        exchange.record.outcome = "ok" if status == 200 else f"error:{status}"
+        exchange.record.answered = self._clock()
+        await send_json(send, status, body, exchange=exchange)
+
+    def serve_cache(self, method: str, cache_id: str | None, payload: Any, query: str,
+                    wall: float) -> CacheAnswer:
+        """Answer one ``cachedContents`` request (routed by :meth:`cache_route`) as ``(status, body)``;
+        ``wall`` (the app's wall clock now) names the moments of the cache's times."""
+        now = self._clock()
         params = {k: v[0] for k, v in parse_qs(query).items()}
         store = self.caches
         if cache_id is None:
