@@ -288,3 +288,20 @@ def test_the_list_pages_through_the_live_caches() -> None:
     _, second = store.list({"pageSize": "2", "pageToken": first["nextPageToken"]}, now=5.0, wall=WALL)
     assert [c["name"] for c in second["cachedContents"]] == names[2:] and "nextPageToken" not in second
     assert store.list({}, now=20.0, wall=WALL) == (200, {})
+
+
+# -- serve-mock's flags ----------------------------------------------------------------------------
+
+
+def test_serve_mock_flags_reach_the_gemini_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trio_batch_llm.mock as mock
+    from trio_batch_llm._cli._main import build_parser
+
+    seen: list[MockServerConfig] = []
+    monkeypatch.setattr(mock, "run_mock_server", lambda host, port, config, **_: seen.append(config))
+    args = build_parser().parse_args(["serve-mock", "--gemini-daily-limit", "250",
+                                      "--gemini-min-cache-tokens", "1024"])
+    assert args.handler(args, []) == 0
+    assert (seen[0].gemini_daily_request_limit, seen[0].gemini_min_cache_tokens) == (250, 1024)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve-mock", "--gemini-daily-limit", "0"])
