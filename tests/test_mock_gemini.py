@@ -140,6 +140,16 @@ async def test_a_forced_function_and_a_blocked_prompt(server: MockServer) -> Non
     assert blocked["promptFeedback"]["blockReason"] == "SAFETY" and "candidates" not in blocked
 
 
+async def test_the_generic_faults_work_on_the_gemini_route(server: MockServer) -> None:
+    truncated = await post(server, GENERATE, request("x [[malformed]]"))
+    assert truncated.status_code == 200 and truncated.text.startswith('{"candidates"')
+    with pytest.raises(ValueError):
+        truncated.json()
+    with pytest.raises(httpx2.RemoteProtocolError):
+        await post(server, GENERATE, request("x [[reset]]"))
+    assert (server.stats.malformed, server.stats.resets) == (1, 1)
+
+
 # -- Google's errors and quotas --------------------------------------------------------------------
 
 
