@@ -281,6 +281,8 @@ async def test_a_cache_is_refused_where_google_refuses_it() -> None:
         assert other.status_code == 400 and "has to be the same" in error_of(other)["message"]
         unknown = await client.post(GENERATE, json=request("q", cachedContents="cachedContents/nope"))
         assert unknown.status_code == 400  # a misspelt field, refused as proto JSON refuses it
+        stats = server.app.gemini.cache_statistics()
+        assert (stats.used, stats.missing) == (0, 0)  # a refused request neither used nor missed a cache
 
 
 class ManualClock:

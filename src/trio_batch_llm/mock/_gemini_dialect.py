@@ -114,14 +114,14 @@ class GeminiDialect:
         fields = fields_of(payload)
         now = self._clock()
         if "cachedContent" in fields:
-            record = self.caches.use(fields["cachedContent"], now)
-            if record is None:
-                return Problem(403, "CachedContent not found (or permission denied)", "cache_not_found")
             if any(key in fields for key in ("systemInstruction", "tools", "toolConfig")):
                 return Problem(400, _WITH_CACHE)
-            if record.model != "models/" + str(route.model):
+            record = self.caches.lookup(fields["cachedContent"], now)
+            if record is not None and record.model != "models/" + str(route.model):
                 return Problem(400, f"Model used by GenerateContent request (models/{route.model}) and "
                                     f"CachedContent ({record.model}) has to be the same.")
+            if self.caches.use(fields["cachedContent"], now) is None:  # counted once the body is fine
+                return Problem(403, "CachedContent not found (or permission denied)", "cache_not_found")
         return self._count_day(now)
 
     def _count_day(self, now: float) -> Problem | None:
