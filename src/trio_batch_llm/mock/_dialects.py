@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from ._anthropic import AnthropicDialect
 from ._dialect import Dialect
 from ._gemini_dialect import GeminiDialect
 from ._openai import OpenAIDialect
@@ -14,6 +15,7 @@ __all__ = ["DIALECTS"]
 
 DIALECTS: Final[tuple[Callable[[MockServerConfig, Callable[[], float]], Dialect], ...]] = (
     OpenAIDialect,
+    AnthropicDialect,
     GeminiDialect,
 )
 """Each makes its dialect for one app, from the app's config and its clock."""

@@ -61,7 +61,12 @@ class MockServerConfig:
       schema, the share answered with text that is not JSON / JSON that breaks the schema
       (drawn apart from the rates above). ``reject_json_schema``: answer every request asking
       for a JSON schema with 400 ``invalid_json_schema``, as a provider refuses a schema.
-    - ``api_key``: when set, requests must carry ``Authorization: Bearer <api_key>`` (else 401).
+    - ``spend_limit_after``: after this many successful answers, every completion request gets the
+      dialect's spend-limit refusal (Anthropic: 429 ``enforced_spend_limit_reached``; OpenAI: 429
+      ``insufficient_quota``), with no wait: a limit that no retry ends (``[[spend_limit]]`` does it
+      for one prompt).
+    - ``api_key``: when set, requests must carry it where their dialect carries a key (OpenAI:
+      ``Authorization: Bearer <api_key>``; Anthropic: ``x-api-key``), else 401.
     - ``model``: the model name for ``/v1/models`` (answers echo the requested model).
     - ``record_requests``: keep a :class:`RecordedRequest` per request (turn off for huge
       runs; counters are kept either way).
@@ -118,6 +123,7 @@ class MockServerConfig:
     batch_enqueued_token_limit: int | None = None
     gemini_daily_request_limit: int | None = None
     gemini_min_cache_tokens: int = 1
+    spend_limit_after: int | None = None
 
     def __post_init__(self) -> None:
         rates = {
@@ -164,6 +170,9 @@ class MockServerConfig:
                                  ("gemini_min_cache_tokens", self.gemini_min_cache_tokens, 1)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ConfigurationError(name, value, "must be a whole number >= 1")
+        spend = self.spend_limit_after
+        if spend is not None and (isinstance(spend, bool) or not isinstance(spend, int) or spend < 0):
+            raise ConfigurationError("spend_limit_after", spend, "must be a whole number >= 0 or None")
 
     def _check_schedule(self) -> None:
         schedule = self.limit_schedule
