@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -345,3 +346,49 @@ async def test_googles_sdk_round_trips_through_the_mock(server: MockServer) -> N
     assert got["failure"].details["error"]["details"][-1]["retryDelay"] == "3s"
     stats = server.app.gemini.cache_statistics()
     assert (stats.created, stats.renewed, stats.deleted, stats.used) == (1, 1, 1, 1)
+
+
+# -- the documented wire examples (tests/data/wire/) -----------------------------------------------
+
+WIRE = Path(__file__).parent / "data" / "wire"
+
+
+def keys(value: Any) -> Any:
+    """The shape of a JSON value: objects as their sorted keys (recursively), lists by their first item."""
+    if isinstance(value, dict):
+        return {key: keys(item) for key, item in sorted(value.items())}
+    if isinstance(value, list):
+        return [keys(value[0])] if value else []
+    return type(value).__name__
+
+
+async def test_the_answers_have_the_fields_of_the_documented_examples(server: MockServer) -> None:
+    example = json.loads((WIRE / "gemini_generate_content_response.json").read_text())
+    payload = json.loads((WIRE / "gemini_generate_content_request.json").read_text())
+    async with httpx2.AsyncClient(base_url=root_of(server), headers={"x-goog-api-key": KEY}) as client:
+        cache = (await client.post("/v1beta/cachedContents", json=cache_body())).json()
+        del payload["systemInstruction"]  # a request naming a cache leaves that to the cache
+        payload["cachedContent"] = cache["name"]
+        payload["generationConfig"]["thinkingConfig"] = {"thinkingBudget": 64}
+        reply = await client.post(GENERATE, json=payload)
+    assert reply.status_code == 200
+    answer = reply.json()
+    json.loads(answer["candidates"][0]["content"]["parts"][0]["text"])  # the schema's JSON
+    usage = {k: v for k, v in answer["usageMetadata"].items() if not k.endswith("Details")}
+    assert keys({**answer, "usageMetadata": usage}) == keys(example)
+    assert usage["totalTokenCount"] == (usage["promptTokenCount"] + usage["candidatesTokenCount"]
+                                        + usage["thoughtsTokenCount"])
+
+
+async def test_the_errors_have_the_fields_of_the_documented_examples(server: MockServer) -> None:
+    for name, marker in (("gemini_error_429.json", "[[fail:429]]"),
+                         ("gemini_error_503.json", "[[fail:503]]")):
+        example = json.loads((WIRE / name).read_text())
+        reply = await post(server, GENERATE, request(f"x {marker} [[retry_after:45]]"))
+        body = reply.json()
+        if "details" not in example["error"]:
+            body["error"].pop("details", None)  # an overload may also say how long to back off
+        assert keys(body) == keys(example)
+        assert [d["@type"] for d in body["error"].get("details", [])] == [
+            d["@type"] for d in example["error"].get("details", [])]
+    assert body["error"]["message"] == example["error"]["message"]

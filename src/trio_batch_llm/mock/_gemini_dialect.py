@@ -189,10 +189,12 @@ class GeminiDialect:
                    retry_after: float | None, request_id: str) -> dict[str, Any]:
         model = self._config.model or "gemini-mock"
         if status == 429 and code in ("per_day_quota", "spend_limit"):
-            return quota_exhausted("day", model=model, limit=self._config.gemini_daily_request_limit)
+            # Google always names the quota's value; without a configured one, a paid tier's (nominal)
+            daily = self._config.gemini_daily_request_limit or 10_000
+            return quota_exhausted("day", model=model, limit=daily)
         if status == 429:
             return quota_exhausted("minute", model=model, retry_delay=retry_after,
-                                   limit=self._config.rpm_limit)
+                                   limit=self._config.rpm_limit or 1_000)
         if code == "cache_not_found":
             return cache_not_found()
         if status == 401:
