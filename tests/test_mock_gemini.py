@@ -34,7 +34,9 @@ def request(text: str, **extra: Any) -> dict[str, Any]:
 
 
 def root_of(server: MockServer) -> str:
-    return server.base_url.removesuffix("/v1")
+    root = server.base_urls["gemini"]  # what serve-mock prints beside "gemini"
+    assert root == server.base_url.removesuffix("/v1")
+    return root
 
 
 async def post(server: MockServer, path: str, body: Any, *, key: str | None = KEY) -> httpx2.Response:
@@ -214,10 +216,15 @@ async def test_past_the_daily_limit_every_request_gets_the_per_day_quota() -> No
             assert (violation["quotaId"], violation["quotaValue"]) == (
                 "GenerateRequestsPerDayPerProjectPerModel", "2")
         assert server.stats.rate_limited == 2
-    async with serve_mock() as server:
-        reply = await post(server, GENERATE, request("x [[spend_limit]]"))
-        quota = error_of(reply)["details"][0]["violations"][0]["quotaId"]
-        assert (reply.status_code, quota) == (429, "GenerateRequestsPerDayPerProjectPerModel")
+    async with serve_mock(MockServerConfig(spend_limit_after=1)) as server:
+        for prompt, status in (("x [[spend_limit]]", 429), ("y", 200), ("z", 429)):
+            reply = await post(server, GENERATE, request(prompt))
+            assert reply.status_code == status
+            if status == 429:  # the marker, then past spend_limit_after: no wait ends it either
+                error = error_of(reply)
+                quota = error["details"][0]["violations"][0]["quotaId"]
+                assert quota == "GenerateRequestsPerDayPerProjectPerModel"
+                assert all("RetryInfo" not in d["@type"] for d in error["details"])
 
 
 # -- context caches --------------------------------------------------------------------------------
