@@ -264,6 +264,7 @@ def test_an_absolute_expire_time_and_the_default_hour() -> None:
     assert store.lookup(made["name"], 599.0) is not None and store.lookup(made["name"], 600.0) is None
     _, default = store.create(cache_body(), now=0.0, wall=WALL)
     assert default["expireTime"] == "2027-01-15T09:00:00.000000Z"
+    assert "displayName" not in default  # proto3 JSON leaves an empty string out
     assert store.create(cache_body(ttl="5m"), now=0.0, wall=WALL)[0] == 400
     assert store.create(cache_body(ttl="5s", expireTime="2027-01-15T08:10:00Z"), now=0.0, wall=WALL)[0] == 400
     assert store.create(cache_body(expireTime="2020-01-01T00:00:00Z"), now=0.0, wall=WALL)[0] == 400

@@ -132,8 +132,10 @@ class CacheStore:
         def at(t: float) -> str:
             return _timestamp(wall + (t - now))
 
-        return {"name": record.name, "model": record.model, "displayName": record.display_name,
-                "createTime": at(record.created), "updateTime": at(record.updated),
+        shown: dict[str, Any] = {"name": record.name, "model": record.model}
+        if record.display_name:  # proto3 JSON leaves an empty string out
+            shown["displayName"] = record.display_name
+        return {**shown, "createTime": at(record.created), "updateTime": at(record.updated),
                 "expireTime": at(record.expires), "usageMetadata": {"totalTokenCount": record.tokens}}
 
     def _expiry(self, body: Mapping[str, Any], now: float, wall: float, where: str) -> float | str:
