@@ -19,6 +19,8 @@ import pytest
 from trio_batch_llm.mock import MockOpenAIApp, MockServerConfig, serve_mock
 from trio_batch_llm.mock._state import mock_token_count
 
+from .conftest import trio_virtual_clock
+
 pytestmark = pytest.mark.anyio
 
 WIRE = Path(__file__).resolve().parent / "data" / "wire"
@@ -91,6 +93,8 @@ async def test_the_documented_request_example_is_answered() -> None:
     (VERSION, message("hi", max_tokens=0), "max_tokens"),
     (VERSION, message("hi", system=7), "system"),
     (VERSION, message("hi", temperature=1.5), "temperature"),
+    ({"anthropic-version": "2026-10-21"}, message("hi", temperature=0.5), "temperature"),
+    ({"anthropic-version": "2026-10-21"}, message("hi", top_k=5), "top_k"),
     (VERSION, {"model": "c", "max_tokens": 9, "messages": [{"role": "robot", "content": "hi"}]},
      "messages.0.role"),
     (VERSION, {"model": "c", "max_tokens": 9, "messages": [
@@ -259,6 +263,10 @@ async def test_prompt_caching_writes_then_reads_within_the_ttl() -> None:
     clock.now = 299.0 + 301.0  # a read refreshed the TTL; past it the prefix is written again
     third = await usage("third", system)
     assert (third["cache_creation_input_tokens"], third["cache_read_input_tokens"]) == (prefix, 0)
+    async with client_of(app) as client:  # a top-level cache_control marks the last block
+        top = [(await client.post("/v1/messages", json=message(
+            "T" * 40, cache_control={"type": "ephemeral"}))).json()["usage"] for _ in range(2)]
+    assert (top[0]["cache_creation_input_tokens"], top[1]["cache_read_input_tokens"]) == (10, 10)
     hour = await usage("h1", long_lived)
     clock.now += 3000.0
     later = await usage("h2", long_lived)
@@ -266,7 +274,7 @@ async def test_prompt_caching_writes_then_reads_within_the_ttl() -> None:
     assert later["cache_read_input_tokens"] == mock_token_count(shared + "!")
     assert app.statistics().prompt_tokens == sum(
         u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"]
-        for u in (first, second, third, hour, later))
+        for u in (first, second, third, *top, hour, later))
 
 
 async def test_rate_limit_headers_are_anthropics_with_rfc3339_resets() -> None:
@@ -325,3 +333,78 @@ async def test_served_on_the_same_port_as_openai_and_read_by_the_official_sdk() 
     assert limited.value.request_id is not None and limited.value.request_id.startswith("req_")
     assert openai_reply.json()["choices"][0]["message"]["content"] == "echo: ping"
     assert server.stats.resets == 1
+
+
+async def test_input_and_output_token_limits_are_enforced_apart_and_told_in_anthropics_headers() -> None:
+    clock = ManualClock()
+    shared = "S" * 400  # 100 mock tokens, cached after the first request
+    system = [{"type": "text", "text": shared, "cache_control": {"type": "ephemeral"}}]
+    config = MockServerConfig(input_tpm_limit=150, output_tpm_limit=1000, ratelimit_headers=True)
+    app = MockOpenAIApp(config, clock=clock, wall_clock=lambda: 1_800_000_000.0 + clock.now)
+    async with client_of(app) as client:
+        first = await client.post("/v1/messages", json=message("a", system=system))
+        # 101 input tokens again, but 100 of them read from the cache: they do not count
+        cached = await client.post("/v1/messages", json=message("b", system=system))
+        uncached = await client.post("/v1/messages", json=message("c" * 400))  # 100 new input tokens
+        clock.now = 60.0
+        later = await client.post("/v1/messages", json=message("c" * 400))
+        openai = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "d"}]})
+    assert [r.status_code for r in (first, cached, uncached, later)] == [200, 200, 429, 200]
+    assert cached.json()["usage"]["cache_read_input_tokens"] == 100
+    head = first.headers
+    assert head["anthropic-ratelimit-input-tokens-limit"] == "150"
+    assert head["anthropic-ratelimit-input-tokens-remaining"] == str(150 - mock_token_count(shared + "\na"))
+    assert head["anthropic-ratelimit-input-tokens-reset"] == "2027-01-15T08:01:00Z"
+    output = mock_token_count("echo: " + shared + "\na")
+    assert head["anthropic-ratelimit-output-tokens-remaining"] == str(1000 - output)
+    assert "anthropic-ratelimit-requests-limit" not in head  # only the limits that are set
+    assert uncached.json()["error"]["type"] == "rate_limit_error"
+    assert uncached.headers["retry-after"] == "60"
+    # OpenAI's headers have no input/output split: its answers tell none of these limits
+    assert not any(name.startswith("x-ratelimit") for name in openai.headers)
+    assert app.statistics().rate_limited_enforced == 1
+
+
+class TestFaultKnobs:
+    """The generic knobs and markers on the Anthropic route: latency on the app's own clock (Trio's
+    virtual one, or asyncio's), a marker's Retry-After, truncated bodies, the calendar-minute limit."""
+
+    @pytest.fixture(scope="class", params=[pytest.param("asyncio", id="asyncio"),
+                                           pytest.param(trio_virtual_clock(), id="trio")])
+    @classmethod
+    def anyio_backend(cls, request: pytest.FixtureRequest) -> Any:
+        return request.param
+
+    async def test_latency_retry_after_and_malformed_markers(self) -> None:
+        app = MockOpenAIApp(MockServerConfig(latency=0.02))
+        async with client_of(app) as client:
+            slow = await client.post("/v1/messages", json=message("a [[latency:0.25]]"))
+            hinted = await client.post("/v1/messages", json=message("b [[fail:429]] [[retry_after:7.2]]"))
+            broken = await client.post("/v1/messages", json=message("c [[malformed]]"))
+            flaky = [await client.post("/v1/messages", json=message("d [[fail:529x2]]")) for _ in range(3)]
+        record = app.requests[0]
+        assert slow.status_code == 200 and record.answered is not None
+        assert record.answered - record.arrival >= 0.25
+        assert (hinted.status_code, hinted.headers["retry-after"]) == (429, "8")
+        assert broken.status_code == 200
+        with pytest.raises(ValueError):
+            json.loads(broken.text)
+        assert [r.status_code for r in flaky] == [529, 529, 200]
+        stats = app.statistics()
+        assert (stats.malformed, stats.rate_limited, stats.server_errors) == (1, 1, 2)
+
+    async def test_the_calendar_minute_limit_refuses_silently(self) -> None:
+        wall = [120.0]
+        config = MockServerConfig(calendar_rpm_limit=1, ratelimit_headers=True, rpm_limit=100)
+        app = MockOpenAIApp(config, wall_clock=lambda: wall[0])
+        async with client_of(app) as client:
+            served = await client.post("/v1/messages", json=message("a"))
+            refused = await client.post("/v1/messages", json=message("b"))
+            wall[0] = 180.0
+            next_minute = await client.post("/v1/messages", json=message("c"))
+        assert [r.status_code for r in (served, refused, next_minute)] == [200, 429, 200]
+        assert refused.json()["error"]["type"] == "rate_limit_error"
+        assert "retry-after" not in refused.headers
+        assert not any(name.startswith("anthropic-ratelimit") for name in refused.headers)
+        assert "anthropic-ratelimit-requests-limit" in served.headers

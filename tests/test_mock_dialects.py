@@ -123,8 +123,9 @@ async def test_the_spend_limit_knob_speaks_openais_quota_error_on_its_routes() -
 
 
 def test_serve_mock_knobs_reach_the_config() -> None:
-    args = build_parser().parse_args(["serve-mock", "--spend-limit-after", "3"])
-    assert args.spend_limit_after == 3
+    args = build_parser().parse_args(["serve-mock", "--spend-limit-after", "3", "--input-tpm-limit", "500",
+                                      "--output-tpm-limit", "90"])
+    assert (args.spend_limit_after, args.input_tpm_limit, args.output_tpm_limit) == (3, 500, 90)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve-mock", "--spend-limit-after", "-1"])
 
@@ -136,5 +137,10 @@ async def test_serve_mock_prints_each_dialects_base_url(anyio_backend: str) -> N
         base = lines[0]
         urls = dict(line.split() for line in lines[1:] if line.split()[0] in ("openai", "anthropic"))
         assert urls == {"openai": base, "anthropic": base.removesuffix("/v1")}
+        # a request answered first: the server is serving (and its signal receiver is in place)
+        async with httpx2.AsyncClient(base_url=urls["anthropic"]) as client:
+            reply = await client.post("/v1/messages", headers=VERSION, json={
+                "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.json()["content"][0]["text"] == "echo: hi"
         cli.send_signal(signal.SIGINT)
     assert cli.returncode == 0, cli.output

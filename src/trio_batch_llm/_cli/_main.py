@@ -81,6 +81,7 @@ def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
             limit_schedule=tuple(sorted(args.limit_change or ())),
             calendar_rpm_limit=args.calendar_rpm_limit,
             retry_after_headers=_retry_hints(args.retry_hint), spend_limit_after=args.spend_limit_after,
+            input_tpm_limit=args.input_tpm_limit, output_tpm_limit=args.output_tpm_limit,
             gemini_daily_request_limit=args.gemini_daily_limit,
             gemini_min_cache_tokens=args.gemini_min_cache_tokens,
         )
@@ -210,6 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "the exact wait (default: none)")
     serve.add_argument("--tpm-limit", type=positive_int, metavar="N",
                        help="tokens per minute the server enforces, the same way (default: none)")
+    serve.add_argument("--input-tpm-limit", type=positive_int, metavar="N",
+                       help="input tokens per minute, enforced apart as Anthropic's ITPM (its cache reads "
+                            "count none; default: none)")
+    serve.add_argument("--output-tpm-limit", type=positive_int, metavar="N",
+                       help="output tokens per minute, enforced apart as Anthropic's OTPM (default: none)")
     serve.add_argument("--ratelimit-headers", action="store_true",
                        help="send each dialect's rate-limit headers (OpenAI's x-ratelimit-*, Anthropic's "
                             "anthropic-ratelimit-*) computed from the enforced limits")

@@ -16,7 +16,8 @@
   the beta's ``output_format``, ``{"type": "json_schema", "schema"}``) with a text
   block of JSON. The content markers (``[[schema_violation]]``, ``[[refusal]]``…)
   break either; a refusal is ``stop_reason`` ``refusal``.
-- Prompt caching: :mod:`._anthropic_cache`; ``input_tokens`` excludes the tokens
+- Prompt caching: :mod:`._anthropic_cache` (a top-level ``cache_control`` marks the last
+  block); ``input_tokens`` excludes the tokens
   written to and read from the cache, as Anthropic counts them.
 - Errors: ``{"type": "error", "error": {"type", "message"}, "request_id"}`` with
   the type Anthropic gives each status (429 ``rate_limit_error``, 529
@@ -24,8 +25,9 @@
   whose ``error.details.error_code`` is ``enforced_spend_limit_reached`` (the form
   the official SDK 2.x reads into ``error_code``), sent without a wait.
   Waits go in ``retry-after`` (whole seconds); every answer has a ``request-id``.
-- Rate limits: ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}``
-  from the server's own limits, the reset an RFC 3339 time on the wall clock.
+- Rate limits: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+  remaining,reset}`` from the server's own limits (``rpm_limit``, ``tpm_limit``,
+  ``input_tpm_limit``, ``output_tpm_limit``), the reset an RFC 3339 time on the wall clock.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ def _blocks(payload: Mapping[str, Any]) -> list[tuple[str, Any]]:
             out.append((content, {"type": "text", "text": content}))
         elif isinstance(content, list):
             out += [(_block_text(b), b) for b in content if isinstance(b, Mapping)]
+    control = payload.get("cache_control")
+    if isinstance(control, Mapping) and out:  # top-level: marks the last cacheable block
+        text, block = out[-1]
+        out[-1] = (text, {**block, "cache_control": control})
     return out
 
 
@@ -189,6 +195,12 @@ class AnthropicDialect:
                 "service_tier": "standard",
             },
         }
+
+    def cached_input_tokens(self, route: Route, payload: Mapping[str, Any], prompt_tokens: int) -> int:
+        """The input tokens this request would read from the prompt cache: they do not count
+        against the input-token limit (an optional hook of a dialect, read by the app's limiter)."""
+        model = str(payload.get("model") or "mock-model")
+        return self._cache.peek(model, _blocks(payload), prompt_tokens)
 
     def usage_of(self, body: Mapping[str, Any]) -> tuple[int, int]:
         usage = body["usage"]

@@ -50,6 +50,15 @@ class PromptCache:
         self._clock = clock
         self._expiry: dict[str, tuple[float, float]] = {}  # prefix key -> (expires at, its TTL)
 
+    def peek(self, model: str, blocks: Sequence[tuple[str, Any]], total_tokens: int) -> int:
+        """The tokens a request with ``blocks`` would read from the cache now (nothing changes)."""
+        marks = [i for i, (_, block) in enumerate(blocks)
+                 if isinstance(block, Mapping) and isinstance(block.get("cache_control"), Mapping)]
+        now = self._clock()
+        read_at = next((i for i in reversed(marks)
+                        if self._expiry.get(_key(model, blocks[: i + 1]), (-1.0, 0.0))[0] > now), None)
+        return min(total_tokens, _tokens(blocks[: read_at + 1])) if read_at is not None else 0
+
     def use(self, model: str, blocks: Sequence[tuple[str, Any]], total_tokens: int) -> CacheUse:
         """Read and write the prefixes ``blocks`` mark (``(text, block)`` in prompt order)."""
         marks = [i for i, (_, block) in enumerate(blocks)

@@ -9,6 +9,8 @@ of content blocks (``text``, ``image`` with a ``base64`` or ``url`` source,
 ``stop_sequences`` is a list of strings; ``tools`` have a ``name`` and an
 ``input_schema``; ``tool_choice`` is ``auto``, ``any``, ``none`` or ``tool`` (which
 names one of the tools). Field paths are Anthropic's (``messages.0.content.1.source``).
+From ``anthropic-version`` 2026-10-21 on (what the official SDK 2.x sends) the params have
+no ``temperature``, ``top_p`` or ``top_k``: a request with one is refused naming it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ __all__ = ["request_problem"]
 _BLOCK_TYPES: Final = frozenset({"text", "image", "document", "tool_use", "tool_result", "thinking",
                                  "redacted_thinking", "search_result", "server_tool_use",
                                  "web_search_tool_result"})
+SAMPLING_REMOVED: Final = "2026-10-21"
+"""The API version (the official SDK 2.x's) whose Messages params have no temperature, top_p or top_k."""
 _MEDIA_TYPES: Final = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 
 
@@ -28,6 +32,11 @@ def request_problem(headers: Mapping[str, str], payload: Any) -> str | None:
     """The message of the 400 for this request, or ``None`` when Anthropic would accept it."""
     if "anthropic-version" not in headers:
         return "anthropic-version: header is required"
+    version = headers["anthropic-version"]
+    if version >= SAMPLING_REMOVED and isinstance(payload, Mapping):
+        for name in ("temperature", "top_p", "top_k"):
+            if name in payload:
+                return f"{name}: Extra inputs are not permitted (anthropic-version {version})"
     if not isinstance(payload, Mapping):
         return "The request body is not valid JSON (mock)"
     for name in ("model", "max_tokens", "messages"):

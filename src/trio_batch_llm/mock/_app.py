@@ -1,25 +1,15 @@
-"""The mock server's ASGI app: routes, its own RPM/TPM limits, answers carried out, records kept.
+"""The mock server's ASGI app: routes by dialect, its own RPM/TPM limits, answers carried out, records kept.
 
-Answers ``POST /v1/chat/completions`` and ``POST /v1/responses`` (also without
-the ``/v1`` prefix) and ``GET /v1/models``, and emulates the Files and Batch
-APIs (``/v1/files``, ``/v1/batches``; :mod:`._batch_routes`,
-:mod:`._batch_store`). What each request gets (an answer or a fault) is
-planned by :mod:`._plan`, from ``(seed, prompt text, occurrence)`` where
-*occurrence* counts earlier arrivals of the same prompt text past the server's
-own RPM/TPM limiter; this module carries the plan out.
-
-A *reset* answers with an informational ``103`` head and closes the connection:
-ASGI cannot make a server send a TCP RST, so the client sees the connection
-closed without a response (httpx2: ``RemoteProtocolError: Server disconnected
-without sending a response``). A *hang* never answers: it ends when the client
-disconnects or the server shuts down. Under an in-process transport (httpx2's
-``ASGITransport``) a reset has no meaning; use a served app for resets.
-
-Files and Batch API requests get the generic faults too (not ``malformed``),
-planned from ``(seed, "METHOD path-template", occurrence of that endpoint)``;
-a faulted request does nothing. Every request (completions included) first
-finishes the batches that are due at the app's clock, so a batch's lines take
-their prompt occurrences in time order with the live requests.
+Each dialect (:mod:`._dialects`) names its completion routes; OpenAI's Files and Batch
+APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too.
+What each request gets is planned by :mod:`._plan` from ``(seed, prompt text, occurrence)``,
+*occurrence* counting earlier arrivals of the same prompt past the server's own limiter;
+this module carries the plan out, in the request's dialect. A *reset* sends an informational
+``103`` head and closes the connection (ASGI cannot send a TCP RST; httpx2 sees "Server
+disconnected without sending a response"; meaningless in-process). A *hang* never answers.
+Files and Batch API requests get the generic faults too (not ``malformed``), planned from
+``(seed, "METHOD path-template", occurrence)``. Every request first finishes the batches due
+at the app's clock, so batch lines take their prompt occurrences in time order.
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ from ._asgi import Exchange, Receive, Scope, Send, lifespan, read_body, send_jso
 from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
 from ._dialect import Dialect, Route
-from ._dialects import DIALECTS
-from ._gemini_dialect import GeminiDialect
+from ._dialects import DIALECTS, GeminiDialect
 from ._limits import ServerLimits
 from ._openai import Api, OpenAIDialect, openai_error_payload
 from ._plan import CREATED, Plan, plan_request, reply, success_body
@@ -76,7 +65,7 @@ class MockOpenAIApp:
         self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
         """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
         self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
-        self.gemini = next(d for d in self.dialects if isinstance(d, GeminiDialect))
+        self.gemini = next(d for d in self.dialects if isinstance(d, GeminiDialect)).bind(self._wall_clock)
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -159,9 +148,8 @@ class MockOpenAIApp:
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
-        elif (cache_route := self.gemini.cache_route(method, path)) is not None:  # Gemini's context caches
-            handler = functools.partial(self.gemini.cache_request, cache_route, self._arrive, self._refusal,
-                                        self._respond, self._wall_clock)
+        elif (found := self.gemini.cache_route(method, path)) is not None:  # Gemini's context caches
+            handler = functools.partial(self.gemini.serve, found, self._arrive, self._refusal, self._respond)
         elif route is not None:
             handler = functools.partial(self._completion, route)
         else:
@@ -245,7 +233,10 @@ class MockOpenAIApp:
             return
         _, completion_tokens = reply(self.config, prompt)
         prompt_tokens = mock_token_count(prompt)
-        if not await self._admit(exchange, send, prompt_tokens + completion_tokens):
+        cached = getattr(dialect, "cached_input_tokens", None)  # optional: cache reads count no input
+        counted = prompt_tokens - (cached(route, payload, prompt_tokens) if cached is not None else 0)
+        if not await self._admit(exchange, send, prompt_tokens + completion_tokens,
+                                 (counted, completion_tokens)):
             return
         # Counted once admitted, so the server's own 429s do not shift a prompt's scripted faults.
         occurrence = self._counts.occurrences[prompt]
@@ -376,14 +367,15 @@ class MockOpenAIApp:
 
         await respond.guarded(exchange, receive, send, act)
 
-    async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
+    async def _admit(self, exchange: Exchange, send: Send, tokens: int, split: tuple[int, int]) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.
 
         From here on every answer to this request carries the rate-limit headers (when configured),
         except a refusal by the calendar-minute limit, which tells nothing.
         """
         limits, now = self._limits, self._clock()
-        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0)
+        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0,
+                                split)
         dialect = exchange.dialect
         exchange.headers = dialect.response_headers(exchange.request_id)
         if not decision.silent:

@@ -11,7 +11,7 @@ from ._gemini_dialect import GeminiDialect
 from ._openai import OpenAIDialect
 from ._state import MockServerConfig
 
-__all__ = ["DIALECTS"]
+__all__ = ["DIALECTS", "GeminiDialect"]
 
 DIALECTS: Final[tuple[Callable[[MockServerConfig, Callable[[], float]], Dialect], ...]] = (
     OpenAIDialect,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final, final
 from urllib.parse import parse_qs
@@ -81,6 +82,7 @@ class GeminiDialect:
     def __init__(self, config: MockServerConfig, clock: Callable[[], float]) -> None:
         self._config = config
         self._clock = clock
+        self._wall_clock: Callable[[], float] = time.time  # the app binds its own (see bind)
         self.caches = CacheStore(min_tokens=config.gemini_min_cache_tokens, seed=config.seed)
         self._day_start: float | None = None
         self._today = (0, 0)  # (day number since the first request, requests counted that day)
@@ -220,9 +222,13 @@ class GeminiDialect:
         """The context caches' counts now (alive, created, deleted, expired, renewed, used, ...)."""
         return self.caches.statistics(self._clock())
 
-    async def cache_request(self, found: tuple[str, str | None], arrive: Arrive, refusal_of: Refusal,
-                            respond: Responder, wall_clock: Callable[[], float], scope: Scope, raw: bytes,
-                            receive: Receive, send: Send) -> None:
+    def bind(self, wall_clock: Callable[[], float]) -> GeminiDialect:
+        """Take the app's wall clock (it names the moments of the caches' times); returns ``self``."""
+        self._wall_clock = wall_clock
+        return self
+
+    async def serve(self, found: tuple[str, str | None], arrive: Arrive, refusal_of: Refusal,
+                    respond: Responder, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
         """Serve one ``cachedContents`` request for the app, which passes its ``arrive`` (records it)
         and ``refusal_of`` (shutdown, wrong key): refused as any request, else the store answers."""
         try:
@@ -235,7 +241,7 @@ class GeminiDialect:
             await respond.send_error(exchange, send, *refusal)
             return
         query = scope.get("query_string", b"").decode("latin-1")
-        status, body = self.serve_cache(*found, payload, query, wall_clock())
+        status, body = self.serve_cache(*found, payload, query, self._wall_clock())
         exchange.record.outcome = "ok" if status == 200 else f"error:{status}"
         exchange.record.answered = self._clock()
         await send_json(send, status, body, exchange=exchange)

@@ -97,6 +97,8 @@ class ServerLimits:
         self.arrivals = SlidingWindow(config.limit_window)
         self.served = SlidingWindow(config.limit_window)
         self.served_tokens = SlidingWindow(config.limit_window)
+        self.served_input = SlidingWindow(config.limit_window)
+        self.served_output = SlidingWindow(config.limit_window)
         self.calendar = CalendarMinute()
         self._start: float | None = None
 
@@ -116,13 +118,16 @@ class ServerLimits:
             self._start = now
         self.arrivals.add(now)
 
-    def admit(self, now: float, tokens: int, wall: float = 0.0) -> Decision:
-        """Serve ``tokens`` at ``now`` if both windows have room (and count it), else say how long to wait.
+    def admit(self, now: float, tokens: int, wall: float = 0.0, split: tuple[int, int] = (0, 0)) -> Decision:
+        """Serve ``tokens`` at ``now`` if every window has room (and count it), else say how long to wait.
 
-        ``wall`` is the wall clock's time, read only by the calendar-minute limit.
+        ``wall`` is the wall clock's time, read only by the calendar-minute limit; ``split`` is
+        ``(input tokens that count, output tokens)``, read by the input/output limits.
         """
         rpm, tpm = self.limits_at(now)
-        if tpm is not None and tokens > tpm:
+        apart = ((self._config.input_tpm_limit, self.served_input, split[0]),
+                 (self._config.output_tpm_limit, self.served_output, split[1]))
+        if (tpm is not None and tokens > tpm) or any(lim is not None and n > lim for lim, _, n in apart):
             return Decision(False, too_large=True)
         calendar = self._config.calendar_rpm_limit
         if calendar is not None and self.calendar.served_in(wall) >= calendar:
@@ -132,10 +137,15 @@ class ServerLimits:
             wait = self.served.wait_for_room(now, 1, rpm)
         if tpm is not None:
             wait = max(wait, self.served_tokens.wait_for_room(now, tokens, tpm))
+        for limit, window, count in apart:
+            if limit is not None:
+                wait = max(wait, window.wait_for_room(now, count, limit))
         if wait > 0:
             return Decision(False, wait)
         self.served.add(now)
         self.served_tokens.add(now, tokens)
+        for _, window, count in apart:
+            window.add(now, count)
         if calendar is not None:
             self.calendar.add(wall)
         return Decision(True)
@@ -147,7 +157,9 @@ class ServerLimits:
             return []
         rpm, tpm = self.limits_at(now)
         out: list[LimitState] = []
-        for kind, limit, window in (("requests", rpm, self.served), ("tokens", tpm, self.served_tokens)):
+        for kind, limit, window in (("requests", rpm, self.served), ("tokens", tpm, self.served_tokens),
+                                    ("input-tokens", self._config.input_tpm_limit, self.served_input),
+                                    ("output-tokens", self._config.output_tpm_limit, self.served_output)):
             if limit is None:
                 continue
             held, newest = window.held_at(now)

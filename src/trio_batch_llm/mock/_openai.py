@@ -232,6 +232,8 @@ class OpenAIDialect:
     def ratelimit_headers(self, limits: list[LimitState], wall: float) -> list[tuple[bytes, bytes]]:
         out: list[tuple[bytes, bytes]] = []
         for state in limits:
+            if state.kind not in ("requests", "tokens"):  # OpenAI tells no input/output split
+                continue
             out += [
                 (f"x-ratelimit-limit-{state.kind}".encode(), str(state.limit).encode()),
                 (f"x-ratelimit-remaining-{state.kind}".encode(), str(state.remaining).encode()),

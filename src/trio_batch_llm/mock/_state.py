@@ -37,8 +37,14 @@ class MockServerConfig:
       ``limit_window`` (60 s): a request that would exceed one gets 429 with the
       exact wait until the window has room. Rejected requests use no quota. A
       request needing more tokens than ``tpm_limit`` gets 400 ``request_too_large``.
-    - ``ratelimit_headers``: every completion answer carries OpenAI's
-      ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens`` headers for
+    - ``input_tpm_limit`` / ``output_tpm_limit``: input and output tokens per window, enforced
+      apart (as Anthropic's ITPM and OTPM are): a request's input tokens, less what it reads from
+      Anthropic's prompt cache (cache reads do not count), and its answer's output tokens. Anthropic's
+      answers tell them as ``anthropic-ratelimit-input-tokens-*`` / ``-output-tokens-*``; OpenAI has
+      no such headers.
+    - ``ratelimit_headers``: every completion answer carries its dialect's rate-limit
+      headers (OpenAI's ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens``;
+      Anthropic's ``anthropic-ratelimit-requests/tokens-limit/remaining/reset``) for
       the limits that are set, computed from those same windows (see :mod:`._limits`).
     - ``limit_schedule``: ``((at, rpm_limit, tpm_limit), ...)``: from ``at`` seconds after
       the first completion request on, these limits are in force (``None``: no such
@@ -98,6 +104,8 @@ class MockServerConfig:
     retry_after: float | None = 1.0
     rpm_limit: int | None = None
     tpm_limit: int | None = None
+    input_tpm_limit: int | None = None
+    output_tpm_limit: int | None = None
     limit_window: float = 60.0
     ratelimit_headers: bool = False
     limit_schedule: tuple[tuple[float, int | None, int | None], ...] = ()
@@ -145,7 +153,9 @@ class MockServerConfig:
         _check_range("latency", self.latency, minimum=0.0)
         if self.output_tokens is not None:
             _check_range("output_tokens", self.output_tokens, minimum=1)
-        for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit)):
+        for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit),
+                            ("input_tpm_limit", self.input_tpm_limit),
+                            ("output_tpm_limit", self.output_tpm_limit)):
             if limit is not None and (not isinstance(limit, int) or limit < 1):
                 raise ConfigurationError(name, limit, "must be a positive integer or None")
         calendar = self.calendar_rpm_limit
