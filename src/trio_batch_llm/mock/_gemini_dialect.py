@@ -1,8 +1,8 @@
 """The mock's Gemini dialect on the app's seam: routes, key, checks, answers, Google's errors, caches.
 
 Routes: ``POST /v1beta/models/{model}:generateContent`` (also ``/v1``), and the
-context caches under ``/v1beta/cachedContents`` (:meth:`GeminiDialect.cache_route`,
-served by :meth:`GeminiDialect.serve_cache`). The key travels in the
+context caches under ``/v1beta/cachedContents`` (:meth:`GeminiDialect.cache_route`; the
+app hands them to :meth:`GeminiDialect.serve`). The key travels in the
 ``x-goog-api-key`` header or the ``?key=`` query parameter.
 
 What is Gemini's own (beside the wire format of :mod:`._gemini`):
@@ -15,7 +15,7 @@ What is Gemini's own (beside the wire format of :mod:`._gemini`):
 - ``gemini_daily_request_limit``: past that many ``generateContent`` requests in a
   day of the app's clock, every request gets the per-day 429
   (``GenerateRequestsPerDayPerProjectPerModel``, no ``RetryInfo``); the
-  ``[[spend_limit]]`` marker answers the same.
+  ``[[spend_limit]]`` marker and ``spend_limit_after`` answer the same.
 - every other 429 (injected, or the server's own RPM/TPM limit) is a per-minute
   quota whose wait is ``RetryInfo.retryDelay`` in the body: Gemini sends no
   ``Retry-After`` and no rate-limit headers, so neither does this dialect.
