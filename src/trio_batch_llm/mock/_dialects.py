@@ -7,13 +7,15 @@ from typing import Final
 
 from ._anthropic import AnthropicDialect
 from ._dialect import Dialect
+from ._gemini_dialect import GeminiDialect
 from ._openai import OpenAIDialect
 from ._state import MockServerConfig
 
-__all__ = ["DIALECTS"]
+__all__ = ["DIALECTS", "GeminiDialect"]
 
 DIALECTS: Final[tuple[Callable[[MockServerConfig, Callable[[], float]], Dialect], ...]] = (
     OpenAIDialect,
     AnthropicDialect,
+    GeminiDialect,
 )
 """Each makes its dialect for one app, from the app's config and its clock."""
