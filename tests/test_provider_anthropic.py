@@ -393,3 +393,9 @@ def test_importing_the_library_imports_no_provider_sdk() -> None:
             "print(sorted(m for m in ('anthropic', 'google.genai', 'openai') if m in sys.modules))")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "[]"
+
+
+def test_a_base64_image_of_a_type_anthropic_does_not_take_is_refused() -> None:
+    bmp = LLMRequest([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/bmp;base64,Qk0="}}]}])
+    assert "image/bmp" in (plain().request_problem(bmp) or "")
