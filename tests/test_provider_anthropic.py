@@ -27,8 +27,10 @@ from trio_batch_llm import (
     ProviderError,
     RateLimitConfig,
     RetryConfig,
+    call,
     llm,
     process_prompts,
+    process_stream,
 )
 from trio_batch_llm._engine._classify import classify
 from trio_batch_llm._strategies.anthropic._errors import error_from_body
@@ -386,6 +388,35 @@ async def test_an_item_anthropic_cannot_take_fails_before_any_call(anyio_backend
         await process_prompts(strategy(recorder), [{"prompt": "x", "params": {"temperature": 0.3}}],
                               config=FAST)
     assert recorder.requests == []
+
+
+@pytest.mark.anyio
+async def test_call_and_process_stream_run_over_a_user_client(anyio_backend: Any) -> None:
+    recorder = Recorder(ok("one answer"))
+    s = strategy(recorder)
+    assert await call(s, "hi", config=FAST) == "one answer"
+    seen = []
+    async with process_stream(s, ["a", "b", "c"], concurrency=2) as results:
+        async for result in results:
+            seen.append((result.success, result.output))
+    assert seen == [(True, "one answer")] * 3
+    assert sorted(b["messages"][0]["content"] for b in recorder.bodies[1:]) == ["a", "b", "c"]
+
+
+@pytest.mark.anyio
+async def test_prompt_caching_usage_a_write_then_reads(anyio_backend: Any) -> None:
+    written = {"input_tokens": 20, "output_tokens": 4, "cache_creation_input_tokens": 3000,
+               "cache_read_input_tokens": 0}
+    read = {"input_tokens": 20, "output_tokens": 4, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 3000}
+    recorder = Recorder(ok("first", usage=written), ok("later", usage=read))
+    s = strategy(recorder, system_prompt="A long shared prefix.", cache_system_prompt=True)
+    batch = await process_prompts(s, ["q1", "q2", "q3"], config=ProcessorConfig(concurrency=1))
+    usages = [r.token_usage for r in sorted(batch.results, key=lambda r: r.output != "first")]
+    assert usages[0]["cache_write_input_tokens"] == 3000 and usages[0]["input_tokens"] == 3020
+    assert [u["cached_input_tokens"] for u in usages[1:]] == [3000, 3000]
+    assert sum(u["input_tokens"] for u in usages) == 3 * 3020
+    assert all(b["system"][0]["cache_control"] == {"type": "ephemeral"} for b in recorder.bodies)
 
 
 def test_importing_the_library_imports_no_provider_sdk() -> None:
