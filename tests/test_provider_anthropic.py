@@ -234,6 +234,33 @@ def test_tool_use_blocks_are_reported_as_tool_calls() -> None:
     assert details.finish_reason == "tool_calls" and details.tool_calls[0].arguments == '{"q": "x"}'
 
 
+@pytest.mark.anyio
+async def test_a_refused_structured_answer_is_final(anyio_backend: Any) -> None:
+    recorder = Recorder(ok("I can't help with that.", stop="refusal"))
+    batch = await process_prompts(strategy(recorder, response_model=Verdict), ["rate"], config=FAST)
+    (result,) = batch.results
+    assert (result.success, result.error_category, result.attempts) == \
+        (False, ErrorCategory.CONTENT_POLICY, 1)
+    assert "I can't help" in str(result.error)
+
+
+@pytest.mark.anyio
+async def test_prepare_opens_one_sdk_client_without_retries_sized_by_the_engine(anyio_backend: Any) -> None:
+    first, twin = plain(), plain()
+    first.configure_concurrency(7)
+    await first.prepare()
+    await twin.prepare()
+    client = first._client_for_call()
+    assert twin._client_for_call() is client  # equal identities share one client per event loop
+    assert isinstance(client, anthropic.AsyncAnthropic) and client.max_retries == 0
+    assert client._client._transport._pool._max_keepalive_connections == 7
+    await first.cleanup()
+    assert client.is_closed()
+    await twin.cleanup()  # idempotent: already closed and dropped
+    with pytest.raises(RuntimeError, match="prepare"):
+        first._client_for_call()
+
+
 def test_a_body_that_is_no_message_is_a_parse_failure() -> None:
     with pytest.raises(ProviderError) as info:
         read_message({"type": "error"})

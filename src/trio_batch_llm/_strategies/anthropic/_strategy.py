@@ -217,8 +217,6 @@ class AnthropicStrategy(_EndpointStrategy):
         request_id = raw.headers.get("request-id")
         if request_id:
             metadata["request_id"] = request_id
-        if metadata.get("stop_reason") == "refusal":
-            metadata["refusal"] = text or "the model refused"
         reported = rate_limit_headers(raw.headers)
         if reported:
             metadata[RATE_LIMIT_METADATA_KEY] = reported
