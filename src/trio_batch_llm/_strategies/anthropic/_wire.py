@@ -28,7 +28,8 @@ FINISH_REASONS: Final = {"end_turn": "stop", "stop_sequence": "stop", "max_token
 def read_message(message: Any) -> tuple[str, TokenUsage, dict[str, Any]]:
     """``(text, usage, metadata)`` of a Message: the text blocks joined; metadata ``id``, ``model``,
     ``stop_reason``, ``stop_sequence``, ``tool_calls`` (``tool_use`` blocks: id, name, input),
-    ``refusal`` (when ``stop_reason`` is ``"refusal"``) and the details (``response_details``). A body that is no Message is a PARSE :class:`ProviderError`."""
+    ``refusal`` (when ``stop_reason`` is ``"refusal"``) and the details (``response_details``).
+    A body that is no Message is a PARSE :class:`ProviderError`."""
     payload = message.to_dict(mode="json") if hasattr(message, "to_dict") else message
     if not isinstance(payload, Mapping) or not isinstance(payload.get("content"), list):
         raise ProviderError("the answer is not an Anthropic Message (no content list)",
