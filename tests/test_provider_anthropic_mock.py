@@ -39,7 +39,8 @@ async def server(anyio_backend: Any) -> AsyncIterator[MockServer]:
 
 
 def claude(server: MockServer, **kwargs: Any) -> AnthropicStrategy:
-    return AnthropicStrategy("claude-haiku-4-5", base_url=server.base_urls["anthropic"], api_key=KEY, **kwargs)
+    return AnthropicStrategy("claude-haiku-4-5", base_url=server.base_urls["anthropic"], api_key=KEY,
+                             **kwargs)
 
 
 class Verdict(BaseModel):
@@ -97,7 +98,8 @@ async def test_prompt_caching_writes_the_shared_prefix_once_then_reads_it(server
     usages = [result.token_usage for result in batch.results]
     assert usages[0]["cache_write_input_tokens"] > 0 and usages[0]["cached_input_tokens"] == 0
     prefix = usages[0]["cache_write_input_tokens"]
-    assert [(u["cached_input_tokens"], u["cache_write_input_tokens"]) for u in usages[1:]] == [(prefix, 0)] * 2
+    later = [(u["cached_input_tokens"], u["cache_write_input_tokens"]) for u in usages[1:]]
+    assert later == [(prefix, 0)] * 2
     # input_tokens counts every input token: the cached prefix included.
     assert all(u["input_tokens"] > prefix for u in usages)
 
