@@ -457,3 +457,11 @@ def test_a_base64_image_of_a_type_anthropic_does_not_take_is_refused() -> None:
     bmp = LLMRequest([{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/bmp;base64,Qk0="}}]}])
     assert "image/bmp" in (plain().request_problem(bmp) or "")
+
+
+def test_quota_scope_is_the_endpoint_and_key_and_identity_adds_the_model() -> None:
+    haiku, sonnet = plain(), AnthropicStrategy("claude-sonnet-4-6", api_key=KEY, base_url=BASE)
+    other_key = AnthropicStrategy("claude-haiku-4-5", api_key="sk-ant-another-key-0003", base_url=BASE)
+    assert haiku.quota_scope() == sonnet.quota_scope() != other_key.quota_scope()
+    assert haiku.lease_identity() == plain().lease_identity() != sonnet.lease_identity()
+    assert KEY not in repr(haiku.quota_scope()) and KEY not in repr(haiku.lease_identity())

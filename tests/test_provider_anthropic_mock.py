@@ -112,3 +112,23 @@ async def test_rate_limit_headers_reach_the_result_for_admission(anyio_backend: 
     reported = result.metadata["rate_limit"]
     assert reported["anthropic-ratelimit-requests-limit"] == "50"
     assert int(reported["anthropic-ratelimit-requests-remaining"]) <= 49
+
+
+@pytest.mark.parametrize(("prompt", "category"), [
+    ("[[context_length]] a very long prompt", ErrorCategory.CONTEXT_LENGTH),
+    ("[[reject_schema]] rate this", ErrorCategory.INVALID_REQUEST),
+])
+async def test_final_errors_are_not_retried(server: MockServer, prompt: str, category: ErrorCategory) -> None:
+    batch = await process_prompts(claude(server, response_model=Verdict), [prompt], config=FAST)
+    (result,) = batch.results
+    assert (result.success, result.error_category, result.attempts) == (False, category, 1)
+
+
+async def test_a_wrong_key_is_an_authentication_failure_that_shows_no_key(server: MockServer) -> None:
+    wrong = "sk-ant-wrong-key-0099"
+    strategy = AnthropicStrategy("claude-haiku-4-5", base_url=server.base_urls["anthropic"], api_key=wrong)
+    batch = await process_prompts(strategy, ["hi"], config=FAST)
+    (result,) = batch.results
+    assert (result.success, result.error_category, result.attempts) == \
+        (False, ErrorCategory.AUTHENTICATION, 1)
+    assert wrong not in str(result.error) and KEY not in str(result.error)
