@@ -465,3 +465,23 @@ def test_quota_scope_is_the_endpoint_and_key_and_identity_adds_the_model() -> No
     assert haiku.quota_scope() == sonnet.quota_scope() != other_key.quota_scope()
     assert haiku.lease_identity() == plain().lease_identity() != sonnet.lease_identity()
     assert KEY not in repr(haiku.quota_scope()) and KEY not in repr(haiku.lease_identity())
+
+
+def test_the_shell_key_goes_to_the_anthropic_base_url_set_beside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-paired-key-0004")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "https://proxy.example.org")
+    paired = AnthropicStrategy("m")
+    assert paired.base_url == "https://proxy.example.org"
+    assert paired.secret is not None and paired.secret.reveal() == "sk-ant-paired-key-0004"
+    with pytest.raises(ConfigurationError, match="api_key"):
+        AnthropicStrategy("m", base_url="https://other.example.org")
+
+
+@pytest.mark.anyio
+async def test_a_user_client_is_used_as_is_and_never_closed(anyio_backend: Any) -> None:
+    recorder = Recorder(ok("fine"))
+    s = strategy(recorder)
+    assert await call(s, "hi", config=FAST) == "fine"
+    user_client = s._identity_client
+    assert not user_client.is_closed()
+    await user_client.close()
