@@ -68,8 +68,9 @@ class FakeGemini:
             body = json.loads(request.content)
             name = body.get("cachedContent")
             if name is not None and name not in self.caches:
-                return httpx2.Response(404, json={"error": {"code": 404, "status": "NOT_FOUND",
-                                                            "message": f"{name} not found"}})
+                return httpx2.Response(403, json={"error": {"code": 403, "status": "PERMISSION_DENIED",
+                                                            "message": "CachedContent not found (or permission "
+                                                                       "denied)"}})
             text = body["contents"][-1]["parts"][0]["text"]
             usage = {"promptTokenCount": 900, "candidatesTokenCount": 3, "totalTokenCount": 903}
             if name is not None:
@@ -249,6 +250,23 @@ async def test_a_cache_found_by_display_name_is_reused_renewed_and_left_to_its_o
     assert fake.routes("PATCH") == ["/v1beta/cachedContents/theirs"]
     assert fake.caches["cachedContents/theirs"]["ttl"] == "3600s"
     assert fake.routes("DELETE") == []
+
+
+async def test_a_cache_gone_before_its_time_is_made_again_by_the_retry() -> None:
+    fake = FakeGemini()
+    strategy = gemini(fake, system_prompt=SYSTEM, context_cache=True)
+    await strategy.prepare()
+    try:
+        fake.caches.clear()  # deleted elsewhere, or expired early on Google's side
+        with pytest.raises(ProviderError) as caught:
+            await strategy.execute("a", 1, None)
+        assert caught.value.category is ErrorCategory.TRANSIENT and caught.value.status_code is None
+        assert "cachedContents/c1 is gone" in str(caught.value)
+        text, _, metadata = await strategy.execute("a", 2, None)
+        assert text == "echo a" and metadata["cached_content"] == "cachedContents/c2"
+    finally:
+        await strategy.cleanup()
+    assert fake.caches == {}
 
 
 def test_an_item_may_not_override_what_the_cache_holds() -> None:

@@ -162,6 +162,11 @@ class CacheHandle:
             assert self.name is not None
             return self.name
 
+    def forget(self, name: str) -> None:
+        """Gemini says ``name`` is gone (expired early, deleted elsewhere): the next call creates another."""
+        if self.name == name:
+            self.expires_at = 0.0
+
     async def close(self, client: Any) -> None:
         """Delete the cache if this lease created it; bounded and shielded (a cancelled batch still
         deletes it). A delete that fails raises, and the handle keeps the name for a retry."""

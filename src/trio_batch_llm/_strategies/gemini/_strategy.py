@@ -22,7 +22,8 @@ from typing import Any, Final, final
 import anyio.lowlevel
 
 from ..._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
-from ..._values._errors import ConfigurationError
+from ..._values._categories import ErrorCategory
+from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
 from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
@@ -318,8 +319,15 @@ class GeminiStrategy(LLMCallStrategy[str]):
         session = self._session()
         cached = await session.cache.fresh_name(session.client) if session.cache is not None else None
         body = self.request_body(request, cached_content=cached)
-        payload, headers, status = await self._rest.call(
-            session.client, "POST", f"models/{self.model}:generateContent", body, timeout=timeout)
+        try:
+            payload, headers, status = await self._rest.call(
+                session.client, "POST", f"models/{self.model}:generateContent", body, timeout=timeout)
+        except ProviderError as error:
+            if cached is None or session.cache is None or not _cache_gone(error):
+                raise
+            session.cache.forget(cached)  # the retry creates a new cache first
+            raise ProviderError(f"the context cache {cached} is gone ({error}); a new one is made for "
+                                "the retry", category=ErrorCategory.TRANSIENT) from error  # not an auth failure
         text, usage, metadata = read_response(payload)
         metadata["status_code"] = status
         if cached is not None:
@@ -331,6 +339,11 @@ class GeminiStrategy(LLMCallStrategy[str]):
 
     def __repr__(self) -> str:
         return f"GeminiStrategy(model={self.model!r}, base_url={redact_url(self.base_url)!r})"
+
+
+def _cache_gone(error: ProviderError) -> bool:
+    """Gemini's answer to a request naming a cache that expired or was deleted (403 or 404)."""
+    return error.status_code in (403, 404) and "cachedcontent" in str(error).lower().replace(" ", "")
 
 
 def _is_genai_client(client: Any) -> bool:
