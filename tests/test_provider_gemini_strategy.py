@@ -68,9 +68,9 @@ class FakeGemini:
             body = json.loads(request.content)
             name = body.get("cachedContent")
             if name is not None and name not in self.caches:
+                gone = "CachedContent not found (or permission denied)"
                 return httpx2.Response(403, json={"error": {"code": 403, "status": "PERMISSION_DENIED",
-                                                            "message": "CachedContent not found (or permission "
-                                                                       "denied)"}})
+                                                            "message": gone}})
             text = body["contents"][-1]["parts"][0]["text"]
             usage = {"promptTokenCount": 900, "candidatesTokenCount": 3, "totalTokenCount": 903}
             if name is not None:

@@ -327,7 +327,7 @@ class GeminiStrategy(LLMCallStrategy[str]):
                 raise
             session.cache.forget(cached)  # the retry creates a new cache first
             raise ProviderError(f"the context cache {cached} is gone ({error}); a new one is made for "
-                                "the retry", category=ErrorCategory.TRANSIENT) from error  # not an auth failure
+                                "the retry", category=ErrorCategory.TRANSIENT) from error  # not an auth error
         text, usage, metadata = read_response(payload)
         metadata["status_code"] = status
         if cached is not None:
