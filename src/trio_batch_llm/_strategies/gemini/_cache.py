@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, final
 
 import anyio
+import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError, ProviderError
@@ -145,10 +146,12 @@ class CacheHandle:
         self.expires_at = started + self._ttl
         self.renewals += 1
 
-    async def fresh_name(self, client: Any) -> str:
+    def fresh_name(self) -> str | None:
+        """The cache's name while more than half its TTL is left; ``None``: :meth:`renewed_name` first."""
+        return self.name if self._now() < self.expires_at - self._ttl / 2 else None
+
+    async def renewed_name(self, client: Any) -> str:
         """The cache's name, renewed first when half its TTL is gone (created again if it vanished)."""
-        if self._now() < self.expires_at - self._ttl / 2 and self.name is not None:
-            return self.name
         async with self._lock:  # one caller renews; the others find it fresh
             if self._now() >= self.expires_at - self._ttl / 2 or self.name is None:
                 try:
@@ -171,6 +174,7 @@ class CacheHandle:
         """Delete the cache if this lease created it; bounded and shielded (a cancelled batch still
         deletes it). A delete that fails raises, and the handle keeps the name for a retry."""
         if not self.owned or self.name is None:
+            await anyio.lowlevel.checkpoint()
             return
         with anyio.CancelScope(shield=True), anyio.move_on_after(_DELETE_TIMEOUT) as scope:
             try:
@@ -178,6 +182,7 @@ class CacheHandle:
             except ProviderError as exc:
                 if exc.status_code != 404:
                     raise
+        await anyio.lowlevel.cancel_shielded_checkpoint()  # the shielded delete may end without one
         if scope.cancelled_caught:
             raise ProviderError(f"deleting the Gemini cache {self.name} took over {_DELETE_TIMEOUT:.0f} s; "
                                 "it ends with its TTL", category=ErrorCategory.TIMEOUT)

@@ -286,6 +286,8 @@ class GeminiStrategy(LLMCallStrategy[str]):
             await session.cache.close(session.client)  # raises if it fails: a later cleanup retries
         if session.owns_client:
             await session.client.aclose()
+        else:
+            await anyio.lowlevel.checkpoint()
         if clients.get(identity) is session:
             del clients[identity]
 
@@ -317,7 +319,9 @@ class GeminiStrategy(LLMCallStrategy[str]):
 
             return await sdk_generate(self._sdk_client, self.model, self.request_body(request))
         session = self._session()
-        cached = await session.cache.fresh_name(session.client) if session.cache is not None else None
+        cached = None
+        if session.cache is not None:
+            cached = session.cache.fresh_name() or await session.cache.renewed_name(session.client)
         body = self.request_body(request, cached_content=cached)
         try:
             payload, headers, status = await self._rest.call(
