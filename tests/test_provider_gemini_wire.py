@@ -6,6 +6,8 @@ response and its ``google.rpc`` error details, in our own words and values.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from trio_batch_llm import ErrorCategory, LLMRequest, ProviderError
 from trio_batch_llm._strategies.gemini._errors import error_from_body
 from trio_batch_llm._strategies.gemini._wire import build_request_body, read_response, request_problem
 from trio_batch_llm._values._details import DETAILS_METADATA_KEY
+from trio_batch_llm._values._structured import ResponseModel
 
 # A documented-shape response: text in candidates[0].content.parts, usage in usageMetadata.
 RESPONSE: dict[str, Any] = {
@@ -206,3 +209,43 @@ def test_a_retry_after_header_is_used_when_the_body_has_no_retry_info() -> None:
     error = error_from_body(429, {"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "slow"}},
                             {"retry-after": "7"})
     assert (error.category, error.retry_after) == (ErrorCategory.RATE_LIMIT, 7.0)
+
+
+# -- the shared fixtures of documented payloads (tests/data/wire/, also checked against the mock) -----
+
+WIRE = Path(__file__).resolve().parent / "data" / "wire"
+
+
+def _wire(name: str) -> Any:
+    return json.loads((WIRE / name).read_text(encoding="utf-8"))
+
+
+def test_our_request_body_has_the_documented_shape() -> None:
+    documented = _wire("gemini_generate_content_request.json")
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "Which colour is the sea?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+    body = build_request_body(LLMRequest(messages, {"temperature": 0.0, "max_output_tokens": 16}),
+                              system_prompt="Answer in one word.", response=ResponseModel(schema))
+    config = dict(body["generationConfig"])
+    documented_config = dict(documented["generationConfig"])
+    # Google documents two schema fields: responseSchema (its OpenAPI subset) and responseJsonSchema
+    # (JSON Schema as is), which we send because our schemas are JSON Schema.
+    documented_config.pop("responseSchema")
+    assert config.pop("responseJsonSchema")["properties"] == {"colour": {"type": "string"}}
+    assert config == documented_config
+    assert {k: v for k, v in body.items() if k != "generationConfig"} == \
+        {k: v for k, v in documented.items() if k != "generationConfig"}
+
+
+def test_the_documented_response_and_errors_read_as_documented() -> None:
+    text, usage, metadata = read_response(_wire("gemini_generate_content_response.json"))
+    assert text == '{"colour": "blue"}'
+    assert usage == {"input_tokens": 1290, "cached_input_tokens": 1024, "output_tokens": 19,
+                     "reasoning_tokens": 12, "total_tokens": 1309}
+    assert metadata["id"] == "ExampleOnlyResponseId01"
+    minute = error_from_body(429, _wire("gemini_error_429.json"))
+    assert (minute.category, minute.retry_after, minute.stops_batch) == (ErrorCategory.RATE_LIMIT, 45.0, None)
+    overloaded = error_from_body(503, _wire("gemini_error_503.json"))
+    assert overloaded.category is ErrorCategory.SERVER and "overloaded" in str(overloaded)
