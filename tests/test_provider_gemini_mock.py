@@ -87,12 +87,13 @@ async def test_structured_output_is_answered_in_the_schema_and_validated() -> No
         strategy = strategy_for(server, response_model=Capital)
         answer: Any = await call(strategy, "capital of Norway?")
         assert isinstance(answer, Capital)
-        batch = await process_prompts(strategy, ["a [[schema_violation:1x1]]", "b"], config=fast_retries())
+        batch = await process_prompts(strategy, ["a [[schema_violationx1]]", "b"], config=fast_retries())
         assert all(isinstance(r.output, Capital) for r in batch), [r.error for r in batch]
+        assert [r.attempts for r in batch.in_input_order()] == [2, 1]  # the bad answer failed to parse
 
 
 async def test_a_per_minute_429_is_waited_out_and_a_503_retried() -> None:
-    async with serve_mock(MockServerConfig(api_key=KEY, retry_after=0.05)) as server:
+    async with serve_mock(MockServerConfig(api_key=KEY, retry_after=0.3)) as server:
         strategy = strategy_for(server)
         await strategy.prepare()
         try:
@@ -101,12 +102,15 @@ async def test_a_per_minute_429_is_waited_out_and_a_503_retried() -> None:
         finally:
             await strategy.cleanup()
         assert caught.value.category is ErrorCategory.RATE_LIMIT
-        assert caught.value.retry_after == pytest.approx(0.05)
+        assert caught.value.retry_after == pytest.approx(0.3)  # RetryInfo.retryDelay "0.3s", in the body
         assert caught.value.stops_batch is None
         batch = await process_prompts(strategy, ["minute [[fail:429x1]]", "busy [[fail:503x1]]"],
                                       config=fast_retries())
         results = {r.item_id: r for r in batch}
         assert results["item-0"].success and results["item-0"].attempts == 2
+        # The retry waited out Gemini's retryDelay, not only the 0.05 s backoff cap of fast_retries().
+        waited = results["item-0"].timing.cooldown + results["item-0"].timing.backoff
+        assert waited >= 0.3 - 0.01
         assert results["item-1"].success and results["item-1"].attempts == 2
 
 

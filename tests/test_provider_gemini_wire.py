@@ -99,6 +99,15 @@ def test_a_response_schema_is_sent_as_json_mime_type_and_json_schema() -> None:
         "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}
 
 
+def test_generation_config_fields_in_extra_body_go_into_generation_config() -> None:
+    body = build_request_body(LLMRequest("q", {"temperature": 0.5, "extra_body": {
+        "thinkingConfig": {"thinkingBudget": 0}, "generationConfig": {"topK": 3},
+        "safetySettings": [{"category": "HARM_CATEGORY_HARASSMENT", "threshold": "BLOCK_NONE"}]}}))
+    assert body["generationConfig"] == {"temperature": 0.5, "thinkingConfig": {"thinkingBudget": 0},
+                                        "topK": 3}
+    assert body["safetySettings"][0]["threshold"] == "BLOCK_NONE"
+
+
 def test_a_cached_content_replaces_the_system_instruction_and_extra_body_merges_last() -> None:
     body = build_request_body(LLMRequest("q", {"extra_body": {"safetySettings": []}}),
                               system_prompt="long shared prefix", cached_content="cachedContents/abc")

@@ -20,12 +20,20 @@ from ..._values._prompts import LLMRequest
 from ..._values._results import TokenUsage
 from ..._values._structured import ResponseModel
 
-__all__ = ["BLOCKED_FINISH_REASONS", "build_request_body", "read_response", "request_problem"]
+__all__ = ["BLOCKED_FINISH_REASONS", "GENERATION_FIELDS", "build_request_body",
+           "read_response", "request_problem"]
 
 BLOCKED_FINISH_REASONS: Final = frozenset({
     "SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT", "SPII", "IMAGE_SAFETY",
 })
 """Finish reasons that mean the answer was withheld by a filter (CONTENT_POLICY, not retried)."""
+GENERATION_FIELDS: Final = frozenset({
+    "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema", "responseModalities",
+    "candidateCount", "maxOutputTokens", "temperature", "topP", "topK", "seed", "presencePenalty",
+    "frequencyPenalty", "responseLogprobs", "logprobs", "enableEnhancedCivicAnswers", "speechConfig",
+    "thinkingConfig", "imageConfig", "mediaResolution",
+})
+"""Google's ``GenerationConfig`` fields: given in ``extra_body`` they are sent inside ``generationConfig``."""
 _FINISH_NAMES: Final = {"STOP": "stop", "MAX_TOKENS": "length"}
 _ROLES: Final = {"user": "user", "assistant": "model", "model": "model"}
 _SCHEMA_DROPPED: Final = frozenset({"$schema"})
@@ -123,8 +131,20 @@ def build_request_body(
             body["toolConfig"] = tool_config
     if cached_content is not None:
         body["cachedContent"] = cached_content
-    body.update(extra)
+    _merge_extra(body, extra)
     return body
+
+
+def _merge_extra(body: dict[str, Any], extra: Mapping[str, Any]) -> None:
+    """``extra_body`` last: a ``GenerationConfig`` field (``thinkingConfig``, ``topK``...) or a
+    ``generationConfig`` mapping goes into ``generationConfig``, where Gemini reads it; the rest on top."""
+    for key, value in extra.items():
+        if key == "generationConfig" and isinstance(value, Mapping):
+            body.setdefault("generationConfig", {}).update(value)
+        elif key in GENERATION_FIELDS:
+            body.setdefault("generationConfig", {})[key] = value
+        else:
+            body[key] = value
 
 
 def _content(message: Mapping[str, Any]) -> dict[str, Any]:
