@@ -35,7 +35,9 @@ from trio_batch_llm import (
     process_prompts,
     process_stream,
 )
-from trio_batch_llm.mock import MockServer, MockServerConfig, serve_mock
+from trio_batch_llm.mock import MockOpenAIApp, MockServer, MockServerConfig, serve_mock
+
+from .conftest import trio_virtual_clock
 
 pytestmark = pytest.mark.anyio
 
@@ -146,6 +148,8 @@ async def test_the_context_cache_is_created_once_used_and_deleted() -> None:
         assert all(r.token_usage["cached_input_tokens"] > 0 for r in batch)
         assert all(r.token_usage["input_tokens"] > r.token_usage["cached_input_tokens"] for r in batch)
         assert await caches_left(server) == []
+        stats = server.app.gemini.cache_statistics()
+        assert (stats.created, stats.deleted, stats.used, stats.missing) == (1, 1, 6, 0)
 
 
 async def test_the_context_cache_is_deleted_when_the_batch_is_cancelled() -> None:
@@ -163,6 +167,48 @@ async def test_the_context_cache_is_deleted_when_the_batch_is_cancelled() -> Non
                 group.cancel_scope.cancel()
         assert not scope.cancelled_caught
         assert await caches_left(server) == []
+
+
+async def test_a_cache_gemini_refuses_fails_the_batch_before_any_call_and_leaves_nothing() -> None:
+    async with serve_mock(MockServerConfig(api_key=KEY, gemini_min_cache_tokens=100_000)) as server:
+        strategy = strategy_for(server, system_prompt=HANDBOOK, context_cache=True)
+        with pytest.raises(ProviderError) as caught:
+            await process_prompts(strategy, ["a", "b"])
+        assert caught.value.category is ErrorCategory.INVALID_REQUEST and "too small" in str(caught.value)
+        assert not any(r.path.endswith(":generateContent") for r in server.requests)
+        assert await caches_left(server) == []
+        stats = server.app.gemini.cache_statistics()
+        assert (stats.created, stats.refused_small) == (0, 1)
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(trio_virtual_clock(), id="trio-virtual")])
+async def test_the_mock_sees_the_cache_renewed_before_its_ttl_runs_out() -> None:
+    """The mock's app in process (no sockets), on Trio's virtual clock: hours of batch in no real time.
+    The mock expires caches by its own clock, so a late renewal would show as an expired cache."""
+    app = MockOpenAIApp(MockServerConfig(api_key=KEY))
+    client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app))
+    strategy = GeminiStrategy(MODEL, base_url="http://mock", client=client, api_key=KEY,
+                              system_prompt=HANDBOOK, context_cache=GeminiContextCache(ttl=600))
+    started = anyio.current_time()
+    batch = await process_prompts(strategy, ["a short batch"])
+    assert batch.in_input_order()[0].success
+
+    async def slow_source() -> Any:  # a longer batch: one item a minute for 41 minutes
+        for n in range(41):
+            await anyio.sleep(60)
+            yield f"minute {n}"
+
+    async with process_stream(strategy, slow_source()) as results:
+        finished = [r async for r in results]
+    assert len(finished) == 41 and all(r.success for r in finished), [r.error for r in finished][:3]
+    stats = app.gemini.cache_statistics()
+    assert (stats.expired, stats.missing) == (0, 0)  # never used after its TTL
+    assert stats.created == 2 and stats.deleted == 2  # one per batch, each deleted at its end
+    short, long = app.gemini.caches.records
+    assert short.renewals == [] and short.created == started
+    # 41 minutes on a 10-minute TTL, renewed by the first call once half of it is gone: every 5 minutes.
+    assert [t - long.created for t in long.renewals] == [300.0 * n for n in range(1, 9)]
+    await client.aclose()
 
 
 async def test_llm_spec_builds_the_strategy() -> None:
