@@ -227,6 +227,7 @@ def test_the_docs_example_runs() -> None:
         anyio.run(module.main, backend="trio")
     text = out.getvalue()
     assert "'systemInstruction': {'parts': [{'text': 'Answer in one word.'}]}" in text
+    assert "'generationConfig': {'temperature': 0.0, 'maxOutputTokens': 16}" in text
     assert "[True, True]" in text and "Capital" in text
     assert "succeeded: 4 cached tokens > 0: True" in text
     assert "GeminiStrategy gemini-2.5-flash" in text

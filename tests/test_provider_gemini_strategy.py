@@ -130,6 +130,16 @@ async def test_a_batch_posts_generate_content_with_the_key_header_and_reads_usag
     assert first.metadata["model"] == "gemini-test-001"
 
 
+def test_strategy_settings_reach_the_generation_config() -> None:
+    strategy = GeminiStrategy("gemini-x", base_url=BASE, temperature=0.0, max_output_tokens=8,
+                              params={"top_p": 0.5, "stop": ["END"]})
+    assert strategy.request_body("q")["generationConfig"] == {
+        "temperature": 0.0, "topP": 0.5, "stopSequences": ["END"], "maxOutputTokens": 8}
+    assert strategy.params == {"temperature": 0.0, "top_p": 0.5, "stop": ["END"]}
+    alone = GeminiStrategy("gemini-x", base_url=BASE, temperature=0.0)  # no params= beside it
+    assert alone.request_body("q")["generationConfig"] == {"temperature": 0.0}
+
+
 async def test_structured_output_sends_a_json_schema_and_validates_the_answer() -> None:
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     fake_answer = httpx2.Response(200, json={"candidates": [

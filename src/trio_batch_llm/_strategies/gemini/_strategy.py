@@ -111,11 +111,12 @@ class GeminiStrategy(LLMCallStrategy[str]):
         self.concurrency = concurrency
         self._concurrency_hint: int | None = None
         try:
-            self.params = check_params(params, "params=")
+            checked = check_params(params, "params=")
         except (TypeError, ValueError) as exc:
             raise ConfigurationError("params", params, str(exc).removeprefix("params=: ")) from exc
         if temperature is not None:
-            self.params.setdefault("temperature", temperature)
+            checked.setdefault("temperature", temperature)
+        self.params = checked  # the base class's property stores a copy: set it whole
         self._response = ResponseModel(response_model) if response_model is not None else None
         self.response_model = self._response.model if self._response is not None else None
         if context_cache is True:
