@@ -213,18 +213,18 @@ async def test_the_mock_sees_the_cache_renewed_before_its_ttl_runs_out() -> None
 
 async def test_a_google_genai_client_runs_on_both_backends_over_our_httpx2_client() -> None:
     genai = pytest.importorskip("google.genai")
-    async with serve_mock(MockServerConfig(api_key=KEY, retry_after=0.2)) as server:
-        async with httpx2.AsyncClient() as http:
-            client = genai.Client(api_key=KEY, http_options=genai.types.HttpOptions(
-                base_url=server.url, api_version="v1beta", httpx_async_client=http))
-            strategy = GeminiStrategy(MODEL, client=client, response_model=Capital)
-            answer: Any = await call(strategy, "capital of Chile?")
-            assert isinstance(answer, Capital)
-            with pytest.raises(ProviderError) as caught:
-                await strategy.execute("slow down [[fail:429]]", 1, None)
-            assert (caught.value.category, caught.value.retry_after) == (ErrorCategory.RATE_LIMIT, 0.2)
-            sent = [r.body for r in server.requests if r.path.endswith(":generateContent")][0]
-            assert sent["generationConfig"]["responseMimeType"] == "application/json"
+    config = MockServerConfig(api_key=KEY, retry_after=0.2)
+    async with serve_mock(config) as server, httpx2.AsyncClient() as http:
+        client = genai.Client(api_key=KEY, http_options=genai.types.HttpOptions(
+            base_url=server.url, api_version="v1beta", httpx_async_client=http))
+        strategy = GeminiStrategy(MODEL, client=client, response_model=Capital)
+        answer: Any = await call(strategy, "capital of Chile?")
+        assert isinstance(answer, Capital)
+        with pytest.raises(ProviderError) as caught:
+            await strategy.execute("slow down [[fail:429]]", 1, None)
+        assert (caught.value.category, caught.value.retry_after) == (ErrorCategory.RATE_LIMIT, 0.2)
+        sent = next(r.body for r in server.requests if r.path.endswith(":generateContent"))
+        assert sent["generationConfig"]["responseMimeType"] == "application/json"
 
 
 async def test_llm_spec_builds_the_strategy() -> None:
