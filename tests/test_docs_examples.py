@@ -97,6 +97,10 @@ EXAMPLES = [
         "{'role': 'system', 'content': 'Answer in one word.'}", "'max_tokens': 16", "'top_k': 20",
         "the server received top_k = 20", "OpenAICompatibleStrategy meta-llama/Llama-3.1-8B-Instruct",
     ), SERVER),
+    Example("provider_gemini", BOTH, (
+        "'generationConfig': {'temperature': 0.0, 'maxOutputTokens': 16}", "[True, True]", "Capital",
+        "succeeded: 4 cached tokens > 0: True", "GeminiStrategy gemini-2.5-flash",
+    ), (*SERVER, "pydantic")),
     Example("mock_server", BOTH, ("61/61 succeeded after 69 requests: 1 rate-limited, 7 server errors",),
             SERVER),
     Example("rate_limits", VIRTUAL),
