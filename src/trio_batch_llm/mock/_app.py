@@ -40,6 +40,7 @@ from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
 from ._limits import ServerLimits
 from ._plan import CREATED, Plan, error_text, plan_request, reply, success_body
+from ._provider_batches import ProviderBatches, ProviderBatchRoute, generate_line_answer, message_line_answer
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
 from ._structured import requested_schema, schema_refusal
@@ -74,6 +75,12 @@ class MockOpenAIApp:
         self._changed: anyio.Event | None = None
         self._respond = Responder(self._counts, self._clock, self._notify, self.config.retry_after_headers)
         self._store = BatchStore(self.config, self._execute_line)
+        self.provider_batches = ProviderBatches(
+            self.config, self._counts, self._respond, self._clock,
+            answer_message=message_line_answer(self.config, self._counts),
+            answer_generate=generate_line_answer(self.config, self._counts),
+        )
+        """Anthropic's Message Batches and Gemini's batch mode (their stores: ``.anthropic``, ``.gemini``)."""
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -152,14 +159,18 @@ class MockOpenAIApp:
             await send_json(send, 200, {"object": "list", "data": [model]})
             return
         batch_route = match_route(method, path)
+        provider_route = self.provider_batches.match(method, path)
         api = _ROUTES.get(path)
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
-        if isinstance(batch_route, BatchRoute):
+        if isinstance(provider_route, ProviderBatchRoute):
+            handler = functools.partial(self._provider_batch, provider_route)
+        elif isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
         elif api is not None and method == "POST":
             handler = functools.partial(self._completion, api)
         else:
-            status = 404 if api is None and batch_route is None else 405
+            known = api is not None or batch_route is not None or provider_route is not None
+            status = 405 if known else 404
             message = f"no route {method} {path}"
             await send_json(send, status, error_payload(message, kind="invalid_request_error"))
             return
@@ -175,6 +186,7 @@ class MockOpenAIApp:
     def _arrive(self, scope: Scope, body: Any, prompt: str | None, now: float) -> Exchange:
         """Record a request's arrival; finish the batches due by now (so occurrences follow time)."""
         self._store.advance(now)
+        self.provider_batches.advance(now)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         record = RecordedRequest(
             method=scope["method"], path=scope["path"], arrival=now, prompt=prompt,
@@ -333,6 +345,23 @@ class MockOpenAIApp:
                     await send_json(send, answer.status, answer.payload, exchange=exchange)
 
         await respond.guarded(exchange, receive, send, act)
+
+    async def _provider_batch(self, route: ProviderBatchRoute, scope: Scope, raw: bytes, receive: Receive,
+                              send: Send) -> None:
+        """An Anthropic or Gemini batch request (:mod:`._provider_batches`)."""
+        try:
+            recorded: Any = json.loads(raw) if raw else None
+        except ValueError:
+            recorded = raw
+        exchange = self._arrive(scope, recorded, None, self._clock())
+        self._counts.batch_api_requests += 1
+        self._notify()
+        if self._respond.closing:
+            await self._respond.send_error(exchange, send, 503, "the mock server is shutting down", "server_error")
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        await self.provider_batches.serve(route, exchange, raw, scope.get("query_string", b"").decode("latin-1"),
+                                          headers, receive, send)
 
     async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.

@@ -1,0 +1,217 @@
+"""The mock's Anthropic and Gemini batch routes: which request is which store operation, answered how.
+
+:class:`ProviderBatches` holds the app's :class:`~._anthropic_batches.AnthropicBatchStore`
+and :class:`~._gemini_batches.GeminiBatchStore` and serves their requests the
+way the app serves OpenAI's Batch API (:meth:`MockOpenAIApp._batch_api`): the
+generic faults planned from ``(seed, "METHOD path-template", occurrence)``,
+then the scripted ``batch_create_faults`` of a create, then the store. Errors
+are worded in the route's dialect (Anthropic's ``{"type": "error", ...}``,
+Google's ``{"error": {code, message, status}}``), with ``retry-after`` on 429s.
+
+Each line of a batch is answered by ``answer_message`` / ``answer_generate``:
+the app's live dialect for ``/v1/messages`` and ``generateContent``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, final
+
+import anyio
+
+from ._anthropic_batches import AnthropicBatchStore, LineAnswer, anthropic_error, match_anthropic_batch_route
+from ._asgi import Exchange, Receive, Send, send_json, send_raw
+from ._gemini_batches import GeminiBatchStore, GeminiLineAnswer, google_error, match_gemini_batch_route
+from ._plan import Plan, plan_request, reply
+from ._respond import Responder
+from ._state import Counters, MockServerConfig, mock_token_count
+
+__all__ = ["ProviderBatchRoute", "ProviderBatches", "generate_line_answer", "message_line_answer"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ProviderBatchRoute:
+    dialect: str  # "anthropic" | "gemini"
+    template: str
+    action: str
+    target: str
+
+
+@final
+class ProviderBatches:
+    """The Anthropic and Gemini batch stores of one app, and how their requests are answered."""
+
+    def __init__(self, config: MockServerConfig, counts: Counters, respond: Responder,
+                 clock: Callable[[], float], *, answer_message: LineAnswer,
+                 answer_generate: GeminiLineAnswer) -> None:
+        self.config = config
+        self.anthropic = AnthropicBatchStore(config, answer_message)
+        self.gemini = GeminiBatchStore(config, answer_generate)
+        self._counts = counts
+        self._respond = respond
+        self._clock = clock
+        self._create_faults = iter(config.batch_create_faults)
+
+    def match(self, method: str, path: str) -> ProviderBatchRoute | str | None:
+        """The route of ``method path``; ``"wrong method"``; ``None`` if the path is not a batch path."""
+        for dialect, matcher in (("anthropic", match_anthropic_batch_route), ("gemini", match_gemini_batch_route)):
+            found = matcher(method, path)
+            if isinstance(found, tuple):
+                return ProviderBatchRoute(dialect, *found)
+            if found is not None:
+                return found
+        return None
+
+    def advance(self, now: float) -> None:
+        self.anthropic.advance(now)
+        self.gemini.advance(now)
+
+    def authorized(self, route: ProviderBatchRoute, headers: dict[str, str]) -> bool:
+        """The dialect's own key header carries ``api_key`` (Anthropic ``x-api-key``, Google
+        ``x-goog-api-key``); a Bearer token is taken too, as both APIs' gateways do."""
+        key = self.config.api_key
+        if key is None:
+            return True
+        own = headers.get("x-api-key" if route.dialect == "anthropic" else "x-goog-api-key")
+        return key in (own, (headers.get("authorization") or "").removeprefix("Bearer "))
+
+    def error_body(self, route: ProviderBatchRoute, status: int, message: str) -> dict[str, Any]:
+        return anthropic_error(status, message) if route.dialect == "anthropic" else google_error(status,
+                                                                                                 message)
+
+    async def send_error(self, route: ProviderBatchRoute, exchange: Exchange, send: Send, status: int,
+                         message: str, *, retry_after: float | None = None) -> None:
+        """An error in the route's dialect, counted as the app counts its answers."""
+        if exchange.record.outcome == "pending":
+            exchange.record.outcome = f"error:{status}"
+        exchange.record.answered = self._clock()
+        if status == 429:
+            self._counts.rate_limited += 1
+        elif status >= 500:
+            self._counts.server_errors += 1
+        else:
+            self._counts.client_errors += 1
+        headers = [] if retry_after is None else [(b"retry-after", str(math.ceil(retry_after)).encode())]
+        await send_json(send, status, self.error_body(route, status, message), headers=headers,
+                        exchange=exchange)
+
+    async def serve(self, route: ProviderBatchRoute, exchange: Exchange, raw: bytes, query: str,
+                    headers: dict[str, str], receive: Receive, send: Send) -> None:
+        """One batch request, after the app recorded its arrival: faults, scripted create faults, the store."""
+        if not self.authorized(route, headers):
+            await self.send_error(route, exchange, send, 401, "invalid x-api-key (mock)")
+            return
+        occurrence = self._counts.endpoint_occurrences[route.template]
+        self._counts.endpoint_occurrences[route.template] += 1
+        plan = plan_request(self.config, route.template, occurrence)
+        if plan.kind == "malformed":  # a truncated result file would be undetectable: not a batch fault
+            plan = Plan("ok", plan.latency)
+        script = next(self._create_faults, "ok") if route.action == "create" and plan.kind == "ok" else "ok"
+        respond, record = self._respond, exchange.record
+        if plan.kind in ("hang", "reset") or script == "hang_before_create":
+            record.outcome = "reset" if plan.kind == "reset" else "hang"
+        store: AnthropicBatchStore | GeminiBatchStore = (
+            self.anthropic if route.dialect == "anthropic" else self.gemini)
+        if route.dialect == "anthropic":
+            self.anthropic.origin = f"http://{headers.get('host', '127.0.0.1')}"
+
+        async def act() -> None:
+            if plan.kind == "hang" or script == "hang_before_create":
+                await respond.hang()
+            if plan.latency > 0:
+                await anyio.sleep(plan.latency)
+            if plan.kind == "reset":
+                await respond.perform(plan, {}, exchange, send)
+                return
+            if plan.kind == "error" or script.startswith("error:"):
+                status = plan.status if plan.kind == "error" else int(script.removeprefix("error:"))
+                wait = self.config.retry_after if status in (429, 503, 529) else None
+                await self.send_error(route, exchange, send, status, f"mock error {status}", retry_after=wait)
+                return
+            moment = self._clock()
+            self.advance(moment)
+            answer = store.dispatch(route.action, route.target, raw, query, moment)
+            if answer.created and script == "hang_after_create":
+                record.outcome = "hang"
+                await respond.hang()
+            if answer.created and script == "reset_after_create":
+                record.outcome = "reset"
+                await respond.perform(Plan("reset"), {}, exchange, send)
+            elif answer.status >= 400:
+                await self.send_error(route, exchange, send, answer.status, answer.message)
+            else:
+                record.outcome, record.answered = "ok", self._clock()
+                if answer.content is not None:
+                    await send_raw(send, answer.status, answer.content, exchange=exchange,
+                                   content_type=b"application/binary")
+                else:
+                    await send_json(send, answer.status, answer.payload, exchange=exchange)
+
+        await respond.guarded(exchange, receive, send, act)
+
+
+def _text_of(value: Any) -> str:
+    """The text of a message content (a string, or parts with ``text``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(_text_of(part.get("text", "")) for part in value if isinstance(part, dict))
+    return ""
+
+
+def planned_line(config: MockServerConfig, counts: Counters, prompt: str) -> tuple[Plan, str, int]:
+    """One batch line planned as a live request of ``prompt`` (its occurrence counted): the plan, the
+    answer's text and its output tokens. Hang, reset and malformed become a 500."""
+    occurrence = counts.occurrences[prompt]
+    counts.occurrences[prompt] += 1
+    plan = plan_request(config, prompt, occurrence)
+    if plan.kind not in ("ok", "error"):
+        plan = Plan("error", status=500)
+    text, tokens = reply(config, prompt)
+    return plan, text, tokens
+
+
+def message_line_answer(config: MockServerConfig, counts: Counters) -> LineAnswer:
+    """A line of a message batch answered as a Messages API call: an interim dialect for the batch
+    store until the app's own ``/v1/messages`` dialect answers lines (same plans, markers, occurrences)."""
+
+    def answer(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        messages = params.get("messages")
+        if not isinstance(messages, list) or not messages or not isinstance(params.get("max_tokens"), int):
+            return 400, anthropic_error(400, "messages and max_tokens: Field required")
+        prompt = "".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
+        plan, text, tokens = planned_line(config, counts, prompt)
+        if plan.kind == "error":
+            return plan.status, anthropic_error(plan.status, f"mock error {plan.status}")
+        usage = {"input_tokens": mock_token_count(prompt), "output_tokens": tokens,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        return 200, {"id": "msg_mock", "type": "message", "role": "assistant", "model": params.get("model"),
+                     "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
+                     "stop_sequence": None, "usage": usage}
+
+    return answer
+
+
+def generate_line_answer(config: MockServerConfig, counts: Counters) -> GeminiLineAnswer:
+    """A line of a Gemini batch answered as a ``generateContent`` call: an interim dialect for the batch
+    store until the app's own Gemini dialect answers lines (same plans, markers, occurrences)."""
+
+    def answer(model: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        contents = request.get("contents")
+        if not isinstance(contents, list) or not contents:
+            return 400, google_error(400, "* GenerateContentRequest.contents: contents is not specified")
+        prompt = "".join(_text_of(c.get("parts")) for c in contents if isinstance(c, dict))
+        plan, text, tokens = planned_line(config, counts, prompt)
+        if plan.kind == "error":
+            return plan.status, google_error(plan.status, f"mock error {plan.status}")
+        prompt_tokens = mock_token_count(prompt)
+        usage = {"promptTokenCount": prompt_tokens, "candidatesTokenCount": tokens,
+                 "totalTokenCount": prompt_tokens + tokens}
+        return 200, {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                                     "finishReason": "STOP", "index": 0}],
+                     "usageMetadata": usage, "modelVersion": model}
+
+    return answer
