@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -34,24 +35,21 @@ from typing import Any, final
 import anyio
 import anyio.lowlevel
 
-from .._strategies.openai._wire import Api, error_payload, prompt_text_of_request
 from ._asgi import Exchange, Receive, Scope, Send, lifespan, read_body, send_json, send_raw
 from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
+from ._dialect import Dialect, Route
+from ._dialects import DIALECTS
 from ._limits import ServerLimits
-from ._plan import CREATED, Plan, error_text, plan_request, reply, success_body
-from ._provider_batches import ProviderBatches, ProviderBatchRoute, generate_line_answer, message_line_answer
+from ._openai import Api, OpenAIDialect, openai_error_payload
+from ._plan import CREATED, Plan, plan_request, reply, success_body
+from ._provider_batches import ProviderBatches, ProviderBatchRoute, line_answers
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
-from ._structured import requested_schema, schema_refusal
 
 __all__ = ["MockOpenAIApp"]
 
-_ROUTES: dict[str, Api] = {
-    "/v1/chat/completions": "chat", "/chat/completions": "chat",
-    "/v1/responses": "responses", "/responses": "responses",
-}
-_SECRET_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+_SECRET_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "x-goog-api-key"})
 
 
 @final
@@ -75,12 +73,13 @@ class MockOpenAIApp:
         self._changed: anyio.Event | None = None
         self._respond = Responder(self._counts, self._clock, self._notify, self.config.retry_after_headers)
         self._store = BatchStore(self.config, self._execute_line)
-        self.provider_batches = ProviderBatches(
-            self.config, self._counts, self._respond, self._clock,
-            answer_message=message_line_answer(self.config, self._counts),
-            answer_generate=generate_line_answer(self.config, self._counts),
-        )
-        """Anthropic's Message Batches and Gemini's batch mode (their stores: ``.anthropic``, ``.gemini``)."""
+        self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
+        """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
+        self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
+        self.provider_batches = ProviderBatches(self.config, self._counts, self._respond, self._clock,
+                                                *line_answers(self.config, self._counts, self.dialects,
+                                                              self.execute_route))
+        """Anthropic's Message Batches and Gemini's batch mode (stores ``.anthropic`` and ``.gemini``)."""
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -160,19 +159,21 @@ class MockOpenAIApp:
             return
         batch_route = match_route(method, path)
         provider_route = self.provider_batches.match(method, path)
-        api = _ROUTES.get(path)
+        if provider_route is not None and not isinstance(provider_route, ProviderBatchRoute):
+            batch_route = provider_route  # only the method is wrong: a 405
+        route = next((r for d in self.dialects if (r := d.route(method, path)) is not None), None)
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(provider_route, ProviderBatchRoute):
             handler = functools.partial(self._provider_batch, provider_route)
         elif isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
-        elif api is not None and method == "POST":
-            handler = functools.partial(self._completion, api)
+        elif route is not None:
+            handler = functools.partial(self._completion, route)
         else:
-            known = api is not None or batch_route is not None or provider_route is not None
-            status = 405 if known else 404
+            known = batch_route is not None or any(d.route("POST", path) for d in self.dialects)
             message = f"no route {method} {path}"
-            await send_json(send, status, error_payload(message, kind="invalid_request_error"))
+            await send_json(send, 405 if known else 404,
+                            openai_error_payload(message, kind="invalid_request_error"))
             return
         counts = self._counts
         counts.in_flight += 1
@@ -183,11 +184,13 @@ class MockOpenAIApp:
             counts.in_flight -= 1
             self._notify()
 
-    def _arrive(self, scope: Scope, body: Any, prompt: str | None, now: float) -> Exchange:
+    def _arrive(self, scope: Scope, body: Any, prompt: str | None, now: float,
+                dialect: Dialect | None = None) -> Exchange:
         """Record a request's arrival; finish the batches due by now (so occurrences follow time)."""
         self._store.advance(now)
         self.provider_batches.advance(now)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        dialect = dialect if dialect is not None else self._openai
+        headers = _headers(scope)
         record = RecordedRequest(
             method=scope["method"], path=scope["path"], arrival=now, prompt=prompt,
             headers={k: v for k, v in headers.items() if k not in _SECRET_HEADERS},
@@ -195,44 +198,53 @@ class MockOpenAIApp:
         )
         if self.config.record_requests:
             self._records.append(record)
-        return Exchange(record, authorization=headers.get("authorization"))
+        number = self._counts.requests + self._counts.batch_api_requests
+        request_id = "req_" + hashlib.sha256(f"{self.config.seed}\x00{number}".encode()).hexdigest()[:24]
+        exchange = Exchange(record, dialect, request_id,
+                            dialect.credential(headers, scope.get("query_string", b"").decode("latin-1")))
+        exchange.headers = dialect.response_headers(request_id)
+        return exchange
 
     def _refusal(self, exchange: Exchange) -> tuple[int, str, str, str | None] | None:
         """The error for any request while shutting down (503) or with a wrong key (401)."""
         if self._respond.closing:
             return 503, "the mock server is shutting down", "server_error", None
-        if self.config.api_key is not None and exchange.authorization != f"Bearer {self.config.api_key}":
+        if self.config.api_key is not None and exchange.credential != self.config.api_key:
             return 401, "Incorrect API key provided (mock)", "invalid_request_error", "invalid_api_key"
         return None
 
-    async def _completion(self, api: Api, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
+    async def _completion(self, route: Route, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
         now = self._clock()
         try:
             payload: Any = json.loads(raw)
         except ValueError:
             payload = raw.decode("utf-8", "replace")
-        prompt = prompt_text_of_request(api, payload)
-        exchange = self._arrive(scope, payload, prompt, now)
+        dialect = route.dialect
+        prompt = dialect.prompt_text(route, payload)
+        exchange = self._arrive(scope, payload, prompt, now, dialect)
         self._counts.requests += 1
         self._limits.arrive(now)
         self._notify()
         refusal = self._refusal(exchange)
+        problem = dialect.check(route, _headers(scope), payload) if refusal is None else None
         if refusal is not None:
             await self._respond.send_error(exchange, send, *refusal)
-        elif prompt is None or not isinstance(payload, dict):
-            await self._respond.send_error(exchange, send, 400,
-                                           "the body needs messages (chat) or input (responses)",
-                                           "invalid_request_error")
+        elif problem is not None or prompt is None or not isinstance(payload, dict):
+            message = problem.message if problem is not None else "the body carries no prompt"
+            await self._respond.send_error(exchange, send, problem.status if problem is not None else 400,
+                                           message, "invalid_request_error",
+                                           problem.code if problem is not None else None)
         elif payload.get("stream"):
             await self._respond.send_error(exchange, send, 400,
                                            "stream=true is not supported by the mock server",
                                            "invalid_request_error")
         else:
-            await self._answer(api, payload, prompt, exchange, receive, send)
+            await self._answer(route, payload, prompt, exchange, receive, send)
 
-    async def _answer(self, api: Api, payload: dict[str, Any], prompt: str, exchange: Exchange,
+    async def _answer(self, route: Route, payload: dict[str, Any], prompt: str, exchange: Exchange,
                       receive: Receive, send: Send) -> None:
-        refused = schema_refusal(api, payload)
+        dialect = route.dialect
+        refused = dialect.schema_refusal(route, payload)
         if refused is not None:  # checked before admission, as a provider checks the body first
             await self._respond.send_error(exchange, send, 400, refused, "invalid_request_error",
                                            "invalid_json_schema")
@@ -245,10 +257,10 @@ class MockOpenAIApp:
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
         plan = plan_request(self.config, prompt, occurrence)
-        if self.config.reject_json_schema and requested_schema(api, payload) is not None:
+        if self.config.reject_json_schema and dialect.requested_schema(route, payload) is not None:
             plan = Plan("error", plan.latency, 400, "invalid_json_schema")
         exchange.record.outcome = plan.kind if plan.kind != "error" else f"error:{plan.status}"
-        body = success_body(self.config, api, payload, prompt, occurrence, plan.content)
+        body = success_body(self.config, route, payload, prompt, occurrence, plan.content)
 
         async def act() -> None:
             if plan.kind == "hang":
@@ -260,25 +272,38 @@ class MockOpenAIApp:
         await self._respond.guarded(exchange, receive, send, act)
 
     def _execute_line(self, api: Api, payload: dict[str, Any], prompt: str) -> tuple[int, dict[str, Any]]:
-        """One batch line, planned as a live request (latency ignored; hang/reset/malformed become 500)."""
+        """One line of an OpenAI batch (see :meth:`execute_route`)."""
+        return self.execute_route(Route(self._openai, api), payload, prompt)
+
+    def execute_route(self, route: Route, payload: dict[str, Any], prompt: str) -> tuple[int, dict[str, Any]]:
+        """One batch line of any dialect, planned as a live request: ``(status, body)`` in its dialect.
+
+        Latency is ignored; hang/reset/malformed become 500. The Batch APIs of every dialect use it.
+        """
+        dialect = route.dialect
+        key = f"{self.config.seed}\x00line\x00{prompt}"
+        request_id = "req_" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+        def error(status: int, message: str, kind: str, code: str | None) -> tuple[int, dict[str, Any]]:
+            return status, dialect.error_body(status, message, kind, code, retry_after=None,
+                                              request_id=request_id)
+
         if payload.get("stream"):  # refused before it counts, as live
-            return 400, error_payload("stream=true is not supported by the mock server",
-                                      kind="invalid_request_error")
-        refused = schema_refusal(api, payload)
+            return error(400, "stream=true is not supported by the mock server", "invalid_request_error",
+                         None)
+        refused = dialect.schema_refusal(route, payload)
         if refused is not None:  # refused before it counts, as live
-            return 400, error_payload(refused, kind="invalid_request_error", code="invalid_json_schema")
+            return error(400, refused, "invalid_request_error", "invalid_json_schema")
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
         plan = plan_request(self.config, prompt, occurrence)
-        if self.config.reject_json_schema and requested_schema(api, payload) is not None:
+        if self.config.reject_json_schema and dialect.requested_schema(route, payload) is not None:
             plan = Plan("error", plan.latency, 400, "invalid_json_schema")
         if plan.kind == "ok":
-            return 200, success_body(self.config, api, payload, prompt, occurrence, plan.content)
+            return 200, success_body(self.config, route, payload, prompt, occurrence, plan.content)
         if plan.kind == "error":
-            message, kind, code = error_text(plan.status, plan.code)
-            return plan.status, error_payload(message, kind=kind, code=code)
-        message, kind, code = error_text(500, None)
-        return 500, error_payload(message, kind=kind, code=code)
+            return error(plan.status, *dialect.error_text(plan.status, plan.code))
+        return error(500, *dialect.error_text(500, None))
 
     async def _batch_api(self, route: BatchRoute, scope: Scope, raw: bytes, receive: Receive,
                          send: Send) -> None:
@@ -302,7 +327,7 @@ class MockOpenAIApp:
             plan = Plan("ok", plan.latency)
         script = self._store.next_create_fault() if route.action == "create" and plan.kind == "ok" else "ok"
         record = exchange.record
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _headers(scope)
 
         if plan.kind in ("hang", "reset") or script == "hang_before_create":
             record.outcome = "reset" if plan.kind == "reset" else "hang"
@@ -357,11 +382,10 @@ class MockOpenAIApp:
         self._counts.batch_api_requests += 1
         self._notify()
         if self._respond.closing:
-            await self._respond.send_error(exchange, send, 503, "the mock server is shutting down", "server_error")
+            await self.provider_batches.send_error(route, exchange, send, 503, "the mock server is shutting down")
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         await self.provider_batches.serve(route, exchange, raw, scope.get("query_string", b"").decode("latin-1"),
-                                          headers, receive, send)
+                                          _headers(scope), receive, send)
 
     async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.
@@ -371,7 +395,10 @@ class MockOpenAIApp:
         """
         limits, now = self._limits, self._clock()
         decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0)
-        exchange.headers = [] if decision.silent else limits.headers(now)
+        dialect = exchange.dialect
+        exchange.headers = dialect.response_headers(exchange.request_id)
+        if not decision.silent:
+            exchange.headers += dialect.ratelimit_headers(limits.states(now), self._wall_clock())
         if decision.too_large:
             await self._respond.send_error(exchange, send, 400,
                                            f"request needs {tokens} tokens, over the TPM limit",
@@ -386,3 +413,7 @@ class MockOpenAIApp:
             return False
         await anyio.lowlevel.checkpoint()
         return True
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}

@@ -2,8 +2,8 @@
 
 A request is *served* when it fits both windows at its arrival; a refused one
 uses no quota. With ``ratelimit_headers``, every completion answer carries
-OpenAI's six headers for the limits in force (only for the limits that are
-set), computed from the same windows the server enforces:
+its dialect's rate-limit headers for the limits in force (only for the limits
+that are set), computed from the same windows the server enforces; OpenAI's six:
 
 - ``x-ratelimit-limit-requests`` / ``-tokens``: the limit in force;
 - ``x-ratelimit-remaining-requests`` / ``-tokens``: what the window has left
@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import final
 
+from ._dialect import LimitState
 from ._state import MockServerConfig, SlidingWindow
 
 __all__ = ["CalendarMinute", "Decision", "ServerLimits", "go_duration"]
@@ -139,21 +140,17 @@ class ServerLimits:
             self.calendar.add(wall)
         return Decision(True)
 
-    def headers(self, now: float) -> list[tuple[bytes, bytes]]:
-        """OpenAI-style rate-limit headers for the limits in force (none without ``ratelimit_headers``)."""
+    def states(self, now: float) -> list[LimitState]:
+        """The limits in force and their windows, for the dialect's rate-limit headers (none without
+        ``ratelimit_headers``)."""
         if not self._config.ratelimit_headers:
             return []
         rpm, tpm = self.limits_at(now)
-        out: list[tuple[bytes, bytes]] = []
+        out: list[LimitState] = []
         for kind, limit, window in (("requests", rpm, self.served), ("tokens", tpm, self.served_tokens)):
             if limit is None:
                 continue
             held, newest = window.held_at(now)
             empty_in = 0.0 if newest is None else newest + window.length - now
-            out += [
-                (f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
-                (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, limit - held)).encode()),
-                (f"x-ratelimit-reset-{kind}".encode(), go_duration(empty_in).encode()),
-            ]
+            out.append(LimitState(kind, limit, max(0, limit - held), empty_in))
         return out
-

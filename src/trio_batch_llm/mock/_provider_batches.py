@@ -15,20 +15,21 @@ the app's live dialect for ``/v1/messages`` and ``generateContent``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, final
+from typing import Any, Final, final
 
 import anyio
 
 from ._anthropic_batches import AnthropicBatchStore, LineAnswer, anthropic_error, match_anthropic_batch_route
 from ._asgi import Exchange, Receive, Send, send_json, send_raw
+from ._dialect import Dialect, Route
 from ._gemini_batches import GeminiBatchStore, GeminiLineAnswer, google_error, match_gemini_batch_route
 from ._plan import Plan, plan_request, reply
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, mock_token_count
 
-__all__ = ["ProviderBatchRoute", "ProviderBatches", "generate_line_answer", "message_line_answer"]
+__all__ = ["ProviderBatchRoute", "ProviderBatches", "generate_line_answer", "line_answers", "message_line_answer"]
 
 
 @final
@@ -215,3 +216,48 @@ def generate_line_answer(config: MockServerConfig, counts: Counters) -> GeminiLi
                      "usageMetadata": usage, "modelVersion": model}
 
     return answer
+
+
+ExecuteRoute = Callable[[Route, dict[str, Any], str], tuple[int, dict[str, Any]]]
+_LINE_HEADERS: Final = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
+"""What a batch line is checked with: the headers its create carried (a line has none of its own)."""
+
+
+def _dialect_line(dialect: Dialect, route: Route, execute: ExecuteRoute,
+                  payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One line through a live dialect: checked, then planned and answered as a live request."""
+    problem = dialect.check(route, _LINE_HEADERS, payload)
+    prompt = dialect.prompt_text(route, payload)
+    if problem is not None or prompt is None:
+        message = problem.message if problem is not None else "the body carries no prompt"
+        status = problem.status if problem is not None else 400
+        code = problem.code if problem is not None else None
+        return status, dialect.error_body(status, message, "invalid_request_error", code, retry_after=None,
+                                          request_id="req_batch_line")
+    return execute(route, payload, prompt)
+
+
+def line_answers(config: MockServerConfig, counts: Counters, dialects: Sequence[Dialect],
+                 execute: ExecuteRoute) -> tuple[LineAnswer, GeminiLineAnswer]:
+    """How the app answers a line of each provider's batches: by its live dialect (``/v1/messages``,
+    ``generateContent``) when the app speaks it, else by the interim answers below."""
+    anthropic = next(((d, r) for d in dialects if (r := d.route("POST", "/v1/messages")) is not None), None)
+    probe = "/v1beta/models/{model}:generateContent"
+    gemini = next((d for d in dialects if d.route("POST", probe.format(model="m")) is not None), None)
+    answer_message = message_line_answer(config, counts)
+    answer_generate = generate_line_answer(config, counts)
+    if anthropic is not None:
+        dialect, route = anthropic
+
+        def answer_message(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            return _dialect_line(dialect, route, execute, params)
+
+    if gemini is not None:
+        google = gemini
+
+        def answer_generate(model: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            route = google.route("POST", probe.format(model=model))
+            assert route is not None  # noqa: S101 - the dialect routes every model's path
+            return _dialect_line(google, route, execute, request)
+
+    return answer_message, answer_generate
