@@ -115,9 +115,11 @@ class _MessageBatch:
         return {
             "id": self.id, "type": "message_batch", "processing_status": self.status,
             "request_counts": counts, "created_at": rfc3339(self.created_at), "ended_at": at("ended_at"),
-            "expires_at": rfc3339(self.created_at + _WINDOW), "cancel_initiated_at": at("cancel_initiated_at"),
+            "expires_at": rfc3339(self.created_at + _WINDOW),
+            "cancel_initiated_at": at("cancel_initiated_at"),
             "archived_at": None,
-            "results_url": f"{origin}/v1/messages/batches/{self.id}/results" if self.status == "ended" else None,
+            "results_url": (f"{origin}/v1/messages/batches/{self.id}/results" if self.status == "ended"
+                            else None),
         }
 
 
@@ -187,7 +189,7 @@ class AnthropicBatchStore:
         problem = _requests_problem(requests)
         if problem is not None:
             return _error(400, problem)
-        assert isinstance(requests, list)  # noqa: S101 - checked by _requests_problem
+        assert isinstance(requests, list)  # checked by _requests_problem
         pairs = [(entry["custom_id"], entry["params"]) for entry in requests]
         tokens = sum(mock_token_count(json.dumps([p.get("system"), p.get("messages")])) for _, p in pairs)
         limit = self.config.batch_enqueued_token_limit

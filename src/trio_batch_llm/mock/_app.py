@@ -76,9 +76,12 @@ class MockOpenAIApp:
         self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
         """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
         self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
-        self.provider_batches = ProviderBatches(self.config, self._counts, self._respond, self._clock,
-                                                *line_answers(self.config, self._counts, self.dialects,
-                                                              self.execute_route))
+        answer_message, answer_generate = line_answers(self.config, self._counts, self.dialects,
+                                                       self.execute_route)
+        self.provider_batches = ProviderBatches(
+            self.config, self._counts, self._respond, self._clock,
+            answer_message=answer_message, answer_generate=answer_generate,
+        )
         """Anthropic's Message Batches and Gemini's batch mode (stores ``.anthropic`` and ``.gemini``)."""
 
     # -- observation ----------------------------------------------------------------------------
@@ -160,7 +163,7 @@ class MockOpenAIApp:
         batch_route = match_route(method, path)
         provider_route = self.provider_batches.match(method, path)
         if provider_route is not None and not isinstance(provider_route, ProviderBatchRoute):
-            batch_route = provider_route  # only the method is wrong: a 405
+            batch_route = "wrong method"  # only the method is wrong: a 405
         route = next((r for d in self.dialects if (r := d.route(method, path)) is not None), None)
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(provider_route, ProviderBatchRoute):
@@ -382,10 +385,11 @@ class MockOpenAIApp:
         self._counts.batch_api_requests += 1
         self._notify()
         if self._respond.closing:
-            await self.provider_batches.send_error(route, exchange, send, 503, "the mock server is shutting down")
+            await self.provider_batches.send_error(route, exchange, send, 503,
+                                                   "the mock server is shutting down")
             return
-        await self.provider_batches.serve(route, exchange, raw, scope.get("query_string", b"").decode("latin-1"),
-                                          _headers(scope), receive, send)
+        query = scope.get("query_string", b"").decode("latin-1")
+        await self.provider_batches.serve(route, exchange, raw, query, _headers(scope), receive, send)
 
     async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.

@@ -38,9 +38,10 @@ from ._state import MockServerConfig, mock_token_count
 __all__ = ["GRPC_CODES", "GeminiBatchStore", "GeminiLineAnswer", "google_error", "match_gemini_batch_route"]
 
 GeminiLineAnswer = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
-"""``(model, request) -> (status, body)``: one ``GenerateContentRequest``, answered as the live route would."""
+"""``(model, request) -> (status, body)``: one ``GenerateContentRequest``, answered as live."""
 
-GRPC_CODES: Final = {400: (3, "INVALID_ARGUMENT"), 401: (16, "UNAUTHENTICATED"), 403: (7, "PERMISSION_DENIED"),
+GRPC_CODES: Final = {400: (3, "INVALID_ARGUMENT"), 401: (16, "UNAUTHENTICATED"),
+                     403: (7, "PERMISSION_DENIED"),
                      404: (5, "NOT_FOUND"), 409: (10, "ABORTED"), 429: (8, "RESOURCE_EXHAUSTED"),
                      499: (1, "CANCELLED"), 500: (13, "INTERNAL"), 503: (14, "UNAVAILABLE"),
                      504: (4, "DEADLINE_EXCEEDED")}
@@ -84,7 +85,8 @@ def google_error(status: int, message: str, details: list[dict[str, Any]] | None
 
 def _rpc_status(status: int, body: dict[str, Any]) -> dict[str, Any]:
     """A failed line as a ``google.rpc.Status`` (gRPC code, message, details) from the live error body."""
-    error = body.get("error") if isinstance(body.get("error"), dict) else {}
+    found = body.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
     code, _ = GRPC_CODES.get(status, (2, "UNKNOWN"))
     rpc: dict[str, Any] = {"code": code, "message": str(error.get("message") or f"error {status}")}
     if isinstance(error.get("details"), list):
@@ -187,10 +189,9 @@ class GeminiBatchStore:
         for entry in batch.requests[:run]:
             status, body = self._answer(batch.model, entry["request"])
             self.lines_answered += 1
-            line: dict[str, Any] = {"response": body} if 200 <= status < 300 else {"error": _rpc_status(status,
-                                                                                                   body)}
-            batch.stats["ok" if "response" in line else "failed"] = batch.stats.get(
-                "ok" if "response" in line else "failed", 0) + 1
+            ok = 200 <= status < 300
+            line: dict[str, Any] = {"response": body} if ok else {"error": _rpc_status(status, body)}
+            batch.stats["ok" if ok else "failed"] = batch.stats.get("ok" if ok else "failed", 0) + 1
             if "metadata" in entry:
                 line["metadata"] = entry["metadata"]
             output.append(line)
@@ -211,11 +212,12 @@ class GeminiBatchStore:
         if not isinstance(display_name, str) or not display_name:
             return _error(400, "batch.displayName: required field missing")
         input_config = batch_body.get("inputConfig")
-        requests = (input_config.get("requests") or {}).get("requests") if isinstance(input_config, dict) else None
+        inline = input_config.get("requests") if isinstance(input_config, dict) else None
+        requests = inline.get("requests") if isinstance(inline, dict) else None
         problem = _requests_problem(requests)
         if problem is not None:
             return _error(400, problem)
-        assert isinstance(requests, list)  # noqa: S101 - checked by _requests_problem
+        assert isinstance(requests, list)  # checked by _requests_problem
         tokens = sum(mock_token_count(json.dumps([r["request"].get("systemInstruction"),
                                                   r["request"].get("contents")])) for r in requests)
         limit = self.config.batch_enqueued_token_limit

@@ -29,7 +29,9 @@ from ._plan import Plan, plan_request, reply
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, mock_token_count
 
-__all__ = ["ProviderBatchRoute", "ProviderBatches", "generate_line_answer", "line_answers", "message_line_answer"]
+__all__ = [
+    "ProviderBatchRoute", "ProviderBatches", "generate_line_answer", "line_answers", "message_line_answer",
+]
 
 
 @final
@@ -58,7 +60,8 @@ class ProviderBatches:
 
     def match(self, method: str, path: str) -> ProviderBatchRoute | str | None:
         """The route of ``method path``; ``"wrong method"``; ``None`` if the path is not a batch path."""
-        for dialect, matcher in (("anthropic", match_anthropic_batch_route), ("gemini", match_gemini_batch_route)):
+        matchers = (("anthropic", match_anthropic_batch_route), ("gemini", match_gemini_batch_route))
+        for dialect, matcher in matchers:
             found = matcher(method, path)
             if isinstance(found, tuple):
                 return ProviderBatchRoute(dialect, *found)
@@ -101,7 +104,7 @@ class ProviderBatches:
 
     async def serve(self, route: ProviderBatchRoute, exchange: Exchange, raw: bytes, query: str,
                     headers: dict[str, str], receive: Receive, send: Send) -> None:
-        """One batch request, after the app recorded its arrival: faults, scripted create faults, the store."""
+        """One batch request, after the app recorded its arrival: faults, create faults, the store."""
         if not self.authorized(route, headers):
             await self.send_error(route, exchange, send, 401, "invalid x-api-key (mock)")
             return
@@ -257,7 +260,7 @@ def line_answers(config: MockServerConfig, counts: Counters, dialects: Sequence[
 
         def answer_generate(model: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             route = google.route("POST", probe.format(model=model))
-            assert route is not None  # noqa: S101 - the dialect routes every model's path
+            assert route is not None  # the dialect routes every model's path
             return _dialect_line(google, route, execute, request)
 
     return answer_message, answer_generate

@@ -208,7 +208,7 @@ class AnthropicBatchConnection:
     def __init__(self, strategy: AnthropicEndpointSettings, tags: dict[str, str], *, request_timeout: float,
                  start_before: float) -> None:
         secret = strategy.secret
-        headers = {"anthropic-version": API_VERSION}
+        headers = {**dict(getattr(strategy, "headers", None) or {}), "anthropic-version": API_VERSION}
         if secret is not None:
             headers["x-api-key"] = secret.reveal()
         self._requests = BatchRequests(base_url=strategy.base_url, headers=headers, secret=secret,
