@@ -43,7 +43,7 @@ from ._dialects import DIALECTS
 from ._limits import ServerLimits
 from ._openai import Api, OpenAIDialect, openai_error_payload
 from ._plan import CREATED, Plan, plan_request, reply, success_body
-from ._provider_batches import ProviderBatches, ProviderBatchRoute, line_answers
+from ._provider_batches import ProviderBatches, ProviderBatchRoute
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
 
@@ -76,13 +76,8 @@ class MockOpenAIApp:
         self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
         """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
         self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
-        answer_message, answer_generate = line_answers(self.config, self._counts, self.dialects,
-                                                       self.execute_route)
-        self.provider_batches = ProviderBatches(
-            self.config, self._counts, self._respond, self._clock,
-            answer_message=answer_message, answer_generate=answer_generate,
-        )
-        """Anthropic's Message Batches and Gemini's batch mode (stores ``.anthropic`` and ``.gemini``)."""
+        self.provider_batches = ProviderBatches(self.config, self._counts, self._respond, self._clock,
+                                                self.dialects, self.execute_route)
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -161,19 +156,17 @@ class MockOpenAIApp:
             await send_json(send, 200, {"object": "list", "data": [model]})
             return
         batch_route = match_route(method, path)
-        provider_route = self.provider_batches.match(method, path)
-        if provider_route is not None and not isinstance(provider_route, ProviderBatchRoute):
-            batch_route = "wrong method"  # only the method is wrong: a 405
         route = next((r for d in self.dialects if (r := d.route(method, path)) is not None), None)
+        provider_route = self.provider_batches.match(method, path)  # Anthropic's and Gemini's batches
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(provider_route, ProviderBatchRoute):
-            handler = functools.partial(self._provider_batch, provider_route)
+            handler = functools.partial(self.provider_batches.handle, provider_route, self._arrive)
         elif isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
         elif route is not None:
             handler = functools.partial(self._completion, route)
         else:
-            known = batch_route is not None or any(d.route("POST", path) for d in self.dialects)
+            known = batch_route or provider_route or any(d.route("POST", path) for d in self.dialects)
             message = f"no route {method} {path}"
             await send_json(send, 405 if known else 404,
                             openai_error_payload(message, kind="invalid_request_error"))
@@ -373,23 +366,6 @@ class MockOpenAIApp:
                     await send_json(send, answer.status, answer.payload, exchange=exchange)
 
         await respond.guarded(exchange, receive, send, act)
-
-    async def _provider_batch(self, route: ProviderBatchRoute, scope: Scope, raw: bytes, receive: Receive,
-                              send: Send) -> None:
-        """An Anthropic or Gemini batch request (:mod:`._provider_batches`)."""
-        try:
-            recorded: Any = json.loads(raw) if raw else None
-        except ValueError:
-            recorded = raw
-        exchange = self._arrive(scope, recorded, None, self._clock())
-        self._counts.batch_api_requests += 1
-        self._notify()
-        if self._respond.closing:
-            await self.provider_batches.send_error(route, exchange, send, 503,
-                                                   "the mock server is shutting down")
-            return
-        query = scope.get("query_string", b"").decode("latin-1")
-        await self.provider_batches.serve(route, exchange, raw, query, _headers(scope), receive, send)
 
     async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.

@@ -14,6 +14,7 @@ the app's live dialect for ``/v1/messages`` and ``generateContent``.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, Final, final
 import anyio
 
 from ._anthropic_batches import AnthropicBatchStore, LineAnswer, anthropic_error, match_anthropic_batch_route
-from ._asgi import Exchange, Receive, Send, send_json, send_raw
+from ._asgi import Exchange, Receive, Scope, Send, send_json, send_raw
 from ._dialect import Dialect, Route
 from ._gemini_batches import GeminiBatchStore, GeminiLineAnswer, google_error, match_gemini_batch_route
 from ._plan import Plan, plan_request, reply
@@ -43,13 +44,19 @@ class ProviderBatchRoute:
     target: str
 
 
+ExecuteRoute = Callable[[Route, dict[str, Any], str], tuple[int, dict[str, Any]]]
+"""The app's ``execute_route``: one line of a dialect, planned and answered as a live request."""
+Arrive = Callable[[Scope, Any, "str | None", float], Exchange]
+"""The app's ``_arrive(scope, body, prompt, now)``: a request recorded, the batches due by now finished."""
+
+
 @final
 class ProviderBatches:
     """The Anthropic and Gemini batch stores of one app, and how their requests are answered."""
 
     def __init__(self, config: MockServerConfig, counts: Counters, respond: Responder,
-                 clock: Callable[[], float], *, answer_message: LineAnswer,
-                 answer_generate: GeminiLineAnswer) -> None:
+                 clock: Callable[[], float], dialects: Sequence[Dialect], execute: ExecuteRoute) -> None:
+        answer_message, answer_generate = line_answers(config, counts, dialects, execute)
         self.config = config
         self.anthropic = AnthropicBatchStore(config, answer_message)
         self.gemini = GeminiBatchStore(config, answer_generate)
@@ -102,9 +109,25 @@ class ProviderBatches:
         await send_json(send, status, self.error_body(route, status, message), headers=headers,
                         exchange=exchange)
 
+    async def handle(self, route: ProviderBatchRoute, arrive: Arrive, scope: Scope, raw: bytes,
+                     receive: Receive, send: Send) -> None:
+        """One batch request: its arrival recorded (``arrive``: the app's), then :meth:`serve`."""
+        try:
+            recorded: Any = json.loads(raw) if raw else None
+        except ValueError:
+            recorded = raw
+        exchange = arrive(scope, recorded, None, self._clock())
+        self._counts.batch_api_requests += 1
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        query = scope.get("query_string", b"").decode("latin-1")
+        await self.serve(route, exchange, raw, query, headers, receive, send)
+
     async def serve(self, route: ProviderBatchRoute, exchange: Exchange, raw: bytes, query: str,
                     headers: dict[str, str], receive: Receive, send: Send) -> None:
         """One batch request, after the app recorded its arrival: faults, create faults, the store."""
+        if self._respond.closing:
+            await self.send_error(route, exchange, send, 503, "the mock server is shutting down")
+            return
         if not self.authorized(route, headers):
             await self.send_error(route, exchange, send, 401, "invalid x-api-key (mock)")
             return
@@ -221,7 +244,6 @@ def generate_line_answer(config: MockServerConfig, counts: Counters) -> GeminiLi
     return answer
 
 
-ExecuteRoute = Callable[[Route, dict[str, Any], str], tuple[int, dict[str, Any]]]
 _LINE_HEADERS: Final = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
 """What a batch line is checked with: the headers its create carried (a line has none of its own)."""
 
