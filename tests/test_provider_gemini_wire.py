@@ -55,7 +55,7 @@ def test_a_text_prompt_with_settings_is_a_generate_content_request() -> None:
 
 
 def test_messages_map_to_user_and_model_roles_and_images_to_inline_or_file_data() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You label images."},
         {"role": "user", "content": [
             {"type": "text", "text": "What is this?"},

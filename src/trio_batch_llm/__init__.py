@@ -7,6 +7,7 @@ from ._artifacts._identity import infer_artifact_identity as infer_artifact_iden
 from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
 from ._compat._classifiers import ErrorClassifier as ErrorClassifier
 from ._compat._classifiers import ErrorInfo as ErrorInfo
+from ._compat._classifiers import GeminiErrorClassifier as GeminiErrorClassifier
 from ._compat._classifiers import OpenAIErrorClassifier as OpenAIErrorClassifier
 from ._compat._middleware import BaseMiddleware as BaseMiddleware
 from ._compat._observer import BaseObserver as BaseObserver
@@ -60,6 +61,8 @@ from ._strategies._callable import CallableStrategy as CallableStrategy
 from ._strategies._callable import CallOutcome as CallOutcome
 from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
+from ._strategies.gemini._cache import GeminiContextCache as GeminiContextCache
+from ._strategies.gemini._strategy import GeminiStrategy as GeminiStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
 from ._values._artifact_identity import ArtifactIdentity as ArtifactIdentity
@@ -150,6 +153,9 @@ __all__ = [
     "ErrorInfo",
     "ExecutorHost",
     "FakeStrategy",
+    "GeminiContextCache",
+    "GeminiErrorClassifier",
+    "GeminiStrategy",
     "GuardrailConfig",
     "HostStatistics",
     "ItemCompleted",
