@@ -252,11 +252,11 @@ class MockOpenAIApp:
         # Counted once admitted, so the server's own 429s do not shift a prompt's scripted faults.
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
-        plan = plan_request(self.config, prompt, occurrence)
-        if self.config.reject_json_schema and dialect.requested_schema(route, payload) is not None:
-            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
+        plan = self._plan(route, payload, prompt, occurrence)
         exchange.record.outcome = plan.kind if plan.kind != "error" else f"error:{plan.status}"
-        body = success_body(self.config, route, payload, prompt, occurrence, plan.content)
+        # Built only for what sends it: building one has effects (Anthropic's prompt cache is written).
+        body = success_body(self.config, route, payload, prompt, occurrence, plan.content) \
+            if plan.kind in ("ok", "malformed") else {}
 
         async def act() -> None:
             if plan.kind == "hang":
@@ -292,14 +292,22 @@ class MockOpenAIApp:
             return error(400, refused, "invalid_request_error", "invalid_json_schema")
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
-        plan = plan_request(self.config, prompt, occurrence)
-        if self.config.reject_json_schema and dialect.requested_schema(route, payload) is not None:
-            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
+        plan = self._plan(route, payload, prompt, occurrence)
         if plan.kind == "ok":
             return 200, success_body(self.config, route, payload, prompt, occurrence, plan.content)
         if plan.kind == "error":
             return error(plan.status, *dialect.error_text(plan.status, plan.code))
         return error(500, *dialect.error_text(500, None))
+
+    def _plan(self, route: Route, payload: dict[str, Any], prompt: str, occurrence: int) -> Plan:
+        """The prompt's plan, then the knobs that override it: a refused schema, a spent limit."""
+        plan = plan_request(self.config, prompt, occurrence)
+        if self.config.reject_json_schema and route.dialect.requested_schema(route, payload) is not None:
+            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
+        spend = self.config.spend_limit_after
+        if spend is not None and self._counts.succeeded >= spend:
+            plan = Plan("error", plan.latency, 429, "spend_limit")
+        return plan
 
     async def _batch_api(self, route: BatchRoute, scope: Scope, raw: bytes, receive: Receive,
                          send: Send) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from ._anthropic import AnthropicDialect
 from ._dialect import Dialect
 from ._openai import OpenAIDialect
 from ._state import MockServerConfig
@@ -13,5 +14,6 @@ __all__ = ["DIALECTS"]
 
 DIALECTS: Final[tuple[Callable[[MockServerConfig, Callable[[], float]], Dialect], ...]] = (
     OpenAIDialect,
+    AnthropicDialect,
 )
 """Each makes its dialect for one app, from the app's config and its clock."""

@@ -61,7 +61,12 @@ class MockServerConfig:
       schema, the share answered with text that is not JSON / JSON that breaks the schema
       (drawn apart from the rates above). ``reject_json_schema``: answer every request asking
       for a JSON schema with 400 ``invalid_json_schema``, as a provider refuses a schema.
-    - ``api_key``: when set, requests must carry ``Authorization: Bearer <api_key>`` (else 401).
+    - ``spend_limit_after``: after this many successful answers, every completion request gets the
+      dialect's spend-limit refusal (Anthropic: 429 ``enforced_spend_limit_reached``; OpenAI: 429
+      ``insufficient_quota``), with no wait: a limit that no retry ends (``[[spend_limit]]`` does it
+      for one prompt).
+    - ``api_key``: when set, requests must carry it where their dialect carries a key (OpenAI:
+      ``Authorization: Bearer <api_key>``; Anthropic: ``x-api-key``), else 401.
     - ``model``: the model name for ``/v1/models`` (answers echo the requested model).
     - ``record_requests``: keep a :class:`RecordedRequest` per request (turn off for huge
       runs; counters are kept either way).
@@ -111,6 +116,7 @@ class MockServerConfig:
     batch_outcomes: tuple[str, ...] = ()
     batch_list: bool = True
     batch_enqueued_token_limit: int | None = None
+    spend_limit_after: int | None = None
 
     def __post_init__(self) -> None:
         rates = {
@@ -153,6 +159,9 @@ class MockServerConfig:
         if not 500 <= self.server_error_status <= 599:
             raise ConfigurationError("server_error_status", self.server_error_status, "must be a 5xx status")
         self._check_batch_knobs()
+        spend = self.spend_limit_after
+        if spend is not None and (isinstance(spend, bool) or not isinstance(spend, int) or spend < 0):
+            raise ConfigurationError("spend_limit_after", spend, "must be a whole number >= 0 or None")
 
     def _check_schedule(self) -> None:
         schedule = self.limit_schedule
