@@ -235,6 +235,7 @@ class GeminiBatchConnection:
                                        error_of=error_of, request_timeout=request_timeout,
                                        start_before=start_before)
         self._model = _model_path(strategy.model)
+        self._root = "/" + str(getattr(strategy, "api_version", None) or "v1beta")
         self._files: dict[str, bytes] = {}
 
     async def aclose(self) -> None:
@@ -259,14 +260,14 @@ class GeminiBatchConnection:
         display_name = json.dumps(dict(metadata), separators=(",", ":"), sort_keys=True)
         body = {"batch": {"displayName": display_name, "model": self._model,
                           "inputConfig": {"requests": {"requests": requests}}}}
-        payload = await self._requests.json("POST", f"/v1beta/{self._model}:batchGenerateContent",
+        payload = await self._requests.json("POST", f"{self._root}/{self._model}:batchGenerateContent",
                                             json_body=body, sending=sending)
         self._files.pop(input_file_id, None)
         return batch_info(payload)
 
     async def retrieve(self, batch_id: str) -> BatchInfo | None:
         try:
-            return batch_info(await self._requests.json("GET", f"/v1beta/{_name(batch_id)}"))
+            return batch_info(await self._requests.json("GET", f"{self._root}/{_name(batch_id)}"))
         except ProviderError as exc:
             if exc.status_code == 404:
                 await anyio.lowlevel.checkpoint()
@@ -274,11 +275,11 @@ class GeminiBatchConnection:
             raise
 
     async def cancel(self, batch_id: str) -> None:
-        await self._requests.json("POST", f"/v1beta/{_name(batch_id)}:cancel")
+        await self._requests.json("POST", f"{self._root}/{_name(batch_id)}:cancel")
 
     async def download(self, file_id: str) -> bytes:
         """The finished batch itself (its answers are inline)."""
-        reply = await self._requests.send("GET", f"/v1beta/{_name(file_id)}")
+        reply = await self._requests.send("GET", f"{self._root}/{_name(file_id)}")
         content: bytes = reply.content
         return content
 
@@ -291,7 +292,7 @@ class GeminiBatchConnection:
             if token is not None:
                 params["pageToken"] = token
             try:
-                page = await self._requests.json("GET", "/v1beta/batches", params=params)
+                page = await self._requests.json("GET", f"{self._root}/batches", params=params)
             except ProviderError as exc:
                 if exc.status_code == 404:
                     return None

@@ -1,0 +1,146 @@
+"""Durable runs through Gemini's batch mode (issue 33, point 5), against the served mock.
+
+Both backends on real clocks (served sockets need one); nothing waits on a
+wall-clock sleep to pass: batches finish at the first request after their
+creation (``batch_latency=0``) and polls are 50 ms apart.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_batch_llm import ErrorCategory, ProcessorConfig, ProviderBatchConfig, RetryConfig
+from trio_batch_llm._runs import Run, iter_run_results, open_run
+from trio_batch_llm._strategies._batch import BatchInfo
+from trio_batch_llm._strategies.gemini._batch_api import GeminiBatchEndpoint
+from trio_batch_llm._strategies.gemini._strategy import GeminiStrategy
+from trio_batch_llm.mock import MockServer, MockServerConfig, serve_mock
+
+from ._runs_child import IDENTITY
+
+pytestmark = pytest.mark.anyio
+
+RETRY = RetryConfig(max_attempts=3, initial_wait=0.05, max_wait=0.05, jitter=False)
+KEY = "gemini-mock-key-123456"
+
+
+def _strategy(server: MockServer) -> GeminiStrategy:
+    return GeminiStrategy("gemini-mock", base_url=server.url, api_key=KEY)
+
+
+async def _open(db: Path, strategy: Any, source: Any, *, request_timeout: float = 5.0) -> Run:
+    return await open_run(
+        db, "run", strategy, source, mode="provider-batch", identity=IDENTITY,
+        config=ProcessorConfig(concurrency=4, retry=RETRY), poll_interval=0.05,
+        batch=ProviderBatchConfig(poll_interval=0.05, request_timeout=request_timeout),
+    )
+
+
+def _results(db: Path) -> dict[str, Any]:
+    results = list(iter_run_results(db, "run"))
+    assert Counter(r.item_id for r in results) == Counter({r.item_id: 1 for r in results})  # exactly once
+    return {r.item_id: r.result for r in results}
+
+
+def _batches(server: MockServer) -> list[dict[str, Any]]:
+    return server.app.provider_batches.gemini.batches
+
+
+async def test_a_run_maps_answered_failed_and_expired_requests(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    prompts = ["p0", "p1 [[fail:400]]", "p2 [[fail:503]]", "p3", "p4", "p5"]
+    async with serve_mock(MockServerConfig(batch_outcomes=("expired",), api_key=KEY)) as server:
+        async with await _open(db, _strategy(server), prompts) as run:
+            assert (await run.wait()).status == "completed"
+        batches = _batches(server)
+    results = _results(db)
+    assert sorted(results) == [f"item-{i}" for i in range(6)]
+    first = batches[0]["metadata"]
+    assert first["state"] == "BATCH_STATE_EXPIRED"
+    assert len(first["output"]["inlinedResponses"]["inlinedResponses"]) == 3
+    # p3..p5 never ran in the expired batch: a later batch answered them, with no attempt used.
+    assert [results[f"item-{i}"].attempts for i in (3, 4, 5)] == [1, 1, 1]
+    assert results["item-0"].success and results["item-0"].output == "echo: p0"
+    assert results["item-0"].token_usage["input_tokens"] > 0
+    assert results["item-0"].metadata["batch_id"] == batches[0]["name"]
+    refused = results["item-1"]
+    assert not refused.success and refused.error_category is ErrorCategory.INVALID_REQUEST
+    assert refused.attempts == 1  # INVALID_ARGUMENT is final
+    unavailable = results["item-2"]  # 503 UNAVAILABLE: retried in new batches until attempts run out
+    assert not unavailable.success and unavailable.attempts == 3
+    assert all(results[f"item-{i}"].success for i in (0, 3, 4, 5))
+
+
+async def test_an_unknown_create_is_found_by_its_display_name(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_after_create",))
+    async with serve_mock(config) as server:
+        async with await _open(db, _strategy(server), ["p0", "p1", "p2"], request_timeout=1.0) as run:
+            assert (await run.wait()).status == "completed"
+        batches = _batches(server)
+    assert len(batches) == 1  # never submitted twice
+    assert all(r.success and r.metadata["batch_id"] == batches[0]["name"] for r in _results(db).values())
+
+
+async def test_an_unknown_create_that_made_nothing_waits_for_the_operator(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_before_create",))
+    async with serve_mock(config) as server:
+        async with await _open(db, _strategy(server), ["p0", "p1"], request_timeout=0.5) as run:
+            with pytest.raises(TimeoutError):
+                await run.wait(timeout=2)
+            snap = await run.snapshot()
+            assert snap.unresolved_submission is not None and snap.done == 0
+            assert _batches(server) == []  # nothing new was submitted
+            await run.resolve_submission(created=False)
+            assert (await run.wait()).status == "completed"
+        assert len(_batches(server)) == 1
+    assert all(r.success for r in _results(db).values())
+
+
+async def test_a_new_handle_finds_the_batch_a_stopped_one_created(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("hang_after_create",))
+    async with serve_mock(config) as server:
+        strategy = _strategy(server)
+        # The handle stops while its create hangs (as a crash would leave it: the intent recorded,
+        # the batch made); the next handle resolves the intent by finding the batch.
+        async with await _open(db, strategy, ["p0", "p1", "p2"], request_timeout=30.0) as run:
+            with pytest.raises(TimeoutError):
+                await run.wait(timeout=1)
+        assert len(_batches(server)) == 1
+        async with await _open(db, strategy, ["p0", "p1", "p2"]) as again:
+            assert (await again.wait()).status == "completed"
+        assert len(_batches(server)) == 1
+    assert len(_results(db)) == 3
+
+
+async def test_cancel_cancels_the_open_batch_at_the_provider(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    async with serve_mock(MockServerConfig(batch_latency=3600.0)) as server:
+        async with await _open(db, _strategy(server), ["p0", "p1"]) as run:
+            with pytest.raises(TimeoutError):
+                await run.wait(timeout=1)
+            await run.cancel()
+        [batch] = _batches(server)
+    assert batch["metadata"]["state"] == "BATCH_STATE_CANCELLED"
+
+
+def test_a_cancelled_batch_s_unanswered_requests_never_ran_and_errors_read_as_live() -> None:
+    endpoint = GeminiBatchEndpoint(GeminiStrategy("gemini-mock", base_url="http://mock", api_key=KEY))
+    quota = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "30s"}
+    operation = {"name": "batches/b1", "metadata": {"state": "BATCH_STATE_CANCELLED", "output": {
+        "inlinedResponses": {"inlinedResponses": [
+            {"error": {"code": 8, "message": "quota", "details": [quota]}, "metadata": {"key": "a"}},
+        ]}}}}
+    info = BatchInfo(id="batches/b1", status="BATCH_STATE_CANCELLED", terminal=True)
+    outcomes = endpoint.decode_results(info, [json.dumps(operation).encode()], ["a", "b"])
+    assert outcomes["a"].executed and outcomes["a"].error is not None
+    assert outcomes["a"].error.category is ErrorCategory.RATE_LIMIT
+    assert outcomes["a"].error.retry_after == 30.0
+    assert not outcomes["b"].executed  # cancelled before it ran: no attempt used
