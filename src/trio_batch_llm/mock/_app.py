@@ -1,25 +1,15 @@
-"""The mock server's ASGI app: routes, its own RPM/TPM limits, answers carried out, records kept.
+"""The mock server's ASGI app: routes by dialect, its own RPM/TPM limits, answers carried out, records kept.
 
-Answers ``POST /v1/chat/completions`` and ``POST /v1/responses`` (also without
-the ``/v1`` prefix) and ``GET /v1/models``, and emulates the Files and Batch
-APIs (``/v1/files``, ``/v1/batches``; :mod:`._batch_routes`,
-:mod:`._batch_store`). What each request gets (an answer or a fault) is
-planned by :mod:`._plan`, from ``(seed, prompt text, occurrence)`` where
-*occurrence* counts earlier arrivals of the same prompt text past the server's
-own RPM/TPM limiter; this module carries the plan out.
-
-A *reset* answers with an informational ``103`` head and closes the connection:
-ASGI cannot make a server send a TCP RST, so the client sees the connection
-closed without a response (httpx2: ``RemoteProtocolError: Server disconnected
-without sending a response``). A *hang* never answers: it ends when the client
-disconnects or the server shuts down. Under an in-process transport (httpx2's
-``ASGITransport``) a reset has no meaning; use a served app for resets.
-
-Files and Batch API requests get the generic faults too (not ``malformed``),
-planned from ``(seed, "METHOD path-template", occurrence of that endpoint)``;
-a faulted request does nothing. Every request (completions included) first
-finishes the batches that are due at the app's clock, so a batch's lines take
-their prompt occurrences in time order with the live requests.
+Each dialect (:mod:`._dialects`) names its completion routes; OpenAI's Files and Batch
+APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too.
+What each request gets is planned by :mod:`._plan` from ``(seed, prompt text, occurrence)``,
+*occurrence* counting earlier arrivals of the same prompt past the server's own limiter;
+this module carries the plan out, in the request's dialect. A *reset* sends an informational
+``103`` head and closes the connection (ASGI cannot send a TCP RST; httpx2 sees "Server
+disconnected without sending a response"; meaningless in-process). A *hang* never answers.
+Files and Batch API requests get the generic faults too (not ``malformed``), planned from
+``(seed, "METHOD path-template", occurrence)``. Every request first finishes the batches due
+at the app's clock, so batch lines take their prompt occurrences in time order.
 """
 
 from __future__ import annotations
@@ -295,6 +285,9 @@ class MockOpenAIApp:
         plan = self._plan(route, payload, prompt, occurrence)
         if plan.kind == "ok":
             return 200, success_body(self.config, route, payload, prompt, occurrence, plan.content)
+        if plan.kind == "error" and plan.code == "error_in_200":
+            message, kind, _ = dialect.error_text(plan.status, None)
+            return 200, error(plan.status, message, kind, plan.code)[1]
         if plan.kind == "error":
             return error(plan.status, *dialect.error_text(plan.status, plan.code))
         return error(500, *dialect.error_text(500, None))

@@ -9,6 +9,11 @@ answered with a function call. Errors are ``{"error": {"message", "type",
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` (resets in Go's
 duration notation).
 
+OpenRouter speaks this dialect too, with its own error bodies (:func:`openrouter_error_payload`):
+``[[error_in_200:429]]`` answers HTTP 200 whose body is ``{"error": {"code": 429, ...}}`` (an
+error met once the model started), and ``[[no_provider]]`` (or ``[[no_provider:503]]``) a 502
+whose ``metadata.reason`` is ``no_provider_available``.
+
 The payload builders duplicate, on purpose, what the library's OpenAI client
 parses: the mock imports nothing from ``_strategies``, so a wire mistake in a
 client is not made again here, where no test could see it.
@@ -16,6 +21,7 @@ client is not made again here, where no test could see it.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, Final, Literal, final
@@ -25,7 +31,7 @@ from ._dialect import Answer, LimitState, Problem, Route
 from ._limits import go_duration
 from ._structured import answer_json
 
-__all__ = ["Api", "OpenAIDialect", "openai_error_payload", "openai_prompt_text"]
+__all__ = ["Api", "OpenAIDialect", "openai_error_payload", "openai_prompt_text", "openrouter_error_payload"]
 
 Api = Literal["chat", "responses"]
 _PATHS: Final[dict[str, Api]] = {
@@ -63,6 +69,15 @@ def _content_text(content: Any) -> str:
 def openai_error_payload(message: str, *, kind: str, code: str | None = None) -> dict[str, Any]:
     """OpenAI's error body."""
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def openrouter_error_payload(status: int, message: str, code: str | None) -> dict[str, Any]:
+    """OpenRouter's error body, ``{"error": {"code": <number>, "message", "metadata"}}`` (its docs' shape):
+    for a 200 that carries an error met once the model started, or a 502 when no provider could serve."""
+    reason = "no_provider_available" if code == "no_provider_available" else "provider_error"
+    metadata = {"provider_name": "MockProvider", "reason": reason,
+                "raw": json.dumps({"error": {"code": status, "message": message}})}
+    return {"error": {"code": status, "message": message, "metadata": metadata}, "user_id": "user_mock"}
 
 
 def _format_of(api: str, payload: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -176,6 +191,9 @@ class OpenAIDialect:
                 int(usage.get("completion_tokens", usage.get("output_tokens", 0))))
 
     def error_text(self, status: int, code: str | None) -> tuple[str, str, str | None]:
+        if code == "no_provider_available":
+            return ("No available provider could serve this model: no_provider_available (mock)",
+                    "server_error", code)
         if code == "spend_limit":
             return ("You exceeded your current quota, please check your plan and billing details (mock)",
                     "insufficient_quota", "insufficient_quota")
@@ -197,6 +215,8 @@ class OpenAIDialect:
 
     def error_body(self, status: int, message: str, kind: str, code: str | None, *,
                    retry_after: float | None, request_id: str) -> dict[str, Any]:
+        if code in ("error_in_200", "no_provider_available"):
+            return openrouter_error_payload(status, message, code)
         return openai_error_payload(message, kind=kind, code=code)
 
     def retry_headers(self, retry_after: float, hints: tuple[str, ...]) -> list[tuple[bytes, bytes]]:

@@ -12,6 +12,7 @@ N occurrences of that prompt; without it: every one)::
 
     [[fail:503]] [[fail:429x2]] [[hang]] [[reset]] [[malformed]]
     [[context_length]] [[content_policy]] [[latency:0.25]] [[retry_after:2.5]] [[spend_limit]]
+    [[error_in_200:429]] [[no_provider]] (OpenRouter's error bodies: :mod:`._openai`)
 
 and, for a request that asks for a JSON schema (:mod:`._structured`), markers that
 change the answer's content: ``[[invalid_json]]`` (text that is not JSON),
@@ -40,7 +41,7 @@ CREATED: Final = 1_700_000_000
 """The ``created`` timestamp of every answer: a fixed one keeps whole responses deterministic."""
 _MARKER = re.compile(
     r"\[\[(fail|hang|reset|malformed|context_length|content_policy|latency|retry_after|invalid_json"
-    r"|schema_violation|fenced|refusal|reject_schema|spend_limit)"
+    r"|schema_violation|fenced|refusal|reject_schema|spend_limit|error_in_200|no_provider)"
     r"(?::([0-9.]+))?(?:x(\d+))?\]\]"
 )
 _CONTENT_MARKERS: Final = frozenset({"invalid_json", "schema_violation", "fenced", "refusal"})
@@ -88,7 +89,8 @@ def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
             forced = _marker_plan(name, value)
     if forced is not None:
         # Retry-After goes with 429 and 503 (as HTTP uses it), or wherever a marker asks for it
-        hinted = forced.status in (429, 503) and forced.code != "spend_limit"  # no wait ends a spend limit
+        # no wait ends a spend limit; an error inside a 200 has no headers to carry one
+        hinted = forced.status in (429, 503) and forced.code not in ("spend_limit", "error_in_200")
         wait = retry_after if explicit or hinted else None
         return Plan(forced.kind, latency, forced.status, forced.code, wait)
     edge = 0.0
@@ -119,6 +121,10 @@ def _marker_plan(name: str, value: str | None) -> Plan:
         return Plan("error", status=400, code="invalid_json_schema")
     if name == "spend_limit":  # a spend limit or quota that no wait ends: each dialect words it
         return Plan("error", status=429, code="spend_limit")
+    if name == "error_in_200":  # OpenRouter: an error met once the model started, sent as HTTP 200
+        return Plan("error", status=int(float(value)) if value else 429, code="error_in_200")
+    if name == "no_provider":  # OpenRouter: no provider could serve the model (retryable)
+        return Plan("error", status=int(float(value)) if value else 502, code="no_provider_available")
     return Plan(name)  # type: ignore[arg-type]  # hang, reset, malformed
 
 

@@ -58,6 +58,12 @@ class Responder:
             self._counts.resets += 1
             exchange.started = True
             await send({"type": "http.response.start", "status": 103, "headers": []})
+        elif plan.code == "error_in_200":  # the error is in the body of a 200 (OpenRouter)
+            self._count_error(plan.status)
+            message, kind, _ = exchange.dialect.error_text(plan.status, None)
+            body = exchange.dialect.error_body(plan.status, message, kind, plan.code, retry_after=None,
+                                               request_id=exchange.request_id)
+            await send_json(send, 200, body, exchange=exchange)
         else:
             await self.send_error(exchange, send, plan.status,
                                   *exchange.dialect.error_text(plan.status, plan.code),
@@ -71,12 +77,7 @@ class Responder:
         if exchange.record.outcome == "pending":
             exchange.record.outcome = f"error:{status}"
         exchange.record.answered = self._clock()
-        if status == 429:
-            self._counts.rate_limited += 1
-        elif status >= 500:
-            self._counts.server_errors += 1
-        else:
-            self._counts.client_errors += 1
+        self._count_error(status)
         dialect = exchange.dialect
         headers = dialect.retry_headers(retry_after, self._hints) if retry_after is not None else []
         if status == 503 and self.closing:
@@ -84,6 +85,14 @@ class Responder:
         body = dialect.error_body(status, message, kind, code, retry_after=retry_after,
                                   request_id=exchange.request_id)
         await send_json(send, status, body, headers=headers, exchange=exchange)
+
+    def _count_error(self, status: int) -> None:
+        if status == 429:
+            self._counts.rate_limited += 1
+        elif status >= 500:
+            self._counts.server_errors += 1
+        else:
+            self._counts.client_errors += 1
 
     async def hang(self) -> NoReturn:
         """Never answer: only a disconnect or the shutdown (cancelling the guard) ends it."""

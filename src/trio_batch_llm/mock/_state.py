@@ -37,8 +37,9 @@ class MockServerConfig:
       ``limit_window`` (60 s): a request that would exceed one gets 429 with the
       exact wait until the window has room. Rejected requests use no quota. A
       request needing more tokens than ``tpm_limit`` gets 400 ``request_too_large``.
-    - ``ratelimit_headers``: every completion answer carries OpenAI's
-      ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens`` headers for
+    - ``ratelimit_headers``: every completion answer carries its dialect's rate-limit
+      headers (OpenAI's ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens``;
+      Anthropic's ``anthropic-ratelimit-requests/tokens-limit/remaining/reset``) for
       the limits that are set, computed from those same windows (see :mod:`._limits`).
     - ``limit_schedule``: ``((at, rpm_limit, tpm_limit), ...)``: from ``at`` seconds after
       the first completion request on, these limits are in force (``None``: no such
