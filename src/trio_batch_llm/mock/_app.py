@@ -1,7 +1,8 @@
 """The mock server's ASGI app: routes by dialect, its own RPM/TPM limits, answers carried out, records kept.
 
 Each dialect (:mod:`._dialects`) names its completion routes; OpenAI's Files and Batch
-APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too.
+APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too. It is
+over 400 lines because every dialect's routes (batches and caches included) meet in this one place.
 What each request gets is planned by :mod:`._plan` from ``(seed, prompt text, occurrence)``,
 *occurrence* counting earlier arrivals of the same prompt past the server's own limiter;
 this module carries the plan out, in the request's dialect. A *reset* sends an informational
@@ -30,6 +31,7 @@ from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
 from ._dialect import Dialect, Route
 from ._dialects import DIALECTS
+from ._gemini_dialect import GeminiDialect
 from ._limits import ServerLimits
 from ._openai import Api, OpenAIDialect, openai_error_payload
 from ._plan import CREATED, Plan, plan_request, reply, success_body
@@ -68,6 +70,7 @@ class MockOpenAIApp:
         self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
         self.provider_batches = ProviderBatches(self.config, self._counts, self._respond, self._clock,
                                                 self.dialects, self.execute_route)
+        self.gemini = next(d for d in self.dialects if isinstance(d, GeminiDialect))
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -145,18 +148,20 @@ class MockOpenAIApp:
                      "owned_by": "trio-batch-llm"}
             await send_json(send, 200, {"object": "list", "data": [model]})
             return
-        batch_route = match_route(method, path)
+        batch_route = match_route(method, path) or self.provider_batches.match(method, path)
         route = next((r for d in self.dialects if (r := d.route(method, path)) is not None), None)
-        provider_route = self.provider_batches.match(method, path)  # Anthropic's and Gemini's batches
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
-        if isinstance(provider_route, ProviderBatchRoute):
-            handler = functools.partial(self.provider_batches.handle, provider_route, self._arrive)
-        elif isinstance(batch_route, BatchRoute):
+        if isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
+        elif isinstance(batch_route, ProviderBatchRoute):
+            handler = functools.partial(self.provider_batches.handle, batch_route, self._arrive)
+        elif (cache_route := self.gemini.cache_route(method, path)) is not None:  # Gemini's context caches
+            handler = functools.partial(self.gemini.cache_request, cache_route, self._arrive, self._refusal,
+                                        self._respond, self._wall_clock)
         elif route is not None:
             handler = functools.partial(self._completion, route)
         else:
-            known = batch_route or provider_route or any(d.route("POST", path) for d in self.dialects)
+            known = batch_route is not None or any(d.route("POST", path) for d in self.dialects)
             message = f"no route {method} {path}"
             await send_json(send, 405 if known else 404,
                             openai_error_payload(message, kind="invalid_request_error"))
