@@ -2,37 +2,35 @@
 
 :class:`ProviderBatches` holds the app's :class:`~._anthropic_batches.AnthropicBatchStore`
 and :class:`~._gemini_batches.GeminiBatchStore` and serves their requests the
-way the app serves OpenAI's Batch API (:meth:`MockOpenAIApp._batch_api`): the
-generic faults planned from ``(seed, "METHOD path-template", occurrence)``,
-then the scripted ``batch_create_faults`` of a create, then the store. Errors
-are worded in the route's dialect (Anthropic's ``{"type": "error", ...}``,
-Google's ``{"error": {code, message, status}}``), with ``retry-after`` on 429s.
+way the app serves OpenAI's Batch API: the request recorded in its dialect
+(key, request id), the generic faults planned from ``(seed, "METHOD
+path-template", occurrence)``, then the scripted ``batch_create_faults`` of a
+create, then the store. Errors go out in the route's dialect (its error body
+and retry hints, through the app's responder).
 
-Each line of a batch is answered by ``answer_message`` / ``answer_generate``:
-the app's live dialect for ``/v1/messages`` and ``generateContent``.
+Each line of a batch is answered by the app's live dialect (``POST
+/v1/messages``, ``generateContent``: :func:`line_answers`), checked and planned
+as a live request, so a batch line gets exactly the live route's answer.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
 
 import anyio
 
-from ._anthropic_batches import AnthropicBatchStore, LineAnswer, anthropic_error, match_anthropic_batch_route
+from ._anthropic_batches import AnthropicBatchStore, LineAnswer, match_anthropic_batch_route
 from ._asgi import Exchange, Receive, Scope, Send, send_json, send_raw
 from ._dialect import Dialect, Route
-from ._gemini_batches import GeminiBatchStore, GeminiLineAnswer, google_error, match_gemini_batch_route
-from ._plan import Plan, plan_request, reply
+from ._gemini_batches import GeminiBatchStore, GeminiLineAnswer, match_gemini_batch_route
+from ._plan import Plan, plan_request
 from ._respond import Responder
-from ._state import Counters, MockServerConfig, mock_token_count
+from ._state import Counters, MockServerConfig
 
-__all__ = [
-    "ProviderBatchRoute", "ProviderBatches", "generate_line_answer", "line_answers", "message_line_answer",
-]
+__all__ = ["ProviderBatchRoute", "ProviderBatches", "line_answers"]
 
 
 @final
@@ -46,8 +44,8 @@ class ProviderBatchRoute:
 
 ExecuteRoute = Callable[[Route, dict[str, Any], str], tuple[int, dict[str, Any]]]
 """The app's ``execute_route``: one line of a dialect, planned and answered as a live request."""
-Arrive = Callable[[Scope, Any, "str | None", float], Exchange]
-"""The app's ``_arrive(scope, body, prompt, now)``: a request recorded, the batches due by now finished."""
+Arrive = Callable[[Scope, Any, "str | None", float, Dialect], Exchange]
+"""The app's ``_arrive(scope, body, prompt, now, dialect)``: a request recorded, due batches finished."""
 
 
 @final
@@ -56,7 +54,7 @@ class ProviderBatches:
 
     def __init__(self, config: MockServerConfig, counts: Counters, respond: Responder,
                  clock: Callable[[], float], dialects: Sequence[Dialect], execute: ExecuteRoute) -> None:
-        answer_message, answer_generate = line_answers(config, counts, dialects, execute)
+        answer_message, answer_generate, self._dialects = line_answers(dialects, execute)
         self.config = config
         self.anthropic = AnthropicBatchStore(config, answer_message)
         self.gemini = GeminiBatchStore(config, answer_generate)
@@ -80,34 +78,11 @@ class ProviderBatches:
         self.anthropic.advance(now)
         self.gemini.advance(now)
 
-    def authorized(self, route: ProviderBatchRoute, headers: dict[str, str]) -> bool:
-        """The dialect's own key header carries ``api_key`` (Anthropic ``x-api-key``, Google
-        ``x-goog-api-key``); a Bearer token is taken too, as both APIs' gateways do."""
-        key = self.config.api_key
-        if key is None:
-            return True
-        own = headers.get("x-api-key" if route.dialect == "anthropic" else "x-goog-api-key")
-        return key in (own, (headers.get("authorization") or "").removeprefix("Bearer "))
-
-    def error_body(self, route: ProviderBatchRoute, status: int, message: str) -> dict[str, Any]:
-        return anthropic_error(status, message) if route.dialect == "anthropic" else google_error(status,
-                                                                                                 message)
-
-    async def send_error(self, route: ProviderBatchRoute, exchange: Exchange, send: Send, status: int,
-                         message: str, *, retry_after: float | None = None) -> None:
-        """An error in the route's dialect, counted as the app counts its answers."""
-        if exchange.record.outcome == "pending":
-            exchange.record.outcome = f"error:{status}"
-        exchange.record.answered = self._clock()
-        if status == 429:
-            self._counts.rate_limited += 1
-        elif status >= 500:
-            self._counts.server_errors += 1
-        else:
-            self._counts.client_errors += 1
-        headers = [] if retry_after is None else [(b"retry-after", str(math.ceil(retry_after)).encode())]
-        await send_json(send, status, self.error_body(route, status, message), headers=headers,
-                        exchange=exchange)
+    async def send_error(self, exchange: Exchange, send: Send, status: int, message: str, *,
+                         retry_after: float | None = None) -> None:
+        """An error in the exchange's dialect (its error body, retry hints and request id)."""
+        _, kind, code = exchange.dialect.error_text(status, None)
+        await self._respond.send_error(exchange, send, status, message, kind, code, retry_after=retry_after)
 
     async def handle(self, route: ProviderBatchRoute, arrive: Arrive, scope: Scope, raw: bytes,
                      receive: Receive, send: Send) -> None:
@@ -116,7 +91,8 @@ class ProviderBatches:
             recorded: Any = json.loads(raw) if raw else None
         except ValueError:
             recorded = raw
-        exchange = arrive(scope, recorded, None, self._clock())
+        dialect = self._dialects[0] if route.dialect == "anthropic" else self._dialects[1]
+        exchange = arrive(scope, recorded, None, self._clock(), dialect)
         self._counts.batch_api_requests += 1
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         query = scope.get("query_string", b"").decode("latin-1")
@@ -126,10 +102,10 @@ class ProviderBatches:
                     headers: dict[str, str], receive: Receive, send: Send) -> None:
         """One batch request, after the app recorded its arrival: faults, create faults, the store."""
         if self._respond.closing:
-            await self.send_error(route, exchange, send, 503, "the mock server is shutting down")
+            await self.send_error(exchange, send, 503, "the mock server is shutting down")
             return
-        if not self.authorized(route, headers):
-            await self.send_error(route, exchange, send, 401, "invalid x-api-key (mock)")
+        if self.config.api_key is not None and exchange.credential != self.config.api_key:
+            await self.send_error(exchange, send, 401, "invalid x-api-key (mock)")
             return
         occurrence = self._counts.endpoint_occurrences[route.template]
         self._counts.endpoint_occurrences[route.template] += 1
@@ -156,7 +132,7 @@ class ProviderBatches:
             if plan.kind == "error" or script.startswith("error:"):
                 status = plan.status if plan.kind == "error" else int(script.removeprefix("error:"))
                 wait = self.config.retry_after if status in (429, 503, 529) else None
-                await self.send_error(route, exchange, send, status, f"mock error {status}", retry_after=wait)
+                await self.send_error(exchange, send, status, f"mock error {status}", retry_after=wait)
                 return
             moment = self._clock()
             self.advance(moment)
@@ -168,7 +144,7 @@ class ProviderBatches:
                 record.outcome = "reset"
                 await respond.perform(Plan("reset"), {}, exchange, send)
             elif answer.status >= 400:
-                await self.send_error(route, exchange, send, answer.status, answer.message)
+                await self.send_error(exchange, send, answer.status, answer.message)
             else:
                 record.outcome, record.answered = "ok", self._clock()
                 if answer.content is not None:
@@ -179,69 +155,6 @@ class ProviderBatches:
 
         await respond.guarded(exchange, receive, send, act)
 
-
-def _text_of(value: Any) -> str:
-    """The text of a message content (a string, or parts with ``text``)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(_text_of(part.get("text", "")) for part in value if isinstance(part, dict))
-    return ""
-
-
-def planned_line(config: MockServerConfig, counts: Counters, prompt: str) -> tuple[Plan, str, int]:
-    """One batch line planned as a live request of ``prompt`` (its occurrence counted): the plan, the
-    answer's text and its output tokens. Hang, reset and malformed become a 500."""
-    occurrence = counts.occurrences[prompt]
-    counts.occurrences[prompt] += 1
-    plan = plan_request(config, prompt, occurrence)
-    if plan.kind not in ("ok", "error"):
-        plan = Plan("error", status=500)
-    text, tokens = reply(config, prompt)
-    return plan, text, tokens
-
-
-def message_line_answer(config: MockServerConfig, counts: Counters) -> LineAnswer:
-    """A line of a message batch answered as a Messages API call: an interim dialect for the batch
-    store until the app's own ``/v1/messages`` dialect answers lines (same plans, markers, occurrences)."""
-
-    def answer(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        messages = params.get("messages")
-        if not isinstance(messages, list) or not messages or not isinstance(params.get("max_tokens"), int):
-            return 400, anthropic_error(400, "messages and max_tokens: Field required")
-        prompt = "".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
-        plan, text, tokens = planned_line(config, counts, prompt)
-        if plan.kind == "error":
-            return plan.status, anthropic_error(plan.status, f"mock error {plan.status}")
-        usage = {"input_tokens": mock_token_count(prompt), "output_tokens": tokens,
-                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-        return 200, {"id": "msg_mock", "type": "message", "role": "assistant", "model": params.get("model"),
-                     "content": [{"type": "text", "text": text}], "stop_reason": "end_turn",
-                     "stop_sequence": None, "usage": usage}
-
-    return answer
-
-
-def generate_line_answer(config: MockServerConfig, counts: Counters) -> GeminiLineAnswer:
-    """A line of a Gemini batch answered as a ``generateContent`` call: an interim dialect for the batch
-    store until the app's own Gemini dialect answers lines (same plans, markers, occurrences)."""
-
-    def answer(model: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        contents = request.get("contents")
-        if not isinstance(contents, list) or not contents:
-            return 400, google_error(400, "* GenerateContentRequest.contents: contents is not specified")
-        prompt = "".join(_text_of(c.get("parts")) for c in contents if isinstance(c, dict))
-        plan, text, tokens = planned_line(config, counts, prompt)
-        if plan.kind == "error":
-            return plan.status, google_error(plan.status, f"mock error {plan.status}")
-        prompt_tokens = mock_token_count(prompt)
-        usage = {"promptTokenCount": prompt_tokens, "candidatesTokenCount": tokens,
-                 "totalTokenCount": prompt_tokens + tokens}
-        return 200, {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
-                                     "finishReason": "STOP", "index": 0}],
-                     "usageMetadata": usage, "modelVersion": model}
-
-    return answer
 
 
 _LINE_HEADERS: Final = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
@@ -262,27 +175,23 @@ def _dialect_line(dialect: Dialect, route: Route, execute: ExecuteRoute,
     return execute(route, payload, prompt)
 
 
-def line_answers(config: MockServerConfig, counts: Counters, dialects: Sequence[Dialect],
-                 execute: ExecuteRoute) -> tuple[LineAnswer, GeminiLineAnswer]:
-    """How the app answers a line of each provider's batches: by its live dialect (``/v1/messages``,
-    ``generateContent``) when the app speaks it, else by the interim answers below."""
-    anthropic = next(((d, r) for d in dialects if (r := d.route("POST", "/v1/messages")) is not None), None)
+def line_answers(dialects: Sequence[Dialect], execute: ExecuteRoute) -> \
+        tuple[LineAnswer, GeminiLineAnswer, tuple[Dialect, Dialect]]:
+    """How the app answers a line of each provider's batches: by its live dialect (``POST
+    /v1/messages``, ``generateContent``), so a line is answered exactly as the live route answers."""
     probe = "/v1beta/models/{model}:generateContent"
-    gemini = next((d for d in dialects if d.route("POST", probe.format(model="m")) is not None), None)
-    answer_message = message_line_answer(config, counts)
-    answer_generate = generate_line_answer(config, counts)
-    if anthropic is not None:
-        dialect, route = anthropic
+    anthropic = next(((d, r) for d in dialects if (r := d.route("POST", "/v1/messages")) is not None), None)
+    google = next((d for d in dialects if d.route("POST", probe.format(model="m")) is not None), None)
+    if anthropic is None or google is None:
+        raise RuntimeError("the mock's batch routes need the Anthropic and Gemini dialects")
+    dialect, message_route = anthropic
 
-        def answer_message(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            return _dialect_line(dialect, route, execute, params)
+    def answer_message(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        return _dialect_line(dialect, message_route, execute, params)
 
-    if gemini is not None:
-        google = gemini
+    def answer_generate(model: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        route = google.route("POST", probe.format(model=model))
+        assert route is not None  # the dialect routes every model's path
+        return _dialect_line(google, route, execute, request)
 
-        def answer_generate(model: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            route = google.route("POST", probe.format(model=model))
-            assert route is not None  # the dialect routes every model's path
-            return _dialect_line(google, route, execute, request)
-
-    return answer_message, answer_generate
+    return answer_message, answer_generate, (dialect, google)
