@@ -288,6 +288,7 @@ class AnthropicBatchConnection:
 
     async def _tag_of(self, batch_id: str) -> str | None:
         """The tag of an ended batch's custom ids (its first result line), remembered per endpoint."""
+        await anyio.lowlevel.checkpoint()
         if batch_id not in self._tags:
             try:
                 content = await self.download(batch_id)
