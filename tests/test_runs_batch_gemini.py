@@ -144,3 +144,18 @@ def test_a_cancelled_batch_s_unanswered_requests_never_ran_and_errors_read_as_li
     assert outcomes["a"].error.category is ErrorCategory.RATE_LIMIT
     assert outcomes["a"].error.retry_after == 30.0
     assert not outcomes["b"].executed  # cancelled before it ran: no attempt used
+
+
+async def test_batches_stay_under_the_endpoint_s_own_request_size_cap(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Gemini takes inline requests up to its cap (20 MB) per batch, far under max_file_bytes' default
+    # (OpenAI's 200 MB): a run must chunk by the smaller, or every create is refused. Here a 600-byte cap.
+    monkeypatch.setattr(GeminiBatchEndpoint, "max_file_bytes", 600)
+    db = tmp_path / "runs.sqlite"
+    async with serve_mock() as server:
+        async with await _open(db, _strategy(server), [f"p{i}" for i in range(8)]) as run:
+            assert (await run.wait()).status == "completed"
+        batches = _batches(server)
+    assert len(batches) > 1
+    assert all(len(json.dumps(b["metadata"]["output"])) > 0 for b in batches)
+    assert len(_results(db)) == 8 and all(r.success for r in _results(db).values())

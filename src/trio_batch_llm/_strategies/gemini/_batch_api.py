@@ -53,6 +53,8 @@ _GRPC: Final = {1: (499, "CANCELLED"), 2: (500, "UNKNOWN"), 3: (400, "INVALID_AR
                 13: (500, "INTERNAL"), 14: (503, "UNAVAILABLE"), 15: (500, "DATA_LOSS"),
                 16: (401, "UNAUTHENTICATED")}
 _LIST_PAGE: Final = 100
+INLINE_REQUEST_BYTES: Final = 19_000_000
+"""Under the API's 20 MB limit on a batch's inline requests, leaving room for the envelope."""
 _MAX_LIST_PAGES: Final = 20
 _REFUSED_STATUSES: Final = frozenset({400, 401, 403, 404, 409, 413, 429, 503})
 
@@ -187,6 +189,9 @@ def decode_batch(batch: BatchInfo, content: bytes, item_ids: Sequence[str]) -> d
 @final
 class GeminiBatchEndpoint:
     """The :class:`BatchEndpoint` of a :class:`GeminiStrategy`; see the module docstring."""
+
+    max_file_bytes: int = INLINE_REQUEST_BYTES
+    """The largest request file a batch takes (runs chunk by the smaller of this and their own)."""
 
     def __init__(self, strategy: GeminiEndpointSettings) -> None:
         self._strategy = strategy
