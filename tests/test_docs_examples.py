@@ -89,6 +89,10 @@ EXAMPLES = [
         "responses: 'echo: Name a colour.'", "chat: 'echo: Name a colour.'",
         "own client: echo: Hi.", "requests the server saw: 3",
     ), (*SERVER, "openai")),
+    Example("provider_anthropic", BOTH, (
+        "input=12 cache_write=9 cache_read=0", "input=12 cache_write=0 cache_read=9", "City",
+        "requests the server saw: 3",
+    ), (*SERVER, "anthropic", "pydantic")),
     Example("provider_compatible", BOTH, (
         "{'role': 'system', 'content': 'Answer in one word.'}", "'max_tokens': 16", "'top_k': 20",
         "the server received top_k = 20", "OpenAICompatibleStrategy meta-llama/Llama-3.1-8B-Instruct",

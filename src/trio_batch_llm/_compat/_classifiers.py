@@ -12,10 +12,15 @@ from dataclasses import dataclass
 from typing import final
 
 from .._engine._classify import classify as _classify
+from .._strategies.anthropic._errors import sdk_verdict
 from .._values._categories import ErrorCategory
 
 __all__ = [
-    "DefaultErrorClassifier", "ErrorClassifier", "ErrorInfo", "GeminiErrorClassifier",
+    "AnthropicErrorClassifier",
+    "DefaultErrorClassifier",
+    "ErrorClassifier",
+    "ErrorInfo",
+    "GeminiErrorClassifier",
     "OpenAIErrorClassifier",
 ]
 
@@ -66,6 +71,30 @@ class DefaultErrorClassifier(ErrorClassifier):
 
 class OpenAIErrorClassifier(DefaultErrorClassifier):
     """The built-in rules already know the ``openai`` SDK's exceptions; kept for the name."""
+
+
+class AnthropicErrorClassifier(DefaultErrorClassifier):
+    """Anthropic's errors (the ``anthropic`` SDK's status errors, by duck typing: no SDK import).
+
+    529 ``overloaded_error`` is a retried server error, not a rate limit; a spend limit
+    (``enforced_spend_limit_reached``, a ``billing_error``, "credit balance is too low") is
+    ``insufficient_balance``, not retried, its ``hint`` saying why the batch stops.
+    Anything else is left to the built-in rules.
+    """
+
+    def classify(self, exception: Exception) -> ErrorInfo:
+        verdict = sdk_verdict(exception)
+        if verdict is None:
+            return super().classify(exception)
+        category, retry_after, stops = verdict
+        return ErrorInfo(
+            is_retryable=category.retryable and stops is None,
+            is_rate_limit=category is ErrorCategory.RATE_LIMIT,
+            is_timeout=category is ErrorCategory.TIMEOUT,
+            error_category=category.value,
+            suggested_wait=retry_after,
+            hint=stops,
+        )
 
 
 class GeminiErrorClassifier(DefaultErrorClassifier):

@@ -17,7 +17,7 @@ from typing import Any, Final
 from ..._values._prompts import LLMRequest
 from ..._values._structured import ResponseModel
 
-__all__ = ["DEFAULT_MAX_TOKENS", "REFUSED_PARAMS", "build_params", "request_problem"]
+__all__ = ["DEFAULT_MAX_TOKENS", "IMAGE_TYPES", "REFUSED_PARAMS", "build_params", "request_problem"]
 
 DEFAULT_MAX_TOKENS: Final = 4096
 """``max_tokens`` when neither the item nor the strategy sets ``max_output_tokens``: Anthropic
@@ -37,6 +37,8 @@ _DATA_URL: Final = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<dat
 _PASSED_PARTS: Final = frozenset({"text", "image", "document", "tool_use", "tool_result", "search_result",
                                   "thinking", "redacted_thinking"})
 _EPHEMERAL: Final = {"type": "ephemeral"}
+IMAGE_TYPES: Final = ("image/jpeg", "image/png", "image/gif", "image/webp")
+"""The media types of a base64 image Anthropic documents."""
 
 
 def request_problem(request: LLMRequest, params: Mapping[str, Any], response: ResponseModel | None) -> \
@@ -69,6 +71,10 @@ def request_problem(request: LLMRequest, params: Mapping[str, Any], response: Re
                                                                                             "https://"))):
                     return (f"messages[{index}].content[{part_index}]: an image_url must be an http(s) URL "
                             "or a base64 data URL (data:image/png;base64,...)")
+                found = _DATA_URL.match(url)
+                if found and found["type"] not in IMAGE_TYPES:
+                    return (f"messages[{index}].content[{part_index}]: Anthropic takes no {found['type']} "
+                            f"image (only {', '.join(IMAGE_TYPES)})")
             elif kind not in _PASSED_PARTS:
                 return (f"messages[{index}].content[{part_index}]: Anthropic takes no {kind!r} content part "
                         "(text, image_url, and Anthropic's own blocks: image, document, tool_result, ...)")

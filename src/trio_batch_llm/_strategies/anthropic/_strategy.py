@@ -213,12 +213,10 @@ class AnthropicStrategy(_EndpointStrategy):
             if verdict is not None and verdict[2] is not None:
                 exc.stops_batch = verdict[2]  # type: ignore[attr-defined]
             raise
-        text, usage, metadata = read_message(raw.parse())
+        text, usage, metadata = read_message(await raw.parse())  # SDK 2.x: an AsyncAPIResponse
         request_id = raw.headers.get("request-id")
         if request_id:
             metadata["request_id"] = request_id
-        if metadata.get("stop_reason") == "refusal":
-            metadata["refusal"] = text or "the model refused"
         reported = rate_limit_headers(raw.headers)
         if reported:
             metadata[RATE_LIMIT_METADATA_KEY] = reported

@@ -27,8 +27,9 @@ FINISH_REASONS: Final = {"end_turn": "stop", "stop_sequence": "stop", "max_token
 
 def read_message(message: Any) -> tuple[str, TokenUsage, dict[str, Any]]:
     """``(text, usage, metadata)`` of a Message: the text blocks joined; metadata ``id``, ``model``,
-    ``stop_reason``, ``stop_sequence``, ``tool_calls`` (``tool_use`` blocks: id, name, input) and the
-    details (``response_details``). A body that is no Message is a PARSE :class:`ProviderError`."""
+    ``stop_reason``, ``stop_sequence``, ``tool_calls`` (``tool_use`` blocks: id, name, input),
+    ``refusal`` (when ``stop_reason`` is ``"refusal"``) and the details (``response_details``).
+    A body that is no Message is a PARSE :class:`ProviderError`."""
     payload = message.to_dict(mode="json") if hasattr(message, "to_dict") else message
     if not isinstance(payload, Mapping) or not isinstance(payload.get("content"), list):
         raise ProviderError("the answer is not an Anthropic Message (no content list)",
@@ -48,10 +49,13 @@ def read_message(message: Any) -> tuple[str, TokenUsage, dict[str, Any]]:
                                 "stop_reason": stop_reason, "stop_sequence": payload.get("stop_sequence")}
     if calls:
         metadata["tool_calls"] = calls
+    refusal = ("".join(texts) or "the model refused") if stop_reason == "refusal" else None
+    if refusal:  # a structured answer is then final (CONTENT_POLICY), as OpenAI's refusals are
+        metadata["refusal"] = refusal
     finish = FINISH_REASONS.get(stop_reason, stop_reason) if isinstance(stop_reason, str) else None
     metadata[DETAILS_METADATA_KEY] = ResponseDetails(
         finish_reason=finish,
-        refusal=("".join(texts) or "the model refused") if stop_reason == "refusal" else None,
+        refusal=refusal,
         tool_calls=tuple(ToolCall(call["id"], call["name"], json.dumps(call["input"], ensure_ascii=False))
                          for call in calls),
     )
