@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 
 from trio_batch_llm import ErrorCategory, ProcessorConfig, ProviderBatchConfig, RetryConfig
@@ -151,3 +152,22 @@ def test_custom_ids_fit_anthropics_pattern_whatever_the_item_id() -> None:
         custom_id = custom_id_of(item_id)
         assert len("t" * 20 + "_" + custom_id) <= 64
         assert custom_id.isalnum()
+
+
+async def test_find_never_adopts_another_clients_batch(tmp_path: Path) -> None:
+    db = tmp_path / "runs.sqlite"
+    config = MockServerConfig(batch_create_faults=("ok", "hang_before_create"))
+    async with serve_mock(config) as server:
+        # Someone else's batch on the same key, of the same size, already ended.
+        async with httpx2.AsyncClient(base_url=server.url) as client:
+            params = {"model": "claude-mock", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+            body = {"requests": [{"custom_id": f"theirs-{i}", "params": params} for i in range(2)]}
+            made = await client.post("/v1/messages/batches", json=body,
+                                     headers={"anthropic-version": "2023-06-01"})
+            assert made.status_code == 200
+            await client.get(f"/v1/messages/batches/{made.json()['id']}")  # it ends
+        async with await _open(db, _strategy(server), ["p0", "p1"], request_timeout=0.5) as run:
+            with pytest.raises(TimeoutError):
+                await run.wait(timeout=2)
+            assert (await run.snapshot()).unresolved_submission is not None  # not "found" in theirs
+        assert len(server.app.provider_batches.anthropic.batches) == 1
