@@ -159,3 +159,11 @@ async def test_batches_stay_under_the_endpoint_s_own_request_size_cap(tmp_path: 
     assert len(batches) > 1
     assert all(len(json.dumps(b["metadata"]["output"])) > 0 for b in batches)
     assert len(_results(db)) == 8 and all(r.success for r in _results(db).values())
+
+
+def test_the_display_name_keeps_the_submission_pair_and_stays_short() -> None:
+    from trio_batch_llm._strategies.gemini._batch_api import display_name_of
+
+    name = display_name_of({"trio_batch_llm_submission": "a" * 32, "run_id": "r" * 512})
+    assert json.loads(name) == {"trio_batch_llm_submission": "a" * 32} and len(name) <= 128
+    assert json.loads(display_name_of({"s": "1", "run_id": "run"})) == {"s": "1", "run_id": "run"}

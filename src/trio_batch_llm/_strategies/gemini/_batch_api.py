@@ -13,8 +13,9 @@ A request the batch has no answer for in an expired or cancelled batch never
 ran (no attempt used); in a failed batch it is tried again.
 
 Finding a batch: the batch's ``displayName`` is its metadata as compact
-JSON, so :meth:`GeminiBatchConnection.find` lists the batches (``GET
-/v1beta/batches``, newest first, a few thousand back) and matches it.
+JSON (the first pair always; the rest while it stays short), so
+:meth:`GeminiBatchConnection.find` lists the batches (``GET /v1beta/batches``,
+newest first, a few thousand back) and matches it.
 
 Inline requests are limited to 20 MB per batch by the API: keep
 ``ProviderBatchConfig.max_file_bytes`` under it for Gemini.
@@ -53,6 +54,8 @@ _GRPC: Final = {1: (499, "CANCELLED"), 2: (500, "UNKNOWN"), 3: (400, "INVALID_AR
                 13: (500, "INTERNAL"), 14: (503, "UNAVAILABLE"), 15: (500, "DATA_LOSS"),
                 16: (401, "UNAUTHENTICATED")}
 _LIST_PAGE: Final = 100
+DISPLAY_NAME_CHARS: Final = 128
+"""A display name kept short: the API documents no limit, and a run id may be 512 characters."""
 INLINE_REQUEST_BYTES: Final = 19_000_000
 """Under the API's 20 MB limit on a batch's inline requests, leaving room for the envelope."""
 _MAX_LIST_PAGES: Final = 20
@@ -104,6 +107,18 @@ def batch_info(payload: Any) -> BatchInfo:
         errors=errors,
         metadata={str(k): str(v) for k, v in metadata.items()} if isinstance(metadata, dict) else {},
     )
+
+
+def display_name_of(metadata: Mapping[str, str]) -> str:
+    """A batch's ``displayName``: ``metadata`` as compact JSON, its pairs in order while it stays within
+    :data:`DISPLAY_NAME_CHARS` (the first pair, what ``find`` looks for, always)."""
+    kept: dict[str, str] = {}
+    for key, value in metadata.items():
+        trial = json.dumps({**kept, key: value}, separators=(",", ":"))
+        if kept and len(trial) > DISPLAY_NAME_CHARS:
+            break
+        kept[key] = value
+    return json.dumps(kept, separators=(",", ":"))
 
 
 def create_outcome_unknown(exc: ProviderError) -> bool:
@@ -262,7 +277,7 @@ class GeminiBatchConnection:
             raise ProviderError(f"no request file {input_file_id!r} in this connection",
                                 category=ErrorCategory.INVALID_REQUEST)
         requests = await anyio.to_thread.run_sync(_requests_of, content)
-        display_name = json.dumps(dict(metadata), separators=(",", ":"), sort_keys=True)
+        display_name = display_name_of(metadata)
         body = {"batch": {"displayName": display_name, "model": self._model,
                           "inputConfig": {"requests": {"requests": requests}}}}
         payload = await self._requests.json("POST", f"{self._root}/{self._model}:batchGenerateContent",
