@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 
 from trio_batch_llm import ErrorCategory, ProcessorConfig, ProviderBatchConfig, RetryConfig
+from trio_batch_llm._cli import _args as _cli_args
 from trio_batch_llm._runs import Run, iter_run_results, open_run
 from trio_batch_llm._strategies._batch import BatchInfo
 from trio_batch_llm._strategies.anthropic._batch_api import AnthropicBatchEndpoint, custom_id_of
@@ -23,6 +25,8 @@ from trio_batch_llm._strategies.anthropic._strategy import AnthropicStrategy
 from trio_batch_llm.mock import MockServer, MockServerConfig, serve_mock
 
 from ._runs_child import IDENTITY
+from .test_cli import ENV as CLI_ENV
+from .test_cli import command as cli_command
 
 pytestmark = pytest.mark.anyio
 
@@ -171,3 +175,26 @@ async def test_find_never_adopts_another_clients_batch(tmp_path: Path) -> None:
                 await run.wait(timeout=2)
             assert (await run.snapshot()).unresolved_submission is not None  # not "found" in theirs
         assert len(server.app.provider_batches.anthropic.batches) == 1
+
+
+@pytest.mark.skipif("anthropic" not in getattr(_cli_args, "PROVIDERS", ("anthropic",)),
+                    reason="the command line's anthropic: models land with fix33-router")
+async def test_runs_start_in_provider_batch_mode_on_the_command_line(anyio_backend: str,
+                                                                    tmp_path: Path) -> None:
+    db, source = tmp_path / "runs.sqlite", tmp_path / "in.jsonl"
+    rows = (json.dumps({"id": f"q{i}", "prompt": f"question {i}"}) + "\n" for i in range(5))
+    source.write_text("".join(rows), encoding="utf-8")
+    env = {**CLI_ENV, "MY_KEY": KEY}
+    async with serve_mock(MockServerConfig(api_key=KEY)) as server:
+        argv = ["runs", "start", str(db), "cli-run", str(source), "--model", "anthropic:claude-haiku-4-5",
+                "--base-url", server.base_urls["anthropic"], "--api-key-env", "MY_KEY",
+                "--mode", "provider-batch", "--batch-size", "2", "--poll-interval", "0.05",
+                "--backend", anyio_backend]
+        with anyio.fail_after(120):
+            done = await anyio.run_process(cli_command(*argv), env=env, check=False)
+        output = done.stdout.decode() + done.stderr.decode()
+        assert done.returncode == 0, output
+        assert len(server.app.provider_batches.anthropic.batches) == 3  # 2 + 2 + 1 requests
+        assert KEY not in output
+    results = {r.item_id: r.result for r in iter_run_results(db, "cli-run")}
+    assert sorted(results) == [f"q{i}" for i in range(5)] and all(r.success for r in results.values())

@@ -12,9 +12,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from trio_batch_llm import ErrorCategory, ProcessorConfig, ProviderBatchConfig, RetryConfig
+from trio_batch_llm._cli import _args as _cli_args
 from trio_batch_llm._runs import Run, iter_run_results, open_run
 from trio_batch_llm._strategies._batch import BatchInfo
 from trio_batch_llm._strategies.gemini._batch_api import GeminiBatchEndpoint
@@ -22,6 +24,8 @@ from trio_batch_llm._strategies.gemini._strategy import GeminiStrategy
 from trio_batch_llm.mock import MockServer, MockServerConfig, serve_mock
 
 from ._runs_child import IDENTITY
+from .test_cli import ENV as CLI_ENV
+from .test_cli import command as cli_command
 
 pytestmark = pytest.mark.anyio
 
@@ -167,3 +171,26 @@ def test_the_display_name_keeps_the_submission_pair_and_stays_short() -> None:
     name = display_name_of({"trio_batch_llm_submission": "a" * 32, "run_id": "r" * 512})
     assert json.loads(name) == {"trio_batch_llm_submission": "a" * 32} and len(name) <= 128
     assert json.loads(display_name_of({"s": "1", "run_id": "run"})) == {"s": "1", "run_id": "run"}
+
+
+@pytest.mark.skipif("gemini" not in getattr(_cli_args, "PROVIDERS", ("gemini",)),
+                    reason="the command line's gemini: models land with fix33-router")
+async def test_runs_start_in_provider_batch_mode_on_the_command_line(anyio_backend: str,
+                                                                    tmp_path: Path) -> None:
+    db, source = tmp_path / "runs.sqlite", tmp_path / "in.jsonl"
+    rows = (json.dumps({"id": f"q{i}", "prompt": f"question {i}"}) + "\n" for i in range(5))
+    source.write_text("".join(rows), encoding="utf-8")
+    env = {**CLI_ENV, "MY_KEY": KEY}
+    async with serve_mock(MockServerConfig(api_key=KEY)) as server:
+        argv = ["runs", "start", str(db), "cli-run", str(source), "--model", "gemini:gemini-2.5-flash",
+                "--base-url", server.base_urls["gemini"], "--api-key-env", "MY_KEY",
+                "--mode", "provider-batch", "--batch-size", "2", "--poll-interval", "0.05",
+                "--backend", anyio_backend]
+        with anyio.fail_after(120):
+            done = await anyio.run_process(cli_command(*argv), env=env, check=False)
+        output = done.stdout.decode() + done.stderr.decode()
+        assert done.returncode == 0, output
+        assert len(server.app.provider_batches.gemini.batches) == 3  # 2 + 2 + 1 requests
+        assert KEY not in output
+    results = {r.item_id: r.result for r in iter_run_results(db, "cli-run")}
+    assert sorted(results) == [f"q{i}" for i in range(5)] and all(r.success for r in results.values())
