@@ -123,6 +123,7 @@ EXAMPLES = [
     Example("structured_output", BOTH, needs=(*SERVER, "pydantic")),
     Example("durable_run", BOTH, needs=SERVER),
     Example("batch_run", BOTH, needs=SERVER),
+    Example("batch_providers", BOTH, needs=(*SERVER, "anthropic")),
     Example("scaling_out", BOTH, (
         "60 results from 3 drivers; re-executed after a lease expiry: 0", "the mock answered 60 requests",
     ), needs=SERVER),

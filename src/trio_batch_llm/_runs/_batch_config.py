@@ -40,10 +40,11 @@ def _seconds(name: str, value: object) -> None:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderBatchConfig:
-    """Settings of provider Batch API mode (OpenAI's ``/v1/batches``).
+    """Settings of provider Batch API mode (OpenAI's, Anthropic's or Gemini's batches).
 
     Requests are chunked into files of at most ``max_requests_per_batch``
-    lines and ``max_file_bytes`` bytes (OpenAI's limits are the defaults).
+    lines and ``max_file_bytes`` bytes (OpenAI's limits are the defaults; a
+    provider that takes less, such as Gemini's inline requests, caps it lower).
     ``enqueued_token_limit`` is the provider's limit on input tokens waiting
     in unfinished batches, for one model and key: every run on the same store
     reserves its batches' estimated tokens against it atomically, so concurrent

@@ -2,7 +2,8 @@
 
 :meth:`BatchSubmitter.submit` is step 4 of a batch drive segment (see
 :mod:`._batch_drive`). It chunks pending items into a request file, by count
-(``max_requests_per_batch``), bytes (``max_file_bytes``) and the scope's free
+(``max_requests_per_batch``), bytes (``max_file_bytes``, or the endpoint's own
+``max_file_bytes`` when smaller) and the scope's free
 enqueued-token capacity; an item that could never fit one file fails at once,
 without a batch. Each file then goes through steps that each leave a state
 the next segment continues from:
@@ -91,6 +92,9 @@ class BatchSubmitter:
         self._scope = scope
         self._timers = timers
         self._estimate = batch.token_estimator or estimate_input_tokens
+        # A provider whose batches take less than max_file_bytes says so (Gemini's inline requests).
+        cap = getattr(endpoint, "max_file_bytes", None)
+        self._max_bytes = min(batch.max_file_bytes, cap) if isinstance(cap, int) else batch.max_file_bytes
         self._rng = random.Random(retry.jitter_seed)  # for the scope's refusal backoff
         self._ready_at = -math.inf
         self._refusals = 0
@@ -166,7 +170,7 @@ class BatchSubmitter:
                     too_big.append(failure_of(item, refusal, None, self._repo.location))
                     continue
                 if (len(ids) >= self._batch.max_requests_per_batch
-                        or size + len(line) > self._batch.max_file_bytes or tokens + need > room):
+                        or size + len(line) > self._max_bytes or tokens + need > room):
                     full = True
                     break
                 ids.append(item.item_id)
@@ -188,9 +192,10 @@ class BatchSubmitter:
         return encoded
 
     def _oversized(self, size: int, tokens: int) -> ProviderError | None:
-        if size > self._batch.max_file_bytes:
-            return ProviderError(f"its request line has {size} bytes, over max_file_bytes="
-                                 f"{self._batch.max_file_bytes}", category=ErrorCategory.INVALID_REQUEST)
+        if size > self._max_bytes:
+            return ProviderError(f"its request line has {size} bytes, over the {self._max_bytes} bytes a "
+                                 "batch may hold (max_file_bytes, or the provider's own cap)",
+                                 category=ErrorCategory.INVALID_REQUEST)
         limit = self._batch.enqueued_token_limit
         if limit is not None and tokens > limit:
             return ProviderError(

@@ -103,9 +103,9 @@ async def open_run(
     database unreachable when the handle opens raises it at once.
 
     ``mode="provider-batch"`` sends the items through the provider's Batch API
-    (OpenAI ``/v1/batches``) instead of live calls; ``strategy`` must then offer
-    one (``strategy.batch_endpoint()``, as :class:`OpenAICompatibleStrategy` and
-    :class:`OpenAIStrategy` do: their endpoint, key, model and request settings
+    (OpenAI ``/v1/batches``, Anthropic's Message Batches, Gemini's batch mode) instead of
+    live calls; ``strategy`` must then offer one (``strategy.batch_endpoint()``, as the
+    OpenAI, Anthropic and Gemini strategies do: their endpoint, key, model and request settings
     are used), and ``batch`` tunes chunking, polling and the shared
     enqueued-token capacity (see :class:`ProviderBatchConfig`).
     """
@@ -120,7 +120,7 @@ async def open_run(
             raise ConfigurationError(
                 "strategy", type(strategy).__name__,
                 'mode="provider-batch" needs a strategy with a Batch API (batch_endpoint() returns none), '
-                "such as OpenAICompatibleStrategy or OpenAIStrategy",
+                "such as OpenAICompatibleStrategy, OpenAIStrategy, AnthropicStrategy or GeminiStrategy",
             )
         batch = batch if batch is not None else ProviderBatchConfig()
         if not isinstance(batch, ProviderBatchConfig):

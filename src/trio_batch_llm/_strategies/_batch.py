@@ -158,6 +158,9 @@ class BatchEndpoint(Protocol):
         answer (it is tried again). Thread-safe: called from worker threads."""
         ...
 
+    # An endpoint may also have ``max_file_bytes: int``: the largest request file its batches take,
+    # when under ProviderBatchConfig.max_file_bytes (Gemini's inline requests); runs chunk by the smaller.
+
     def create_outcome_unknown(self, error: ProviderError) -> bool:
         """Whether a create that failed with ``error`` after it was sent may still have made the batch."""
         ...

@@ -1,7 +1,8 @@
 """The mock server's ASGI app: routes by dialect, its own RPM/TPM limits, answers carried out, records kept.
 
 Each dialect (:mod:`._dialects`) names its completion routes; OpenAI's Files and Batch
-APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too.
+APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too. It is
+over 400 lines because every dialect's routes (batches and caches included) meet in this one place.
 What each request gets is planned by :mod:`._plan` from ``(seed, prompt text, occurrence)``,
 *occurrence* counting earlier arrivals of the same prompt past the server's own limiter;
 this module carries the plan out, in the request's dialect. A *reset* sends an informational
@@ -33,6 +34,7 @@ from ._dialects import DIALECTS, GeminiDialect
 from ._limits import ServerLimits
 from ._openai import Api, OpenAIDialect, openai_error_payload
 from ._plan import CREATED, Plan, plan_request, reply, success_body
+from ._provider_batches import ProviderBatches, ProviderBatchRoute
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
 
@@ -65,6 +67,8 @@ class MockOpenAIApp:
         self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
         """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
         self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
+        self.provider_batches = ProviderBatches(self.config, self._counts, self._respond, self._clock,
+                                                self.dialects, self.execute_route)
         self.gemini = next(d for d in self.dialects if isinstance(d, GeminiDialect)).bind(self._wall_clock)
 
     # -- observation ----------------------------------------------------------------------------
@@ -143,11 +147,13 @@ class MockOpenAIApp:
                      "owned_by": "trio-batch-llm"}
             await send_json(send, 200, {"object": "list", "data": [model]})
             return
-        batch_route = match_route(method, path)
+        batch_route = match_route(method, path) or self.provider_batches.match(method, path)
         route = next((r for d in self.dialects if (r := d.route(method, path)) is not None), None)
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
+        elif isinstance(batch_route, ProviderBatchRoute):
+            handler = functools.partial(self.provider_batches.handle, batch_route, self._arrive)
         elif (found := self.gemini.cache_route(method, path)) is not None:  # Gemini's context caches
             handler = functools.partial(self.gemini.serve, found, self._arrive, self._refusal, self._respond)
         elif route is not None:
@@ -171,6 +177,7 @@ class MockOpenAIApp:
                 dialect: Dialect | None = None) -> Exchange:
         """Record a request's arrival; finish the batches due by now (so occurrences follow time)."""
         self._store.advance(now)
+        self.provider_batches.advance(now)
         dialect = dialect if dialect is not None else self._openai
         headers = _headers(scope)
         record = RecordedRequest(

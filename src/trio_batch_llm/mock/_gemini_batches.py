@@ -1,0 +1,296 @@
+"""The mock's Gemini batch mode: a synchronous store of ``batches/…`` resources the app drives.
+
+Written from the Gemini API's documented REST format (``v1beta``):
+``POST /v1beta/models/{model}:batchGenerateContent`` with ``{batch:
+{displayName, inputConfig: {requests: {requests: [{request, metadata}]}}}}``
+answers a long-running operation ``{name: "batches/…", metadata:
+GenerateContentBatch}``; ``GET /v1beta/batches/{id}`` retrieves it, ``GET
+/v1beta/batches`` lists (``pageSize``, ``pageToken``; ``{operations,
+nextPageToken}``, newest first), ``POST /v1beta/batches/{id}:cancel`` cancels
+and ``DELETE /v1beta/batches/{id}`` deletes. A finished batch carries its
+answers inline, in input order: ``metadata.output.inlinedResponses
+.inlinedResponses[i]`` is ``{response, metadata}`` or ``{error: Status,
+metadata}`` (a ``google.rpc.Status``: gRPC code, message, details).
+
+As :mod:`._anthropic_batches`: no I/O, no clock; each request is answered by
+the injected ``answer`` (the live ``generateContent`` dialect), and the knobs
+``batch_latency``, ``batch_outcomes`` (``"expired"``: ``BATCH_STATE_EXPIRED``
+with the first half answered; ``"failed"``: ``BATCH_STATE_FAILED``, no output),
+``batch_list`` and ``batch_enqueued_token_limit`` (a create over it is a 429
+``RESOURCE_EXHAUSTED``) apply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, final
+from urllib.parse import parse_qs
+
+from ._anthropic_batches import rfc3339
+from ._batch_store import EPOCH, BatchReply
+from ._state import MockServerConfig, mock_token_count
+
+__all__ = ["GRPC_CODES", "GeminiBatchStore", "GeminiLineAnswer", "google_error", "match_gemini_batch_route"]
+
+GeminiLineAnswer = Callable[[str, dict[str, Any]], tuple[int, dict[str, Any]]]
+"""``(model, request) -> (status, body)``: one ``GenerateContentRequest``, answered as live."""
+
+GRPC_CODES: Final = {400: (3, "INVALID_ARGUMENT"), 401: (16, "UNAUTHENTICATED"),
+                     403: (7, "PERMISSION_DENIED"),
+                     404: (5, "NOT_FOUND"), 409: (10, "ABORTED"), 429: (8, "RESOURCE_EXHAUSTED"),
+                     499: (1, "CANCELLED"), 500: (13, "INTERNAL"), 503: (14, "UNAVAILABLE"),
+                     504: (4, "DEADLINE_EXCEEDED")}
+"""HTTP status -> (gRPC code, status name), as Google's APIs map them."""
+_TYPE: Final = "type.googleapis.com/google.ai.generativelanguage.v1beta."
+_TERMINAL: Final = frozenset({"BATCH_STATE_SUCCEEDED", "BATCH_STATE_FAILED", "BATCH_STATE_CANCELLED",
+                              "BATCH_STATE_EXPIRED"})
+_WINDOW: Final = 48 * 3600
+_ROUTES: Final = (
+    ("POST", re.compile(r"/v1beta/models/([^/:]+):batchGenerateContent"), "create",
+     "POST /v1beta/models/{model}:batchGenerateContent"),
+    ("GET", re.compile(r"/v1beta/batches"), "list", "GET /v1beta/batches"),
+    ("GET", re.compile(r"/v1beta/batches/([^/:]+)"), "get", "GET /v1beta/batches/{batch}"),
+    ("DELETE", re.compile(r"/v1beta/batches/([^/:]+)"), "delete", "DELETE /v1beta/batches/{batch}"),
+    ("POST", re.compile(r"/v1beta/batches/([^/:]+):cancel"), "cancel", "POST /v1beta/batches/{batch}:cancel"),
+)
+
+
+def match_gemini_batch_route(method: str, path: str) -> tuple[str, str, str] | str | None:
+    """``(template, action, target)`` of a batch-mode request (target: the model or batch id);
+    ``"wrong method"`` when only the path matches; ``None`` when the path is not a batch path."""
+    path_matched = False
+    for route_method, pattern, action, template in _ROUTES:
+        found = pattern.fullmatch(path)
+        if found is None:
+            continue
+        if route_method == method:
+            return template, action, found.group(1) if found.groups() else ""
+        path_matched = True
+    return "wrong method" if path_matched else None
+
+
+def google_error(status: int, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Google's REST error body for ``status``."""
+    _, name = GRPC_CODES.get(status, (2, "UNKNOWN"))
+    error: dict[str, Any] = {"code": status, "message": message, "status": name}
+    if details:
+        error["details"] = details
+    return {"error": error}
+
+
+def _rpc_status(status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """A failed line as a ``google.rpc.Status`` (gRPC code, message, details) from the live error body."""
+    found = body.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
+    code, _ = GRPC_CODES.get(status, (2, "UNKNOWN"))
+    rpc: dict[str, Any] = {"code": code, "message": str(error.get("message") or f"error {status}")}
+    if isinstance(error.get("details"), list):
+        rpc["details"] = error["details"]
+    return rpc
+
+
+def _time(now: float) -> str:
+    return rfc3339(EPOCH + math.floor(now))
+
+
+def _error(status: int, message: str) -> BatchReply:
+    return BatchReply(status, payload=google_error(status, message), message=message)
+
+
+@dataclass(slots=True)
+class _Batch:
+    id: str
+    model: str
+    display_name: str
+    requests: list[dict[str, Any]]
+    tokens: int
+    due: float
+    outcome: str
+    created: str
+    state: str = "BATCH_STATE_PENDING"
+    updated: str = ""
+    ended: str | None = None
+    output: list[dict[str, Any]] | None = None
+    error: dict[str, Any] | None = None
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"batches/{self.id}"
+
+    def wire(self) -> dict[str, Any]:
+        total = len(self.requests)
+        stats = {"requestCount": str(total)}
+        if self.state in _TERMINAL:
+            stats.update(successfulRequestCount=str(self.stats.get("ok", 0)),
+                         failedRequestCount=str(self.stats.get("failed", 0)))
+        else:
+            stats["pendingRequestCount"] = str(total)
+        metadata: dict[str, Any] = {
+            "@type": _TYPE + "GenerateContentBatch", "model": f"models/{self.model}",
+            "displayName": self.display_name, "createTime": self.created, "updateTime": self.updated,
+            "batchStats": stats, "state": self.state, "name": self.name,
+        }
+        operation: dict[str, Any] = {"name": self.name, "metadata": metadata}
+        if self.ended is not None:
+            metadata["endTime"] = self.ended
+        if self.output is not None:
+            output = {"inlinedResponses": {"inlinedResponses": self.output}}
+            metadata["output"] = output
+            operation["response"] = {"@type": _TYPE + "GenerateContentBatchOutput", **output}
+        if self.state in _TERMINAL:
+            operation["done"] = True
+        if self.error is not None:
+            operation["error"] = self.error
+        return operation
+
+
+@final
+class GeminiBatchStore:
+    """Gemini batches of one mock app; every method is synchronous and takes the time it happens at."""
+
+    def __init__(self, config: MockServerConfig, answer: GeminiLineAnswer) -> None:
+        self.config = config
+        self.lines_answered = 0
+        self.enqueued_tokens = 0
+        self._answer = answer
+        self._batches: dict[str, _Batch] = {}  # creation order
+        self._ids = 0
+        self._outcomes = iter(config.batch_outcomes)
+
+    @property
+    def batches(self) -> list[dict[str, Any]]:
+        return [batch.wire() for batch in self._batches.values()]
+
+    def _new_id(self) -> str:
+        self._ids += 1
+        return hashlib.sha256(f"{self.config.seed}\x00gembatch\x00{self._ids}".encode()).hexdigest()[:20]
+
+    def advance(self, now: float) -> None:
+        """Finish every batch that is due at ``now`` (in creation order)."""
+        for batch in self._batches.values():
+            if batch.state not in _TERMINAL and batch.due <= now:
+                self._finish(batch, batch.outcome, batch.due)
+        self.enqueued_tokens = sum(b.tokens for b in self._batches.values() if b.state not in _TERMINAL)
+
+    def _finish(self, batch: _Batch, how: str, when: float) -> None:
+        batch.updated = batch.ended = _time(when)
+        if how == "failed":
+            batch.state = "BATCH_STATE_FAILED"
+            batch.error = {"code": 13, "message": "The batch failed on the server (mock)."}
+            return
+        run = len(batch.requests) if how == "completed" else len(batch.requests) // 2
+        output: list[dict[str, Any]] = []
+        for entry in batch.requests[:run]:
+            status, body = self._answer(batch.model, entry["request"])
+            self.lines_answered += 1
+            ok = 200 <= status < 300
+            line: dict[str, Any] = {"response": body} if ok else {"error": _rpc_status(status, body)}
+            batch.stats["ok" if ok else "failed"] = batch.stats.get("ok" if ok else "failed", 0) + 1
+            if "metadata" in entry:
+                line["metadata"] = entry["metadata"]
+            output.append(line)
+        batch.output = output
+        batch.state = "BATCH_STATE_SUCCEEDED" if how == "completed" else "BATCH_STATE_EXPIRED"
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def create(self, model: str, raw: bytes, now: float) -> BatchReply:
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return _error(400, "Invalid JSON payload received.")
+        batch_body = body.get("batch") if isinstance(body, dict) else None
+        if not isinstance(batch_body, dict):
+            return _error(400, "batch: required field missing (a GenerateContentBatch)")
+        display_name = batch_body.get("displayName")
+        if not isinstance(display_name, str) or not display_name:
+            return _error(400, "batch.displayName: required field missing")
+        input_config = batch_body.get("inputConfig")
+        inline = input_config.get("requests") if isinstance(input_config, dict) else None
+        requests = inline.get("requests") if isinstance(inline, dict) else None
+        problem = _requests_problem(requests)
+        if problem is not None:
+            return _error(400, problem)
+        assert isinstance(requests, list)  # checked by _requests_problem
+        tokens = sum(mock_token_count(json.dumps([r["request"].get("systemInstruction"),
+                                                  r["request"].get("contents")])) for r in requests)
+        limit = self.config.batch_enqueued_token_limit
+        if limit is not None and self.enqueued_tokens + tokens > limit:
+            return _error(429, f"Enqueued tokens for batch mode would exceed the limit of {limit} (mock; "
+                               f"already enqueued: {self.enqueued_tokens}, this batch: {tokens}).")
+        batch = _Batch(self._new_id(), model.removeprefix("models/"), display_name, requests, tokens,
+                       now + self.config.batch_latency, next(self._outcomes, "completed"), _time(now))
+        batch.updated = batch.created
+        self._batches[batch.id] = batch
+        self.enqueued_tokens += tokens
+        return BatchReply(payload=batch.wire(), created=True)
+
+    def get(self, batch_id: str) -> BatchReply:
+        batch = self._batches.get(batch_id)
+        return _missing(batch_id) if batch is None else BatchReply(payload=batch.wire())
+
+    def list(self, query: str) -> BatchReply:
+        if not self.config.batch_list:
+            return _error(404, "listing batches is turned off in this mock (batch_list=False)")
+        params = parse_qs(query, keep_blank_values=True)
+        raw_size = params.get("pageSize", ["50"])[-1]
+        if not raw_size.isdigit() or not 1 <= int(raw_size) <= 1000:
+            return _error(400, f"pageSize: must be an integer from 1 to 1000, got {raw_size!r}")
+        size = int(raw_size)
+        token = params.get("pageToken", ["0"])[-1] or "0"
+        if not token.isdigit():
+            return _error(400, f"pageToken: {token!r} is not a page token of this listing")
+        start = int(token)
+        newest_first = list(reversed(self._batches.values()))
+        page = newest_first[start:start + size]
+        payload: dict[str, Any] = {"operations": [batch.wire() for batch in page]}
+        if start + size < len(newest_first):
+            payload["nextPageToken"] = str(start + size)
+        return BatchReply(payload=payload)
+
+    def cancel(self, batch_id: str, now: float) -> BatchReply:
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            return _missing(batch_id)
+        if batch.state not in _TERMINAL:
+            batch.state, batch.updated, batch.ended = "BATCH_STATE_CANCELLED", _time(now), _time(now)
+        return BatchReply(payload={})
+
+    def delete(self, batch_id: str) -> BatchReply:
+        if self._batches.pop(batch_id, None) is None:
+            return _missing(batch_id)
+        return BatchReply(payload={})
+
+    def dispatch(self, action: str, target: str, raw: bytes, query: str, now: float) -> BatchReply:
+        """Perform one request (after :meth:`advance`); ``raw`` is the request body."""
+        if action == "create":
+            return self.create(target, raw, now)
+        if action == "list":
+            return self.list(query)
+        if action == "get":
+            return self.get(target)
+        if action == "cancel":
+            return self.cancel(target, now)
+        return self.delete(target)
+
+
+def _missing(batch_id: str) -> BatchReply:
+    return _error(404, f"Batch batches/{batch_id} not found.")
+
+
+def _requests_problem(requests: Any) -> str | None:
+    if not isinstance(requests, list) or not requests:
+        return "batch.inputConfig.requests.requests: required field missing (a non-empty list)"
+    for index, entry in enumerate(requests):
+        if not isinstance(entry, dict) or not isinstance(entry.get("request"), dict):
+            return f"batch.inputConfig.requests.requests[{index}].request: required field missing"
+        metadata = entry.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            return f"batch.inputConfig.requests.requests[{index}].metadata: must be an object"
+    return None
