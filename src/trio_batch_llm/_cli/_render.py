@@ -169,9 +169,13 @@ class _KnownTotal(Progress):
 # --- run and demo --------------------------------------------------------------------------------
 
 
-def print_run_report(summary: RunSummary, termination: BatchTermination, wall_time: float, out: Path) -> None:
-    """The run's summary and which file is which (stdout), then its first failure of each kind."""
+def print_run_report(summary: RunSummary, termination: BatchTermination, wall_time: float, out: Path,
+                     endpoint: str = "") -> None:
+    """The run's summary (after which API it spoke, and where) and which file is which (stdout), then
+    its first failure of each kind."""
     print(summary.text(termination, wall_time), flush=True)
+    if endpoint:
+        print(f"  {endpoint}", flush=True)
     print(f"checkpoint: {out}; a flat table of it: {PROG} export {shlex.quote(str(out))} TABLE.csv",
           flush=True)
     for line in summary.first_failure_lines():

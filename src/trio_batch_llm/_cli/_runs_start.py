@@ -149,7 +149,7 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
     # already refused every path plan_run's --out checks would.
     checked = plan_run(argparse.Namespace(
         input=args.input, out=str(db.path or _NO_OUT_FILE), resume=True, model=args.model,
-        base_url=args.base_url,
+        base_url=args.base_url, api=args.api,
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
         progress=False, max_attempts=args.max_attempts, system=args.system, temperature=args.temperature,
