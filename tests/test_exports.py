@@ -25,6 +25,8 @@ API_NAMES = {
     "open_run",
     # requests, structured output, response details (issue 18)
     "LLMRequest", "ResponseDetails", "StructuredOutputError", "ToolCall",
+    # providers (issue 33)
+    "AnthropicErrorClassifier", "AnthropicStrategy",
 }
 
 

@@ -199,3 +199,4 @@ def test_openrouter_error_classifier(
 ) -> None:
     info = OpenRouterErrorClassifier().classify(exc)
     assert (info.error_category, info.is_retryable, info.is_rate_limit) == (category, retryable, rate_limit)
+    assert (info.hint is not None) == (category == "insufficient_balance")  # why the batch stops

@@ -4,6 +4,7 @@ from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
 from ._artifacts._identity import infer_artifact_identity as infer_artifact_identity
+from ._compat._classifiers import AnthropicErrorClassifier as AnthropicErrorClassifier
 from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
 from ._compat._classifiers import ErrorClassifier as ErrorClassifier
 from ._compat._classifiers import ErrorInfo as ErrorInfo
@@ -61,6 +62,7 @@ from ._strategies._callable import CallableStrategy as CallableStrategy
 from ._strategies._callable import CallOutcome as CallOutcome
 from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
+from ._strategies.anthropic._strategy import AnthropicStrategy as AnthropicStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
 from ._values._artifact_identity import ArtifactIdentity as ArtifactIdentity
@@ -116,6 +118,8 @@ from ._version import __version__ as __version__
 __all__ = [
     "AbortMode",
     "AdmissionClosedError",
+    "AnthropicErrorClassifier",
+    "AnthropicStrategy",
     "ArtifactEncodeError",
     "ArtifactIdentity",
     "ArtifactMismatchError",

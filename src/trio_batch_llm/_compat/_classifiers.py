@@ -14,10 +14,16 @@ from typing import final
 
 from .._engine._classify import _category_by_status
 from .._engine._classify import classify as _classify
+from .._strategies.anthropic._errors import sdk_verdict
+from .._strategies.openai._wire_errors import PAYMENT_REQUIRED_STOPS
 from .._values._categories import ErrorCategory
 
 __all__ = [
-    "DefaultErrorClassifier", "ErrorClassifier", "ErrorInfo", "OpenAIErrorClassifier",
+    "AnthropicErrorClassifier",
+    "DefaultErrorClassifier",
+    "ErrorClassifier",
+    "ErrorInfo",
+    "OpenAIErrorClassifier",
     "OpenRouterErrorClassifier",
 ]
 
@@ -70,6 +76,30 @@ class OpenAIErrorClassifier(DefaultErrorClassifier):
     """The built-in rules already know the ``openai`` SDK's exceptions; kept for the name."""
 
 
+class AnthropicErrorClassifier(DefaultErrorClassifier):
+    """Anthropic's errors (the ``anthropic`` SDK's status errors, by duck typing: no SDK import).
+
+    529 ``overloaded_error`` is a retried server error, not a rate limit; a spend limit
+    (``enforced_spend_limit_reached``, a ``billing_error``, "credit balance is too low") is
+    ``insufficient_balance``, not retried, its ``hint`` saying why the batch stops.
+    Anything else is left to the built-in rules.
+    """
+
+    def classify(self, exception: Exception) -> ErrorInfo:
+        verdict = sdk_verdict(exception)
+        if verdict is None:
+            return super().classify(exception)
+        category, retry_after, stops = verdict
+        return ErrorInfo(
+            is_retryable=category.retryable and stops is None,
+            is_rate_limit=category is ErrorCategory.RATE_LIMIT,
+            is_timeout=category is ErrorCategory.TIMEOUT,
+            error_category=category.value,
+            suggested_wait=retry_after,
+            hint=stops,
+        )
+
+
 class OpenRouterErrorClassifier(DefaultErrorClassifier):
     """OpenRouter's error shapes, for exceptions our strategies did not raise (an SDK's, your own).
 
@@ -96,6 +126,7 @@ class OpenRouterErrorClassifier(DefaultErrorClassifier):
             is_timeout=category is ErrorCategory.TIMEOUT,
             error_category=category.value,
             suggested_wait=_classify(exception).retry_after,
+            hint=PAYMENT_REQUIRED_STOPS if code == 402 else None,
         )
 
 
