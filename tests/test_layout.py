@@ -230,3 +230,9 @@ def test_production_code_never_imports_testing() -> None:
 def test_only_the_command_line_faces_import_the_cli_package() -> None:
     faces = (f"{P}._cli", f"{P}.cli", f"{P}.__main__")
     assert _breaks((P,), (f"{P}._cli",), allowed=faces) == []
+
+
+def test_the_mock_imports_nothing_from_the_strategies() -> None:
+    # The mock is written from the providers' documented wire formats: a wire bug in a client
+    # must not be made identically on the server side, where no test could see it.
+    assert _breaks((f"{P}.mock",), (f"{P}._strategies",)) == []

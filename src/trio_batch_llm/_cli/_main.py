@@ -80,14 +80,17 @@ def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
             model=args.model, ratelimit_headers=args.ratelimit_headers,
             limit_schedule=tuple(sorted(args.limit_change or ())),
             calendar_rpm_limit=args.calendar_rpm_limit,
-            retry_after_headers=_retry_hints(args.retry_hint),
+            retry_after_headers=_retry_hints(args.retry_hint), spend_limit_after=args.spend_limit_after,
+            input_tpm_limit=args.input_tpm_limit, output_tpm_limit=args.output_tpm_limit,
         )
     except ConfigurationError as exc:
         print(f"trio-batch-llm serve-mock: error: {exc}", file=sys.stderr)
         return 2
 
     def ready(server: object) -> None:
-        print(getattr(server, "base_url"), flush=True)  # noqa: B009 - the one line scripts read
+        print(getattr(server, "base_url"), flush=True)  # noqa: B009 - the first line, the one scripts read
+        for name, url in getattr(server, "base_urls").items():  # noqa: B009 - then each dialect's
+            print(f"{name:<10} {url}", flush=True)
 
     run_mock_server(args.host, args.port, config, backend=args.backend, on_ready=ready)
     return 0
@@ -176,9 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     serve = sub.add_parser(
-        "serve-mock", help="serve the OpenAI-compatible mock server until Ctrl+C",
-        description="Serve the OpenAI-compatible mock server (chat completions, responses, models, "
-                    "files, batches) on HOST:PORT until Ctrl+C, and print its base URL. It echoes "
+        "serve-mock", help="serve the mock provider server (OpenAI, Anthropic, ... dialects) until Ctrl+C",
+        description="Serve the mock provider server on HOST:PORT until Ctrl+C: OpenAI's chat "
+                    "completions, responses, models, files and batches, Anthropic's messages, and the "
+                    "other dialects it speaks, all on one port. It prints the OpenAI base URL, then each "
+                    "dialect's base URL on a line of its own. It echoes "
                     "each prompt back; the options below make it slow or faulty on purpose. "
                     "Probabilities are per request, from 0 to 1, drawn from --seed.",
     )
@@ -204,8 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "the exact wait (default: none)")
     serve.add_argument("--tpm-limit", type=positive_int, metavar="N",
                        help="tokens per minute the server enforces, the same way (default: none)")
+    serve.add_argument("--input-tpm-limit", type=positive_int, metavar="N",
+                       help="input tokens per minute, enforced apart as Anthropic's ITPM (its cache reads "
+                            "count none; default: none)")
+    serve.add_argument("--output-tpm-limit", type=positive_int, metavar="N",
+                       help="output tokens per minute, enforced apart as Anthropic's OTPM (default: none)")
     serve.add_argument("--ratelimit-headers", action="store_true",
-                       help="send OpenAI-style x-ratelimit-* headers computed from the enforced limits")
+                       help="send each dialect's rate-limit headers (OpenAI's x-ratelimit-*, Anthropic's "
+                            "anthropic-ratelimit-*) computed from the enforced limits")
     serve.add_argument("--calendar-rpm-limit", type=positive_int, metavar="N",
                        help="requests per calendar minute (counted from each :00) the server enforces, "
                             "as some gateways do: a request over it gets a 429 that tells nothing, no "
@@ -222,7 +233,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="answer N seeded words (N completion tokens) instead of echoing the prompt")
     serve.add_argument("--seed", type=int, default=0, help="the seed of every random draw (default 0)")
     serve.add_argument("--api-key", metavar="KEY",
-                       help="require the header Authorization: Bearer KEY (else 401)")
+                       help="require KEY where each dialect carries it (OpenAI: Authorization: Bearer KEY; "
+                            "Anthropic: x-api-key or Bearer), else 401")
+    serve.add_argument("--spend-limit-after", type=non_negative_int, metavar="N",
+                       help="after N successful answers, refuse every request as a spent limit does "
+                            "(Anthropic: 429 enforced_spend_limit_reached; OpenAI: insufficient_quota)")
     serve.add_argument("--model", help="the model name /v1/models lists (answers echo the requested model)")
     serve.set_defaults(handler=_serve_mock)
     return parser

@@ -1,10 +1,12 @@
-"""An OpenAI-compatible mock server: run, test and measure a pipeline without a provider or a key.
+"""A mock provider server: run, test and measure a pipeline without a provider or a key.
 
-It speaks OpenAI's wire format (``POST /v1/chat/completions``,
-``POST /v1/responses``, ``GET /v1/models``, and the Files and Batch APIs under
-``/v1/files`` and ``/v1/batches``) on a real socket on 127.0.0.1, under Trio or
-asyncio, so a strategy (or the openai SDK) talks to it over real HTTP exactly
-as it would to a provider:
+It speaks each provider's wire format on one real socket on 127.0.0.1, under
+Trio or asyncio: OpenAI's (``POST /v1/chat/completions``, ``POST /v1/responses``,
+``GET /v1/models``, and the Files and Batch APIs under ``/v1/files`` and
+``/v1/batches``), Anthropic's (``POST /v1/messages``) and the other dialects
+listed in ``server.base_urls``. It is written from the providers' documented
+formats and imports nothing from the library's clients, so a strategy (or a
+provider's SDK) talks to it over real HTTP exactly as it would to a provider:
 
     from trio_batch_llm import OpenAICompatibleStrategy, process_prompts
     from trio_batch_llm.mock import MockServerConfig, serve_mock
@@ -39,7 +41,10 @@ Markers inside a prompt force a fault for that prompt, for exact tests:
 ``[[fail:503]]``, ``[[fail:429x2]]`` (only the first two times the prompt
 arrives), ``[[hang]]``, ``[[reset]]``, ``[[malformed]]``,
 ``[[context_length]]``, ``[[content_policy]]``, ``[[latency:0.25]]``,
-``[[retry_after:2.5]]``.
+``[[retry_after:2.5]]``, ``[[spend_limit]]`` (a spent limit, no wait), and OpenRouter's
+``[[error_in_200:429]]`` and ``[[no_provider]]``. Each dialect answers in its own shape
+(Anthropic: ``{"type": "error", "error": {...}}``, 529 ``overloaded_error``, ``retry-after``,
+``anthropic-ratelimit-*``).
 
 Structured output: a request asking for a JSON schema (``response_format``
 ``json_schema``, or ``text.format``) is answered with deterministic JSON valid

@@ -1,31 +1,22 @@
-"""The mock server's ASGI app: routes, its own RPM/TPM limits, answers carried out, records kept.
+"""The mock server's ASGI app: routes by dialect, its own RPM/TPM limits, answers carried out, records kept.
 
-Answers ``POST /v1/chat/completions`` and ``POST /v1/responses`` (also without
-the ``/v1`` prefix) and ``GET /v1/models``, and emulates the Files and Batch
-APIs (``/v1/files``, ``/v1/batches``; :mod:`._batch_routes`,
-:mod:`._batch_store`). What each request gets (an answer or a fault) is
-planned by :mod:`._plan`, from ``(seed, prompt text, occurrence)`` where
-*occurrence* counts earlier arrivals of the same prompt text past the server's
-own RPM/TPM limiter; this module carries the plan out.
-
-A *reset* answers with an informational ``103`` head and closes the connection:
-ASGI cannot make a server send a TCP RST, so the client sees the connection
-closed without a response (httpx2: ``RemoteProtocolError: Server disconnected
-without sending a response``). A *hang* never answers: it ends when the client
-disconnects or the server shuts down. Under an in-process transport (httpx2's
-``ASGITransport``) a reset has no meaning; use a served app for resets.
-
-Files and Batch API requests get the generic faults too (not ``malformed``),
-planned from ``(seed, "METHOD path-template", occurrence of that endpoint)``;
-a faulted request does nothing. Every request (completions included) first
-finishes the batches that are due at the app's clock, so a batch's lines take
-their prompt occurrences in time order with the live requests.
+Each dialect (:mod:`._dialects`) names its completion routes; OpenAI's Files and Batch
+APIs (:mod:`._batch_routes`, :mod:`._batch_store`) and ``GET /v1/models`` are here too.
+What each request gets is planned by :mod:`._plan` from ``(seed, prompt text, occurrence)``,
+*occurrence* counting earlier arrivals of the same prompt past the server's own limiter;
+this module carries the plan out, in the request's dialect. A *reset* sends an informational
+``103`` head and closes the connection (ASGI cannot send a TCP RST; httpx2 sees "Server
+disconnected without sending a response"; meaningless in-process). A *hang* never answers.
+Files and Batch API requests get the generic faults too (not ``malformed``), planned from
+``(seed, "METHOD path-template", occurrence)``. Every request first finishes the batches due
+at the app's clock, so batch lines take their prompt occurrences in time order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -34,23 +25,20 @@ from typing import Any, final
 import anyio
 import anyio.lowlevel
 
-from .._strategies.openai._wire import Api, error_payload, prompt_text_of_request
 from ._asgi import Exchange, Receive, Scope, Send, lifespan, read_body, send_json, send_raw
 from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
+from ._dialect import Dialect, Route
+from ._dialects import DIALECTS
 from ._limits import ServerLimits
-from ._plan import CREATED, Plan, error_text, plan_request, reply, success_body
+from ._openai import Api, OpenAIDialect, openai_error_payload
+from ._plan import CREATED, Plan, plan_request, reply, success_body
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
-from ._structured import requested_schema, schema_refusal
 
 __all__ = ["MockOpenAIApp"]
 
-_ROUTES: dict[str, Api] = {
-    "/v1/chat/completions": "chat", "/chat/completions": "chat",
-    "/v1/responses": "responses", "/responses": "responses",
-}
-_SECRET_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+_SECRET_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "x-goog-api-key"})
 
 
 @final
@@ -74,6 +62,9 @@ class MockOpenAIApp:
         self._changed: anyio.Event | None = None
         self._respond = Responder(self._counts, self._clock, self._notify, self.config.retry_after_headers)
         self._store = BatchStore(self.config, self._execute_line)
+        self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
+        """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
+        self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -152,16 +143,17 @@ class MockOpenAIApp:
             await send_json(send, 200, {"object": "list", "data": [model]})
             return
         batch_route = match_route(method, path)
-        api = _ROUTES.get(path)
+        route = next((r for d in self.dialects if (r := d.route(method, path)) is not None), None)
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
-        elif api is not None and method == "POST":
-            handler = functools.partial(self._completion, api)
+        elif route is not None:
+            handler = functools.partial(self._completion, route)
         else:
-            status = 404 if api is None and batch_route is None else 405
+            known = batch_route is not None or any(d.route("POST", path) for d in self.dialects)
             message = f"no route {method} {path}"
-            await send_json(send, status, error_payload(message, kind="invalid_request_error"))
+            await send_json(send, 405 if known else 404,
+                            openai_error_payload(message, kind="invalid_request_error"))
             return
         counts = self._counts
         counts.in_flight += 1
@@ -172,10 +164,12 @@ class MockOpenAIApp:
             counts.in_flight -= 1
             self._notify()
 
-    def _arrive(self, scope: Scope, body: Any, prompt: str | None, now: float) -> Exchange:
+    def _arrive(self, scope: Scope, body: Any, prompt: str | None, now: float,
+                dialect: Dialect | None = None) -> Exchange:
         """Record a request's arrival; finish the batches due by now (so occurrences follow time)."""
         self._store.advance(now)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        dialect = dialect if dialect is not None else self._openai
+        headers = _headers(scope)
         record = RecordedRequest(
             method=scope["method"], path=scope["path"], arrival=now, prompt=prompt,
             headers={k: v for k, v in headers.items() if k not in _SECRET_HEADERS},
@@ -183,60 +177,72 @@ class MockOpenAIApp:
         )
         if self.config.record_requests:
             self._records.append(record)
-        return Exchange(record, authorization=headers.get("authorization"))
+        number = self._counts.requests + self._counts.batch_api_requests
+        request_id = "req_" + hashlib.sha256(f"{self.config.seed}\x00{number}".encode()).hexdigest()[:24]
+        exchange = Exchange(record, dialect, request_id,
+                            dialect.credential(headers, scope.get("query_string", b"").decode("latin-1")))
+        exchange.headers = dialect.response_headers(request_id)
+        return exchange
 
     def _refusal(self, exchange: Exchange) -> tuple[int, str, str, str | None] | None:
         """The error for any request while shutting down (503) or with a wrong key (401)."""
         if self._respond.closing:
             return 503, "the mock server is shutting down", "server_error", None
-        if self.config.api_key is not None and exchange.authorization != f"Bearer {self.config.api_key}":
+        if self.config.api_key is not None and exchange.credential != self.config.api_key:
             return 401, "Incorrect API key provided (mock)", "invalid_request_error", "invalid_api_key"
         return None
 
-    async def _completion(self, api: Api, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
+    async def _completion(self, route: Route, scope: Scope, raw: bytes, receive: Receive, send: Send) -> None:
         now = self._clock()
         try:
             payload: Any = json.loads(raw)
         except ValueError:
             payload = raw.decode("utf-8", "replace")
-        prompt = prompt_text_of_request(api, payload)
-        exchange = self._arrive(scope, payload, prompt, now)
+        dialect = route.dialect
+        prompt = dialect.prompt_text(route, payload)
+        exchange = self._arrive(scope, payload, prompt, now, dialect)
         self._counts.requests += 1
         self._limits.arrive(now)
         self._notify()
         refusal = self._refusal(exchange)
+        problem = dialect.check(route, _headers(scope), payload) if refusal is None else None
         if refusal is not None:
             await self._respond.send_error(exchange, send, *refusal)
-        elif prompt is None or not isinstance(payload, dict):
-            await self._respond.send_error(exchange, send, 400,
-                                           "the body needs messages (chat) or input (responses)",
-                                           "invalid_request_error")
+        elif problem is not None or prompt is None or not isinstance(payload, dict):
+            message = problem.message if problem is not None else "the body carries no prompt"
+            await self._respond.send_error(exchange, send, problem.status if problem is not None else 400,
+                                           message, "invalid_request_error",
+                                           problem.code if problem is not None else None)
         elif payload.get("stream"):
             await self._respond.send_error(exchange, send, 400,
                                            "stream=true is not supported by the mock server",
                                            "invalid_request_error")
         else:
-            await self._answer(api, payload, prompt, exchange, receive, send)
+            await self._answer(route, payload, prompt, exchange, receive, send)
 
-    async def _answer(self, api: Api, payload: dict[str, Any], prompt: str, exchange: Exchange,
+    async def _answer(self, route: Route, payload: dict[str, Any], prompt: str, exchange: Exchange,
                       receive: Receive, send: Send) -> None:
-        refused = schema_refusal(api, payload)
+        dialect = route.dialect
+        refused = dialect.schema_refusal(route, payload)
         if refused is not None:  # checked before admission, as a provider checks the body first
             await self._respond.send_error(exchange, send, 400, refused, "invalid_request_error",
                                            "invalid_json_schema")
             return
         _, completion_tokens = reply(self.config, prompt)
         prompt_tokens = mock_token_count(prompt)
-        if not await self._admit(exchange, send, prompt_tokens + completion_tokens):
+        cached = getattr(dialect, "cached_input_tokens", None)  # optional: cache reads count no input
+        counted = prompt_tokens - (cached(route, payload, prompt_tokens) if cached is not None else 0)
+        if not await self._admit(exchange, send, prompt_tokens + completion_tokens,
+                                 (counted, completion_tokens)):
             return
         # Counted once admitted, so the server's own 429s do not shift a prompt's scripted faults.
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
-        plan = plan_request(self.config, prompt, occurrence)
-        if self.config.reject_json_schema and requested_schema(api, payload) is not None:
-            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
+        plan = self._plan(route, payload, prompt, occurrence)
         exchange.record.outcome = plan.kind if plan.kind != "error" else f"error:{plan.status}"
-        body = success_body(self.config, api, payload, prompt, occurrence, plan.content)
+        # Built only for what sends it: building one has effects (Anthropic's prompt cache is written).
+        body = success_body(self.config, route, payload, prompt, occurrence, plan.content) \
+            if plan.kind in ("ok", "malformed") else {}
 
         async def act() -> None:
             if plan.kind == "hang":
@@ -248,25 +254,49 @@ class MockOpenAIApp:
         await self._respond.guarded(exchange, receive, send, act)
 
     def _execute_line(self, api: Api, payload: dict[str, Any], prompt: str) -> tuple[int, dict[str, Any]]:
-        """One batch line, planned as a live request (latency ignored; hang/reset/malformed become 500)."""
+        """One line of an OpenAI batch (see :meth:`execute_route`)."""
+        return self.execute_route(Route(self._openai, api), payload, prompt)
+
+    def execute_route(self, route: Route, payload: dict[str, Any], prompt: str) -> tuple[int, dict[str, Any]]:
+        """One batch line of any dialect, planned as a live request: ``(status, body)`` in its dialect.
+
+        Latency is ignored; hang/reset/malformed become 500. The Batch APIs of every dialect use it.
+        """
+        dialect = route.dialect
+        key = f"{self.config.seed}\x00line\x00{prompt}"
+        request_id = "req_" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+        def error(status: int, message: str, kind: str, code: str | None) -> tuple[int, dict[str, Any]]:
+            return status, dialect.error_body(status, message, kind, code, retry_after=None,
+                                              request_id=request_id)
+
         if payload.get("stream"):  # refused before it counts, as live
-            return 400, error_payload("stream=true is not supported by the mock server",
-                                      kind="invalid_request_error")
-        refused = schema_refusal(api, payload)
+            return error(400, "stream=true is not supported by the mock server", "invalid_request_error",
+                         None)
+        refused = dialect.schema_refusal(route, payload)
         if refused is not None:  # refused before it counts, as live
-            return 400, error_payload(refused, kind="invalid_request_error", code="invalid_json_schema")
+            return error(400, refused, "invalid_request_error", "invalid_json_schema")
         occurrence = self._counts.occurrences[prompt]
         self._counts.occurrences[prompt] += 1
-        plan = plan_request(self.config, prompt, occurrence)
-        if self.config.reject_json_schema and requested_schema(api, payload) is not None:
-            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
+        plan = self._plan(route, payload, prompt, occurrence)
         if plan.kind == "ok":
-            return 200, success_body(self.config, api, payload, prompt, occurrence, plan.content)
+            return 200, success_body(self.config, route, payload, prompt, occurrence, plan.content)
+        if plan.kind == "error" and plan.code == "error_in_200":
+            message, kind, _ = dialect.error_text(plan.status, None)
+            return 200, error(plan.status, message, kind, plan.code)[1]
         if plan.kind == "error":
-            message, kind, code = error_text(plan.status, plan.code)
-            return plan.status, error_payload(message, kind=kind, code=code)
-        message, kind, code = error_text(500, None)
-        return 500, error_payload(message, kind=kind, code=code)
+            return error(plan.status, *dialect.error_text(plan.status, plan.code))
+        return error(500, *dialect.error_text(500, None))
+
+    def _plan(self, route: Route, payload: dict[str, Any], prompt: str, occurrence: int) -> Plan:
+        """The prompt's plan, then the knobs that override it: a refused schema, a spent limit."""
+        plan = plan_request(self.config, prompt, occurrence)
+        if self.config.reject_json_schema and route.dialect.requested_schema(route, payload) is not None:
+            plan = Plan("error", plan.latency, 400, "invalid_json_schema")
+        spend = self.config.spend_limit_after
+        if spend is not None and self._counts.succeeded >= spend:
+            plan = Plan("error", plan.latency, 429, "spend_limit")
+        return plan
 
     async def _batch_api(self, route: BatchRoute, scope: Scope, raw: bytes, receive: Receive,
                          send: Send) -> None:
@@ -290,7 +320,7 @@ class MockOpenAIApp:
             plan = Plan("ok", plan.latency)
         script = self._store.next_create_fault() if route.action == "create" and plan.kind == "ok" else "ok"
         record = exchange.record
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _headers(scope)
 
         if plan.kind in ("hang", "reset") or script == "hang_before_create":
             record.outcome = "reset" if plan.kind == "reset" else "hang"
@@ -334,15 +364,19 @@ class MockOpenAIApp:
 
         await respond.guarded(exchange, receive, send, act)
 
-    async def _admit(self, exchange: Exchange, send: Send, tokens: int) -> bool:
+    async def _admit(self, exchange: Exchange, send: Send, tokens: int, split: tuple[int, int]) -> bool:
         """Enforce the server's own RPM/TPM limits over the sliding window; answer 429 when over.
 
         From here on every answer to this request carries the rate-limit headers (when configured),
         except a refusal by the calendar-minute limit, which tells nothing.
         """
         limits, now = self._limits, self._clock()
-        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0)
-        exchange.headers = [] if decision.silent else limits.headers(now)
+        decision = limits.admit(now, tokens, self._wall_clock() if self.config.calendar_rpm_limit else 0.0,
+                                split)
+        dialect = exchange.dialect
+        exchange.headers = dialect.response_headers(exchange.request_id)
+        if not decision.silent:
+            exchange.headers += dialect.ratelimit_headers(limits.states(now), self._wall_clock())
         if decision.too_large:
             await self._respond.send_error(exchange, send, 400,
                                            f"request needs {tokens} tokens, over the TPM limit",
@@ -357,3 +391,7 @@ class MockOpenAIApp:
             return False
         await anyio.lowlevel.checkpoint()
         return True
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}

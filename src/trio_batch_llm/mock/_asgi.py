@@ -1,7 +1,7 @@
 """ASGI plumbing of the mock app: the message types, reading a body, lifespan, sending an answer.
 
 :class:`Exchange` is one request on its way through the app: its record, its
-key (never recorded), and whether an answer has started or the client has
+dialect, its key (never recorded), and whether an answer has started or the client has
 gone, which decide what a release by disconnect or shutdown means.
 """
 
@@ -14,6 +14,7 @@ from typing import Any, TypeAlias, final
 
 import anyio
 
+from ._dialect import Dialect
 from ._state import RecordedRequest
 
 __all__ = [
@@ -41,7 +42,11 @@ class Exchange:
     """One request's progress, shared with its disconnect watcher."""
 
     record: RecordedRequest
-    authorization: str | None = None
+    dialect: Dialect
+    """Whose wire format every answer to this request is in."""
+    request_id: str = ""
+    credential: str | None = None
+    """The API key the request carried (never recorded)."""
     started: bool = False
     disconnected: bool = False
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)

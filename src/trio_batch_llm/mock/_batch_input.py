@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, final
 
-from .._strategies.openai._wire import Api, prompt_text_of_request
+from ._openai import Api, openai_prompt_text
 from ._state import mock_token_count
 
 __all__ = ["BATCH_ENDPOINTS", "InputLine", "parse_input_file", "parse_multipart"]
@@ -86,7 +86,7 @@ def parse_input_file(content: bytes, endpoint: str) -> tuple[list[InputLine], li
         if problem is not None:
             problems.append((number, problem))
             continue
-        prompt = prompt_text_of_request(api, entry["body"]) or ""  # not None: checked above
+        prompt = openai_prompt_text(api, entry["body"]) or ""  # not None: checked above
         seen.add(entry["custom_id"])
         lines.append(InputLine(entry["custom_id"], entry["body"], prompt, mock_token_count(prompt)))
     if not lines and not problems:
@@ -107,7 +107,7 @@ def _line_problem(entry: Any, endpoint: str, api: Api, seen: set[str]) -> str | 
     if entry.get("url") != endpoint:
         return f"url must be the batch endpoint {endpoint!r}, got {entry.get('url')!r}"
     body = entry.get("body")
-    if not isinstance(body, dict) or prompt_text_of_request(api, body) is None:
+    if not isinstance(body, dict) or openai_prompt_text(api, body) is None:
         need = "messages" if api == "chat" else "input"
         return f"body must be a JSON object with {need} for {endpoint}"
     return None

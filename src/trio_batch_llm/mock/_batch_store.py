@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, final
 from urllib.parse import parse_qs
 
-from .._strategies.openai._wire import Api
 from ._batch_input import BATCH_ENDPOINTS, InputLine, parse_input_file, parse_multipart
+from ._openai import Api
 from ._state import MockServerConfig
 
 __all__ = ["EPOCH", "BatchCounters", "BatchReply", "BatchStore", "LineExecutor"]

@@ -2,8 +2,8 @@
 
 A request is *served* when it fits both windows at its arrival; a refused one
 uses no quota. With ``ratelimit_headers``, every completion answer carries
-OpenAI's six headers for the limits in force (only for the limits that are
-set), computed from the same windows the server enforces:
+its dialect's rate-limit headers for the limits in force (only for the limits
+that are set), computed from the same windows the server enforces; OpenAI's six:
 
 - ``x-ratelimit-limit-requests`` / ``-tokens``: the limit in force;
 - ``x-ratelimit-remaining-requests`` / ``-tokens``: what the window has left
@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import final
 
+from ._dialect import LimitState
 from ._state import MockServerConfig, SlidingWindow
 
 __all__ = ["CalendarMinute", "Decision", "ServerLimits", "go_duration"]
@@ -96,6 +97,8 @@ class ServerLimits:
         self.arrivals = SlidingWindow(config.limit_window)
         self.served = SlidingWindow(config.limit_window)
         self.served_tokens = SlidingWindow(config.limit_window)
+        self.served_input = SlidingWindow(config.limit_window)
+        self.served_output = SlidingWindow(config.limit_window)
         self.calendar = CalendarMinute()
         self._start: float | None = None
 
@@ -115,13 +118,16 @@ class ServerLimits:
             self._start = now
         self.arrivals.add(now)
 
-    def admit(self, now: float, tokens: int, wall: float = 0.0) -> Decision:
-        """Serve ``tokens`` at ``now`` if both windows have room (and count it), else say how long to wait.
+    def admit(self, now: float, tokens: int, wall: float = 0.0, split: tuple[int, int] = (0, 0)) -> Decision:
+        """Serve ``tokens`` at ``now`` if every window has room (and count it), else say how long to wait.
 
-        ``wall`` is the wall clock's time, read only by the calendar-minute limit.
+        ``wall`` is the wall clock's time, read only by the calendar-minute limit; ``split`` is
+        ``(input tokens that count, output tokens)``, read by the input/output limits.
         """
         rpm, tpm = self.limits_at(now)
-        if tpm is not None and tokens > tpm:
+        apart = ((self._config.input_tpm_limit, self.served_input, split[0]),
+                 (self._config.output_tpm_limit, self.served_output, split[1]))
+        if (tpm is not None and tokens > tpm) or any(lim is not None and n > lim for lim, _, n in apart):
             return Decision(False, too_large=True)
         calendar = self._config.calendar_rpm_limit
         if calendar is not None and self.calendar.served_in(wall) >= calendar:
@@ -131,29 +137,32 @@ class ServerLimits:
             wait = self.served.wait_for_room(now, 1, rpm)
         if tpm is not None:
             wait = max(wait, self.served_tokens.wait_for_room(now, tokens, tpm))
+        for limit, window, count in apart:
+            if limit is not None:
+                wait = max(wait, window.wait_for_room(now, count, limit))
         if wait > 0:
             return Decision(False, wait)
         self.served.add(now)
         self.served_tokens.add(now, tokens)
+        for _, window, count in apart:
+            window.add(now, count)
         if calendar is not None:
             self.calendar.add(wall)
         return Decision(True)
 
-    def headers(self, now: float) -> list[tuple[bytes, bytes]]:
-        """OpenAI-style rate-limit headers for the limits in force (none without ``ratelimit_headers``)."""
+    def states(self, now: float) -> list[LimitState]:
+        """The limits in force and their windows, for the dialect's rate-limit headers (none without
+        ``ratelimit_headers``)."""
         if not self._config.ratelimit_headers:
             return []
         rpm, tpm = self.limits_at(now)
-        out: list[tuple[bytes, bytes]] = []
-        for kind, limit, window in (("requests", rpm, self.served), ("tokens", tpm, self.served_tokens)):
+        out: list[LimitState] = []
+        for kind, limit, window in (("requests", rpm, self.served), ("tokens", tpm, self.served_tokens),
+                                    ("input-tokens", self._config.input_tpm_limit, self.served_input),
+                                    ("output-tokens", self._config.output_tpm_limit, self.served_output)):
             if limit is None:
                 continue
             held, newest = window.held_at(now)
             empty_in = 0.0 if newest is None else newest + window.length - now
-            out += [
-                (f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
-                (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, limit - held)).encode()),
-                (f"x-ratelimit-reset-{kind}".encode(), go_duration(empty_in).encode()),
-            ]
+            out.append(LimitState(kind, limit, max(0, limit - held), empty_in))
         return out
-

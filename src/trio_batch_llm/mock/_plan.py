@@ -11,7 +11,8 @@ Markers inside a prompt force a fault, for exact tests (``xN``: only the first
 N occurrences of that prompt; without it: every one)::
 
     [[fail:503]] [[fail:429x2]] [[hang]] [[reset]] [[malformed]]
-    [[context_length]] [[content_policy]] [[latency:0.25]] [[retry_after:2.5]]
+    [[context_length]] [[content_policy]] [[latency:0.25]] [[retry_after:2.5]] [[spend_limit]]
+    [[error_in_200:429]] [[no_provider]] (OpenRouter's error bodies: :mod:`._openai`)
 
 and, for a request that asks for a JSON schema (:mod:`._structured`), markers that
 change the answer's content: ``[[invalid_json]]`` (text that is not JSON),
@@ -30,21 +31,20 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal, final
 
-from .._strategies.openai._wire import Api, chat_completion_payload, responses_payload
+from ._dialect import Answer, Content, Route
 from ._state import MockServerConfig, mock_token_count
-from ._structured import answer_json, example_of, requested_schema, requested_tool, schema_violation
+from ._structured import answer_json, example_of, schema_violation
 
-__all__ = ["CREATED", "Plan", "error_text", "plan_request", "reply", "success_body"]
+__all__ = ["CREATED", "Content", "Plan", "plan_request", "reply", "success_body"]
 
 CREATED: Final = 1_700_000_000
 """The ``created`` timestamp of every answer: a fixed one keeps whole responses deterministic."""
 _MARKER = re.compile(
     r"\[\[(fail|hang|reset|malformed|context_length|content_policy|latency|retry_after|invalid_json"
-    r"|schema_violation|fenced|refusal|reject_schema)"
+    r"|schema_violation|fenced|refusal|reject_schema|spend_limit|error_in_200|no_provider)"
     r"(?::([0-9.]+))?(?:x(\d+))?\]\]"
 )
 _CONTENT_MARKERS: Final = frozenset({"invalid_json", "schema_violation", "fenced", "refusal"})
-Content = Literal["text", "invalid_json", "schema_violation", "fenced", "refusal"]
 _WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
 
@@ -89,7 +89,9 @@ def plan_request(config: MockServerConfig, key: str, occurrence: int) -> Plan:
             forced = _marker_plan(name, value)
     if forced is not None:
         # Retry-After goes with 429 and 503 (as HTTP uses it), or wherever a marker asks for it
-        wait = retry_after if explicit or forced.status in (429, 503) else None
+        # no wait ends a spend limit; an error inside a 200 has no headers to carry one
+        hinted = forced.status in (429, 503) and forced.code not in ("spend_limit", "error_in_200")
+        wait = retry_after if explicit or hinted else None
         return Plan(forced.kind, latency, forced.status, forced.code, wait)
     edge = 0.0
     for kind, rate in (("reset", config.reset_rate), ("hang", config.hang_rate),
@@ -117,26 +119,13 @@ def _marker_plan(name: str, value: str | None) -> Plan:
         return Plan("error", status=400, code="content_policy_violation")
     if name == "reject_schema":
         return Plan("error", status=400, code="invalid_json_schema")
+    if name == "spend_limit":  # a spend limit or quota that no wait ends: each dialect words it
+        return Plan("error", status=429, code="spend_limit")
+    if name == "error_in_200":  # OpenRouter: an error met once the model started, sent as HTTP 200
+        return Plan("error", status=int(float(value)) if value else 429, code="error_in_200")
+    if name == "no_provider":  # OpenRouter: no provider could serve the model (retryable)
+        return Plan("error", status=int(float(value)) if value else 502, code="no_provider_available")
     return Plan(name)  # type: ignore[arg-type]  # hang, reset, malformed
-
-
-def error_text(status: int, code: str | None) -> tuple[str, str, str | None]:
-    """``(message, type, code)`` of an error answer, worded as OpenAI words it."""
-    if status == 429:
-        return "Rate limit reached (mock)", "requests", code or "rate_limit_exceeded"
-    if status >= 500:
-        return "The server had an error while processing your request (mock)", "server_error", code
-    if code == "context_length_exceeded":
-        return ("This model's maximum context length is 128 tokens; the messages are longer (mock)",
-                "invalid_request_error", code)
-    if code == "content_policy_violation":
-        return "This request was rejected by the content policy (mock)", "invalid_request_error", code
-    if code == "invalid_json_schema":
-        return ("Invalid schema for response_format: the mock refuses this schema, as a provider refuses "
-                "one it does not support (mock)", "invalid_request_error", code)
-    named = {401: "invalid_api_key", 402: "insufficient_quota", 403: "permission_denied",
-             404: "model_not_found"}
-    return f"mock error {status}", "invalid_request_error", code or named.get(status)
 
 
 def reply(config: MockServerConfig, prompt: str) -> tuple[str, int]:
@@ -150,23 +139,28 @@ def reply(config: MockServerConfig, prompt: str) -> tuple[str, int]:
     return " ".join(rng.choice(_WORDS) for _ in range(count)), count
 
 
-def success_body(config: MockServerConfig, api: Api, payload: dict[str, Any], prompt: str,
+def success_body(config: MockServerConfig, route: Route, payload: dict[str, Any], prompt: str,
                  occurrence: int, content: Content = "text") -> dict[str, Any]:
-    """The 200 body for ``prompt``'s ``occurrence``-th arrival (live, or a batch line).
+    """The 200 body for ``prompt``'s ``occurrence``-th arrival (live, or a batch line), in its dialect.
 
     A request asking for a JSON schema gets schema-valid JSON (or the fault ``content`` says),
-    one with a required tool choice a tool call (:mod:`._structured`).
+    one with a forced tool a tool call (:mod:`._structured`).
     """
+    dialect = route.dialect
     text, completion_tokens = reply(config, prompt)
     rng = random.Random(f"{config.seed}\x00json\x00{prompt}")
-    schema = requested_schema(api, payload)
-    tool = requested_tool(api, payload, prompt)
-    call: tuple[str, str, str] | None = None
+    schema = dialect.requested_schema(route, payload)
+    tool = dialect.requested_tool(route, payload, prompt)
+    if tool is not None and dialect.structured_tools and content != "text":
+        # The forced tool is the structured output: a violation breaks its input, and text or a
+        # refusal come instead of the call, as a model that did not follow the schema answers.
+        schema, tool = (tool[1], None) if content != "schema_violation" else (None, tool)
+    call: tuple[str, Any] | None = None
     refusal: str | None = None
     if tool is not None:
-        call_id = "call_" + hashlib.sha256(f"{config.seed}\x00{prompt}".encode()).hexdigest()[:16]
-        call = (call_id, tool[0], answer_json(example_of(tool[1], rng)))
-        text = ""
+        value = schema_violation(tool[1], rng) if content == "schema_violation" and dialect.structured_tools \
+            else example_of(tool[1], rng)
+        call, text = (tool[0], value), ""
     elif schema is not None:
         if content == "refusal":
             refusal, text = "I can't help with that (mock)", ""
@@ -179,25 +173,11 @@ def success_body(config: MockServerConfig, api: Api, payload: dict[str, Any], pr
             if content == "fenced":
                 text = "```json\n" + text + "\n```"
     if schema is not None or call is not None:
-        completion_tokens = mock_token_count(text or (call[2] if call else ""))
+        completion_tokens = mock_token_count(text or (answer_json(call[1]) if call else ""))
     digest = hashlib.sha256(f"{config.seed}\x00{prompt}\x00{occurrence}".encode()).hexdigest()[:24]
-    model = str(payload.get("model") or config.model or "mock-model")
-    build = chat_completion_payload if api == "chat" else responses_payload
-    answer = build(response_id=("chatcmpl-" if api == "chat" else "resp_") + digest, model=model, text=text,
-                   prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
-                   created=CREATED, tool_call=call, refusal=refusal)
-    asked = payload.get("logprobs") if api == "chat" else \
-        "message.output_text.logprobs" in (payload.get("include") or [])
-    if asked and text and call is None and refusal is None:
-        _attach_logprobs(answer, api, text)
-    return answer
-
-
-def _attach_logprobs(answer: dict[str, Any], api: Api, text: str) -> None:
-    # Deterministic: one entry per word of the answer, in the provider's shape for each API.
-    entries = [{"token": word, "logprob": -0.01 * (index + 1), "bytes": list(word.encode()),
-                "top_logprobs": []} for index, word in enumerate(text.split())]
-    if api == "chat":
-        answer["choices"][0]["logprobs"] = {"content": entries, "refusal": None}
-    else:
-        answer["output"][0]["content"][0]["logprobs"] = entries
+    call_digest = hashlib.sha256(f"{config.seed}\x00{prompt}".encode()).hexdigest()[:16]
+    model = str(payload.get("model") or route.model or config.model or "mock-model")
+    answer = Answer(digest=digest, call_digest=call_digest, model=model, text=text,
+                    prompt_tokens=mock_token_count(prompt), completion_tokens=completion_tokens,
+                    created=CREATED, tool_call=call, refusal=refusal)
+    return dialect.success_body(route, payload, prompt, answer)

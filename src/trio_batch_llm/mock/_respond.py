@@ -9,15 +9,13 @@ so :meth:`Responder.begin_shutdown` releases them all with a 503.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, final
 
 import anyio
 
-from .._strategies.openai._wire import error_payload
 from ._asgi import Exchange, Receive, Send, send_json, send_raw, watch_disconnect
-from ._plan import Plan, error_text
+from ._plan import Plan
 from ._state import Counters
 
 __all__ = ["Responder"]
@@ -48,9 +46,9 @@ class Responder:
         exchange.record.answered = self._clock()
         if plan.kind == "ok":
             self._counts.succeeded += 1
-            usage = body["usage"]
-            self._counts.prompt_tokens += usage.get("prompt_tokens", usage.get("input_tokens", 0))
-            self._counts.completion_tokens += usage.get("completion_tokens", usage.get("output_tokens", 0))
+            prompt_tokens, completion_tokens = exchange.dialect.usage_of(body)
+            self._counts.prompt_tokens += prompt_tokens
+            self._counts.completion_tokens += completion_tokens
             await send_json(send, 200, body, exchange=exchange)
         elif plan.kind == "malformed":
             self._counts.malformed += 1
@@ -60,34 +58,41 @@ class Responder:
             self._counts.resets += 1
             exchange.started = True
             await send({"type": "http.response.start", "status": 103, "headers": []})
+        elif plan.code == "error_in_200":  # the error is in the body of a 200 (OpenRouter)
+            self._count_error(plan.status)
+            message, kind, _ = exchange.dialect.error_text(plan.status, None)
+            body = exchange.dialect.error_body(plan.status, message, kind, plan.code, retry_after=None,
+                                               request_id=exchange.request_id)
+            await send_json(send, 200, body, exchange=exchange)
         else:
-            await self.send_error(exchange, send, plan.status, *error_text(plan.status, plan.code),
+            await self.send_error(exchange, send, plan.status,
+                                  *exchange.dialect.error_text(plan.status, plan.code),
                                   retry_after=plan.retry_after)
 
     async def send_error(self, exchange: Exchange, send: Send, status: int, message: str, kind: str,
                          code: str | None = None, *, retry_after: float | None = None) -> None:
-        """An OpenAI-shaped error; with ``retry_after``, the configured retry hints (``Retry-After`` and
-        ``retry-after-ms``, and/or LiteLLM's ``llm_provider-retry-after``)."""
+        """An error in the exchange's dialect; with ``retry_after``, the configured retry hints in that
+        dialect (OpenAI's: ``Retry-After`` and ``retry-after-ms``, and/or LiteLLM's
+        ``llm_provider-retry-after``)."""
         if exchange.record.outcome == "pending":
             exchange.record.outcome = f"error:{status}"
         exchange.record.answered = self._clock()
+        self._count_error(status)
+        dialect = exchange.dialect
+        headers = dialect.retry_headers(retry_after, self._hints) if retry_after is not None else []
+        if status == 503 and self.closing:
+            headers.append((b"connection", b"close"))
+        body = dialect.error_body(status, message, kind, code, retry_after=retry_after,
+                                  request_id=exchange.request_id)
+        await send_json(send, status, body, headers=headers, exchange=exchange)
+
+    def _count_error(self, status: int) -> None:
         if status == 429:
             self._counts.rate_limited += 1
         elif status >= 500:
             self._counts.server_errors += 1
         else:
             self._counts.client_errors += 1
-        headers: list[tuple[bytes, bytes]] = []
-        if retry_after is not None and "retry-after" in self._hints:
-            headers.append((b"retry-after", str(math.ceil(retry_after)).encode()))
-            headers.append((b"retry-after-ms", str(math.ceil(retry_after * 1000)).encode()))
-        if retry_after is not None and "llm_provider-retry-after" in self._hints:
-            # LiteLLM's proxy forwards a provider's headers under this prefix; Retry-After is whole seconds.
-            headers.append((b"llm_provider-retry-after", str(math.ceil(retry_after)).encode()))
-        if status == 503 and self.closing:
-            headers.append((b"connection", b"close"))
-        await send_json(send, status, error_payload(message, kind=kind, code=code), headers=headers,
-                        exchange=exchange)
 
     async def hang(self) -> NoReturn:
         """Never answer: only a disconnect or the shutdown (cancelling the guard) ends it."""

@@ -52,6 +52,9 @@ class MockServer:
         self.url = f"http://{url_host}:{port}"
         self.base_url = self.url + "/v1"
         """Pass this as ``base_url=`` to the OpenAI strategies (or the openai SDK)."""
+        self.base_urls = {dialect.name: self.url + dialect.base_path for dialect in app.dialects}
+        """Each dialect's base URL by name (``"openai"``, ``"anthropic"``, ...), all on this one port:
+        what each provider's client (or SDK) takes as ``base_url``."""
         self._shutdown = anyio.Event()
         self._stopped = anyio.Event()
 

@@ -37,8 +37,14 @@ class MockServerConfig:
       ``limit_window`` (60 s): a request that would exceed one gets 429 with the
       exact wait until the window has room. Rejected requests use no quota. A
       request needing more tokens than ``tpm_limit`` gets 400 ``request_too_large``.
-    - ``ratelimit_headers``: every completion answer carries OpenAI's
-      ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens`` headers for
+    - ``input_tpm_limit`` / ``output_tpm_limit``: input and output tokens per window, enforced
+      apart (as Anthropic's ITPM and OTPM are): a request's input tokens, less what it reads from
+      Anthropic's prompt cache (cache reads do not count), and its answer's output tokens. Anthropic's
+      answers tell them as ``anthropic-ratelimit-input-tokens-*`` / ``-output-tokens-*``; OpenAI has
+      no such headers.
+    - ``ratelimit_headers``: every completion answer carries its dialect's rate-limit
+      headers (OpenAI's ``x-ratelimit-limit/remaining/reset-requests`` and ``-tokens``;
+      Anthropic's ``anthropic-ratelimit-requests/tokens-limit/remaining/reset``) for
       the limits that are set, computed from those same windows (see :mod:`._limits`).
     - ``limit_schedule``: ``((at, rpm_limit, tpm_limit), ...)``: from ``at`` seconds after
       the first completion request on, these limits are in force (``None``: no such
@@ -61,7 +67,12 @@ class MockServerConfig:
       schema, the share answered with text that is not JSON / JSON that breaks the schema
       (drawn apart from the rates above). ``reject_json_schema``: answer every request asking
       for a JSON schema with 400 ``invalid_json_schema``, as a provider refuses a schema.
-    - ``api_key``: when set, requests must carry ``Authorization: Bearer <api_key>`` (else 401).
+    - ``spend_limit_after``: after this many successful answers, every completion request gets the
+      dialect's spend-limit refusal (Anthropic: 429 ``enforced_spend_limit_reached``; OpenAI: 429
+      ``insufficient_quota``), with no wait: a limit that no retry ends (``[[spend_limit]]`` does it
+      for one prompt).
+    - ``api_key``: when set, requests must carry it where their dialect carries a key (OpenAI:
+      ``Authorization: Bearer <api_key>``; Anthropic: ``x-api-key``), else 401.
     - ``model``: the model name for ``/v1/models`` (answers echo the requested model).
     - ``record_requests``: keep a :class:`RecordedRequest` per request (turn off for huge
       runs; counters are kept either way).
@@ -88,6 +99,8 @@ class MockServerConfig:
     retry_after: float | None = 1.0
     rpm_limit: int | None = None
     tpm_limit: int | None = None
+    input_tpm_limit: int | None = None
+    output_tpm_limit: int | None = None
     limit_window: float = 60.0
     ratelimit_headers: bool = False
     limit_schedule: tuple[tuple[float, int | None, int | None], ...] = ()
@@ -111,6 +124,7 @@ class MockServerConfig:
     batch_outcomes: tuple[str, ...] = ()
     batch_list: bool = True
     batch_enqueued_token_limit: int | None = None
+    spend_limit_after: int | None = None
 
     def __post_init__(self) -> None:
         rates = {
@@ -132,7 +146,9 @@ class MockServerConfig:
         _check_range("latency", self.latency, minimum=0.0)
         if self.output_tokens is not None:
             _check_range("output_tokens", self.output_tokens, minimum=1)
-        for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit)):
+        for name, limit in (("rpm_limit", self.rpm_limit), ("tpm_limit", self.tpm_limit),
+                            ("input_tpm_limit", self.input_tpm_limit),
+                            ("output_tpm_limit", self.output_tpm_limit)):
             if limit is not None and (not isinstance(limit, int) or limit < 1):
                 raise ConfigurationError(name, limit, "must be a positive integer or None")
         calendar = self.calendar_rpm_limit
@@ -153,6 +169,9 @@ class MockServerConfig:
         if not 500 <= self.server_error_status <= 599:
             raise ConfigurationError("server_error_status", self.server_error_status, "must be a 5xx status")
         self._check_batch_knobs()
+        spend = self.spend_limit_after
+        if spend is not None and (isinstance(spend, bool) or not isinstance(spend, int) or spend < 0):
+            raise ConfigurationError("spend_limit_after", spend, "must be a whole number >= 0 or None")
 
     def _check_schedule(self) -> None:
         schedule = self.limit_schedule
