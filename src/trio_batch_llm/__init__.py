@@ -8,6 +8,7 @@ from ._compat._classifiers import AnthropicErrorClassifier as AnthropicErrorClas
 from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
 from ._compat._classifiers import ErrorClassifier as ErrorClassifier
 from ._compat._classifiers import ErrorInfo as ErrorInfo
+from ._compat._classifiers import GeminiErrorClassifier as GeminiErrorClassifier
 from ._compat._classifiers import OpenAIErrorClassifier as OpenAIErrorClassifier
 from ._compat._classifiers import OpenRouterErrorClassifier as OpenRouterErrorClassifier
 from ._compat._middleware import BaseMiddleware as BaseMiddleware
@@ -63,6 +64,8 @@ from ._strategies._callable import CallOutcome as CallOutcome
 from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
 from ._strategies.anthropic._strategy import AnthropicStrategy as AnthropicStrategy
+from ._strategies.gemini._cache import GeminiContextCache as GeminiContextCache
+from ._strategies.gemini._strategy import GeminiStrategy as GeminiStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
 from ._values._artifact_identity import ArtifactIdentity as ArtifactIdentity
@@ -155,6 +158,9 @@ __all__ = [
     "ErrorInfo",
     "ExecutorHost",
     "FakeStrategy",
+    "GeminiContextCache",
+    "GeminiErrorClassifier",
+    "GeminiStrategy",
     "GuardrailConfig",
     "HostStatistics",
     "ItemCompleted",

@@ -82,6 +82,8 @@ def _serve_mock(args: argparse.Namespace, argv: Sequence[str]) -> int:
             calendar_rpm_limit=args.calendar_rpm_limit,
             retry_after_headers=_retry_hints(args.retry_hint), spend_limit_after=args.spend_limit_after,
             input_tpm_limit=args.input_tpm_limit, output_tpm_limit=args.output_tpm_limit,
+            gemini_daily_request_limit=args.gemini_daily_limit,
+            gemini_min_cache_tokens=args.gemini_min_cache_tokens,
         )
     except ConfigurationError as exc:
         print(f"trio-batch-llm serve-mock: error: {exc}", file=sys.stderr)
@@ -239,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="after N successful answers, refuse every request as a spent limit does "
                             "(Anthropic: 429 enforced_spend_limit_reached; OpenAI: insufficient_quota)")
     serve.add_argument("--model", help="the model name /v1/models lists (answers echo the requested model)")
+    serve.add_argument("--gemini-daily-limit", type=positive_int, metavar="N",
+                       help="Gemini requests per day: past N, each gets the per-day 429 (default: none)")
+    serve.add_argument("--gemini-min-cache-tokens", type=positive_int, default=1, metavar="N",
+                       help="refuse Gemini context caches under N tokens, as Google does (default 1)")
     serve.set_defaults(handler=_serve_mock)
     return parser
 

@@ -23,6 +23,7 @@ __all__ = [
     "DefaultErrorClassifier",
     "ErrorClassifier",
     "ErrorInfo",
+    "GeminiErrorClassifier",
     "OpenAIErrorClassifier",
     "OpenRouterErrorClassifier",
 ]
@@ -142,3 +143,26 @@ def _openrouter_code(body: object) -> int | str | None:
     if isinstance(code, str) and code.isdigit():
         return int(code)
     return code if isinstance(code, (int, str)) else None
+
+
+class GeminiErrorClassifier(DefaultErrorClassifier):
+    """google-genai's ``APIError`` (read by its ``code`` and ``details``, no SDK import) by Gemini's table:
+    ``RetryInfo.retryDelay`` as the wait, a per-day quota final. Anything else: the built-in rules."""
+
+    def classify(self, exception: Exception) -> ErrorInfo | None:  # type: ignore[override]
+        from .._strategies.gemini._errors import api_error_of
+
+        error = api_error_of(exception)
+        if error is None:
+            if getattr(exception, "stops_batch", None):
+                return None  # a ProviderError that stops the batch: the built-in rules keep its reason
+            return super().classify(exception)
+        category = error.category
+        return ErrorInfo(
+            is_retryable=category.retryable and error.stops_batch is None,
+            is_rate_limit=category is ErrorCategory.RATE_LIMIT,
+            is_timeout=category is ErrorCategory.TIMEOUT,
+            error_category=category.value,
+            suggested_wait=error.retry_after,
+            hint=error.stops_batch,
+        )

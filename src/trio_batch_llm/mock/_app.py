@@ -30,6 +30,7 @@ from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
 from ._dialect import Dialect, Route
 from ._dialects import DIALECTS
+from ._gemini_dialect import GeminiDialect
 from ._limits import ServerLimits
 from ._openai import Api, OpenAIDialect, openai_error_payload
 from ._plan import CREATED, Plan, plan_request, reply, success_body
@@ -65,6 +66,7 @@ class MockOpenAIApp:
         self.dialects: tuple[Dialect, ...] = tuple(make(self.config, self._clock) for make in DIALECTS)
         """The dialects this app speaks, in the order their routes are tried (OpenAI's first)."""
         self._openai = next(d for d in self.dialects if isinstance(d, OpenAIDialect))
+        self.gemini = next(d for d in self.dialects if isinstance(d, GeminiDialect))
 
     # -- observation ----------------------------------------------------------------------------
 
@@ -147,6 +149,9 @@ class MockOpenAIApp:
         handler: Callable[[Scope, bytes, Receive, Send], Awaitable[None]]
         if isinstance(batch_route, BatchRoute):
             handler = functools.partial(self._batch_api, batch_route)
+        elif (cache_route := self.gemini.cache_route(method, path)) is not None:  # Gemini's context caches
+            handler = functools.partial(self.gemini.cache_request, cache_route, self._arrive, self._refusal,
+                                        self._respond, self._wall_clock)
         elif route is not None:
             handler = functools.partial(self._completion, route)
         else:

@@ -7,6 +7,7 @@ from typing import Final
 
 from ._anthropic import AnthropicDialect
 from ._dialect import Dialect
+from ._gemini_dialect import GeminiDialect
 from ._openai import OpenAIDialect
 from ._state import MockServerConfig
 
@@ -15,5 +16,6 @@ __all__ = ["DIALECTS"]
 DIALECTS: Final[tuple[Callable[[MockServerConfig, Callable[[], float]], Dialect], ...]] = (
     OpenAIDialect,
     AnthropicDialect,
+    GeminiDialect,
 )
 """Each makes its dialect for one app, from the app's config and its clock."""

@@ -92,6 +92,11 @@ class MockServerConfig:
     - ``batch_list``: ``False`` answers ``GET /v1/batches`` with 404.
     - ``batch_enqueued_token_limit``: input tokens that running batches may hold together; a
       create over it gives a ``failed`` batch with ``token_limit_exceeded``.
+
+    Gemini (:mod:`._gemini_dialect`): ``gemini_daily_request_limit``: past that many
+    ``generateContent`` requests in a day of the app's clock, each gets the per-day 429;
+    ``gemini_min_cache_tokens``: a ``cachedContents`` create smaller than that is refused
+    with Google's 400 (Google's own minimum is 1,024 tokens or more; the mock's default is 1).
     """
 
     latency: float | tuple[float, float] = 0.0
@@ -124,6 +129,8 @@ class MockServerConfig:
     batch_outcomes: tuple[str, ...] = ()
     batch_list: bool = True
     batch_enqueued_token_limit: int | None = None
+    gemini_daily_request_limit: int | None = None
+    gemini_min_cache_tokens: int = 1
     spend_limit_after: int | None = None
 
     def __post_init__(self) -> None:
@@ -169,6 +176,10 @@ class MockServerConfig:
         if not 500 <= self.server_error_status <= 599:
             raise ConfigurationError("server_error_status", self.server_error_status, "must be a 5xx status")
         self._check_batch_knobs()
+        for name, value, low in (("gemini_daily_request_limit", self.gemini_daily_request_limit, 1),
+                                 ("gemini_min_cache_tokens", self.gemini_min_cache_tokens, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigurationError(name, value, "must be a whole number >= 1")
         spend = self.spend_limit_after
         if spend is not None and (isinstance(spend, bool) or not isinstance(spend, int) or spend < 0):
             raise ConfigurationError("spend_limit_after", spend, "must be a whole number >= 0 or None")
