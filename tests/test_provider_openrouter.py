@@ -13,11 +13,21 @@ import httpx2
 import openai
 import pytest
 
-from trio_batch_llm import ConfigurationError, ErrorCategory, OpenRouterErrorClassifier, ProviderError
+from trio_batch_llm import (
+    ConfigurationError,
+    ErrorCategory,
+    OpenRouterErrorClassifier,
+    ProcessorConfig,
+    ProviderError,
+    RateLimitConfig,
+    RetryConfig,
+    process_prompts,
+)
 from trio_batch_llm._engine._classify import classify
 from trio_batch_llm._strategies._factory import llm
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
+from trio_batch_llm.mock import MockServerConfig, serve_mock
 
 pytestmark = pytest.mark.anyio
 
@@ -200,3 +210,32 @@ def test_openrouter_error_classifier(
     info = OpenRouterErrorClassifier().classify(exc)
     assert (info.error_category, info.is_retryable, info.is_rate_limit) == (category, retryable, rate_limit)
     assert (info.hint is not None) == (category == "insufficient_balance")  # why the batch stops
+
+
+# -- against the mock's OpenRouter flavour, through the engine ----------------------------------
+
+MOCK_KEY = "sk-or-mock-KEY-0123456789"
+FAST = ProcessorConfig(concurrency=4, retry=RetryConfig(max_attempts=3, initial_wait=0.0, max_wait=0.0),
+                       rate_limit=RateLimitConfig(cooldown_seconds=0.05, slow_start_seconds=0.0))
+
+
+async def test_the_engine_retries_openrouters_error_in_200_and_no_provider() -> None:
+    async with serve_mock(MockServerConfig(api_key=MOCK_KEY)) as server:
+        strategy = llm("openrouter:vendor/mock-model", base_url=server.base_urls["openai"], api_key=MOCK_KEY)
+        prompts = ["a [[error_in_200:429x1]]", "b [[no_provider:502x1]]", "c plain"]
+        batch = await process_prompts(strategy, prompts, config=FAST)
+    by_prompt = {r.item_id: r for r in batch.results}
+    assert [r.success for r in batch.results] == [True, True, True], [r.error for r in batch.results]
+    assert sorted(r.attempts for r in by_prompt.values()) == [1, 2, 2]
+    assert all(str(r.output).startswith("echo:") for r in batch.results)
+    assert server.stats.rate_limited == 1 and server.stats.server_errors == 1
+
+
+async def test_spent_credits_inside_a_200_end_the_item_unretried() -> None:
+    async with serve_mock(MockServerConfig(api_key=MOCK_KEY)) as server:
+        strategy = llm("openrouter:vendor/mock-model", base_url=server.base_urls["openai"], api_key=MOCK_KEY)
+        batch = await process_prompts(strategy, ["a [[error_in_200:402]]"], config=FAST)
+    (result,) = batch.results
+    assert not result.success and result.attempts == 1
+    assert result.error_category is ErrorCategory.INSUFFICIENT_BALANCE
+    assert "inside an HTTP 200 answer" in str(result.error) and MOCK_KEY not in str(result.error)
