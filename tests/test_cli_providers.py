@@ -140,6 +140,18 @@ def test_api_is_for_openais_wire_format_only(
     assert not (tmp_path / "out.jsonl").exists()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("anthropic") is None, reason="the anthropic SDK is missing")
+def test_a_request_flag_a_provider_cannot_send_is_refused_by_its_flag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = _argv(tmp_path, "anthropic:claude-haiku-4-5", "--base-url", MOCK_URL, "--api-key-env", "PATH",
+                 "--temperature", "0.3")
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "--temperature is not supported with --model anthropic:claude-haiku-4-5" in error, error
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 def test_an_unknown_provider_names_the_known_ones(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(_argv(tmp_path, "mistral:large")) == 2
     assert "known: openai-compatible, openai, anthropic, gemini, openrouter" in capsys.readouterr().err

@@ -95,6 +95,9 @@ def build_strategy(provider: str, model: str, *, api: str | None, base_url: str 
     except ImportError as exc:
         raise UsageError(f"--model {provider}:{model}: {exc}") from None
     except ConfigurationError as exc:
+        if exc.field == "params" and "temperature" in kwargs.get("params", {}):  # from --temperature
+            raise UsageError(f"--temperature is not supported with --model {provider}:{model}: "
+                             f"{exc.problem.removeprefix(repr('temperature') + ': ')}") from None
         raise UsageError(str(exc)) from None
 
 
