@@ -186,3 +186,15 @@ async def test_a_cli_run_says_which_api_and_keeps_the_key_home(
         code, output = await _cli(*argv, "--api-key-env", "GATEWAY_KEY", env=env)
         assert code == 0, output
         assert re.search(r"succeeded 2\b", output), output
+
+
+async def test_runs_start_says_which_api_it_drove(anyio_backend: str, tmp_path: Path) -> None:
+    env = {**ENV, "GATEWAY_KEY": NAMED_KEY}
+    async with serve_mock(MockServerConfig(api_key=NAMED_KEY)) as server:
+        argv = ["runs", "start", str(tmp_path / "runs.db"), "r1", str(_source(tmp_path)), "--model",
+                "openai-compatible:mock-model", "--base-url", server.base_url, "--api", "responses",
+                "--api-key-env", "GATEWAY_KEY", "--backend", anyio_backend]
+        code, output = await _cli(*argv, env=env)
+    assert code == 0, output
+    assert f"model openai-compatible:mock-model, Responses API at {server.base_url}" in output
+    assert {request.path for request in server.requests} == {"/v1/responses"}
