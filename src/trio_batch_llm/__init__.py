@@ -10,6 +10,7 @@ from ._compat._classifiers import ErrorClassifier as ErrorClassifier
 from ._compat._classifiers import ErrorInfo as ErrorInfo
 from ._compat._classifiers import GeminiErrorClassifier as GeminiErrorClassifier
 from ._compat._classifiers import OpenAIErrorClassifier as OpenAIErrorClassifier
+from ._compat._classifiers import OpenRouterErrorClassifier as OpenRouterErrorClassifier
 from ._compat._middleware import BaseMiddleware as BaseMiddleware
 from ._compat._observer import BaseObserver as BaseObserver
 from ._compat._timing import TimeoutCategory as TimeoutCategory
@@ -182,6 +183,7 @@ __all__ = [
     "OpenAICompatibleStrategy",
     "OpenAIErrorClassifier",
     "OpenAIStrategy",
+    "OpenRouterErrorClassifier",
     "OpenTelemetryObserver",
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
     "ParallelBatchProcessor",

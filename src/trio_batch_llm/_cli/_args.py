@@ -14,6 +14,7 @@ from typing import Final
 from .._values._errors import ConfigurationError
 from .._values._quota_backend import RedisQuotaBackend
 from ._command import UsageError
+from ._providers import API_HELP, PROVIDERS
 
 __all__ = [
     "BACKENDS",
@@ -34,20 +35,23 @@ __all__ = [
     "probability",
 ]
 
-PROVIDERS: Final = ("openai-compatible", "openai")
 BACKENDS: Final = ["trio", "asyncio"]
 MAX_BATCH_REQUESTS: Final = 50_000  # the Batch API's lines per file (ProviderBatchConfig refuses more)
-KEY_HELP: Final = ("environment variable holding the endpoint's API key; without it OPENAI_API_KEY is sent "
-                   "only to OpenAI's own API (https://api.openai.com), and another --base-url gets no key")
+KEY_HELP: Final = ("environment variable holding the endpoint's API key, sent to any --base-url; without it "
+                   "each provider's own key (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY or "
+                   "GOOGLE_API_KEY, OPENROUTER_API_KEY) is sent only to that provider's own API, and "
+                   "another --base-url gets no key")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``INPUT``, ``--model``, ``--base-url`` and ``--api-key-env``: what ``run`` and ``runs start`` share."""
     parser.add_argument("input", metavar="INPUT", help="a .jsonl or .csv file of prompts")
     parser.add_argument("--model", required=True, type=model_spec, metavar="PROVIDER:MODEL",
-                        help=f"PROVIDER is one of {', '.join(PROVIDERS)}")
-    parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1")
+                        help=f"PROVIDER is one of {', '.join(PROVIDERS)} (openrouter:VENDOR/NAME)")
+    parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1 (default: the "
+                        "provider's own API; required for openai-compatible)")
     parser.add_argument("--api-key-env", metavar="NAME", help=KEY_HELP)
+    parser.add_argument("--api", choices=("chat", "responses"), help=API_HELP)
 
 
 def add_request_arguments(parser: argparse.ArgumentParser) -> None:

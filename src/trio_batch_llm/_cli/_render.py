@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
 from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF
-from .._values._pricing import price, rates_for
+from .._values._pricing import BATCH_PRICE_FACTORS, price, rates_for
 from .._values._results import BatchResult, BatchTermination
 from .._values._urls import REDACTED, redact_urls
 from ._input_records import InputError
@@ -169,9 +169,13 @@ class _KnownTotal(Progress):
 # --- run and demo --------------------------------------------------------------------------------
 
 
-def print_run_report(summary: RunSummary, termination: BatchTermination, wall_time: float, out: Path) -> None:
-    """The run's summary and which file is which (stdout), then its first failure of each kind."""
+def print_run_report(summary: RunSummary, termination: BatchTermination, wall_time: float, out: Path,
+                     endpoint: str = "") -> None:
+    """The run's summary (after which API it spoke, and where) and which file is which (stdout), then
+    its first failure of each kind."""
     print(summary.text(termination, wall_time), flush=True)
+    if endpoint:
+        print(f"  {endpoint}", flush=True)
     print(f"checkpoint: {out}; a flat table of it: {PROG} export {shlex.quote(str(out))} TABLE.csv",
           flush=True)
     for line in summary.first_failure_lines():
@@ -223,16 +227,19 @@ def print_demo_report(batch: BatchResult[Any], mock: MockServerStats) -> None:
 
 
 def _cost_lines(snap: RunSnapshot) -> list[str]:
-    """A live run's cost by the built-in rates of its model, when they have it. The run keeps token
+    """A run's cost by the built-in rates of its model, when they have it. The run keeps token
     totals without the cached part, so cached input is priced as input: an upper bound. A provider
-    batch is billed at its own (discounted) rates, which the table does not hold: no line."""
+    batch is billed at its provider's batch fraction of those rates (:data:`BATCH_PRICE_FACTORS`);
+    without a known one, no line."""
     rates = rates_for(snap.identity.model, DEFAULT_MODEL_RATES)
-    if rates is None or snap.mode != "live" or not (snap.input_tokens or snap.output_tokens):
+    factor = 1.0 if snap.mode == "live" else BATCH_PRICE_FACTORS.get(snap.identity.provider)
+    if rates is None or factor is None or not (snap.input_tokens or snap.output_tokens):
         return []
     cost = price(rates, {"input_tokens": snap.input_tokens, "output_tokens": snap.output_tokens})
     assert cost is not None
-    return [f"  cost: at most ${cost:.4f} estimated (built-in rates of {DEFAULT_MODEL_RATES_AS_OF}; "
-            "cached input priced as input)"]
+    basis = "" if snap.mode == "live" else f"{snap.identity.provider} batch price, {factor:.0%} of standard; "
+    return [f"  cost: at most ${cost * factor:.4f} estimated ({basis}built-in rates of "
+            f"{DEFAULT_MODEL_RATES_AS_OF}; cached input priced as input)"]
 
 
 def describe(snap: RunSnapshot) -> list[str]:

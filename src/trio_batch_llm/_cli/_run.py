@@ -31,7 +31,6 @@ for SIGINT, 143 for SIGTERM).
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -45,7 +44,6 @@ from .._artifacts import JsonlArtifactStore
 from .._core._ledger import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
 from .._strategies._base import LLMCallStrategy
-from .._strategies._factory import llm
 from .._values._config import ArtifactIdentity, GuardrailConfig, ProcessorConfig, ResumePolicy, RetryConfig
 from .._values._errors import (
     AdmissionClosedError,
@@ -58,7 +56,6 @@ from .._values._quota_backend import RedisQuotaBackend
 from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination
 from .._values._stop_reasons import StopReason
-from .._values._urls import is_openai_api, redact_url
 from ._args import quota_backend
 from ._command import (
     EXIT_FAILED,
@@ -71,6 +68,7 @@ from ._command import (
     signal_receiver,
 )
 from ._input import InputError, InputScan, iter_input, scan_input
+from ._providers import build_strategy, endpoint_line
 from ._render import (
     ProgressMode,
     identity_mismatch_message,
@@ -104,6 +102,8 @@ class RunPlan:
     backend: str
     progress: ProgressMode
     resume_command: str
+    endpoint: str = ""
+    """Which API the run speaks, and where (the summary's first line)."""
 
     @property
     def source(self) -> Path:
@@ -140,21 +140,12 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     _check_out(out, source, resume=resume)
     scan = scan_input(source)
     provider, model = args.model
-    if provider == "openai-compatible" and not args.base_url:
-        raise UsageError(f"--base-url is required with --model {provider}:{model}")
     # With --api-key-env the key is that variable's, for any endpoint; without it the strategy's own
-    # rule applies: OPENAI_API_KEY goes only to OpenAI's API, and another --base-url gets no key.
-    kwargs: dict[str, Any] = {"api_key": api_key_from(args.api_key_env), "concurrency": args.concurrency,
-                              **request_settings(args)}
-    if args.base_url:
-        kwargs["base_url"] = args.base_url
-    if provider == "openai" and args.api_key_env is None and args.base_url \
-            and not is_openai_api(args.base_url) and args.base_url != os.environ.get("OPENAI_BASE_URL"):
-        raise UsageError(f"--base-url {redact_url(args.base_url)} is not OpenAI's API, and OPENAI_API_KEY is "
-                         "sent only to https://api.openai.com: name the environment variable that holds "
-                         "this endpoint's key with --api-key-env NAME")
+    # rule applies: each provider's key goes only to its own API, and another --base-url gets no key.
+    strategy = build_strategy(provider, model, api=getattr(args, "api", None), base_url=args.base_url,
+                              api_key=api_key_from(args.api_key_env), api_key_env=args.api_key_env,
+                              settings=request_settings(args), concurrency=args.concurrency)
     try:
-        strategy = llm(f"{provider}:{model}", **kwargs)
         config = ProcessorConfig(
             concurrency=args.concurrency,
             attempt_timeout=args.attempt_timeout,
@@ -179,7 +170,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
         scan=scan, provider=provider, model=model, strategy=strategy, identity=identity, out=out,
         config=config,
         resume=policy, backend=args.backend, progress=progress_mode(args.progress),
-        resume_command=_resume_command(argv),
+        resume_command=_resume_command(argv), endpoint=endpoint_line(provider, model, strategy),
     )
 
 
@@ -356,7 +347,7 @@ def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
     if outcome.forced and outcome.signal is not None:
         termination = BatchTermination("interrupted", f"forced by a second {outcome.signal.name}")
     summary = outcome.summary
-    print_run_report(summary, termination, outcome.wall_time, plan.out)
+    print_run_report(summary, termination, outcome.wall_time, plan.out, plan.endpoint)
     unfinished = summary.unfinished
     if outcome.signal is not None:
         how = "forced stop" if outcome.forced else "stopped"

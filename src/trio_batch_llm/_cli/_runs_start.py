@@ -101,6 +101,8 @@ class StartPlan:
     backend: str
     existing: RunSnapshot | None
     command: str
+    endpoint: str = ""
+    """Which API the drive speaks, and where (printed after the run's description)."""
     """This command line again: what continues the run."""
 
 
@@ -149,7 +151,7 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
     # already refused every path plan_run's --out checks would.
     checked = plan_run(argparse.Namespace(
         input=args.input, out=str(db.path or _NO_OUT_FILE), resume=True, model=args.model,
-        base_url=args.base_url,
+        base_url=args.base_url, api=args.api,
         api_key_env=args.api_key_env, concurrency=args.concurrency or 16, rpm=args.rpm, tpm=args.tpm,
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
         progress=False, max_attempts=args.max_attempts, system=args.system, temperature=args.temperature,
@@ -174,6 +176,7 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
         timeout=args.timeout, lease_seconds=args.lease_seconds, unreachable_timeout=args.unreachable_timeout,
         backend=args.backend, existing=existing, command=shown_command(_shown_argv(argv, args.db, db)),
+        endpoint=checked.endpoint,
     )
 
 
@@ -236,6 +239,8 @@ def _report(plan: StartPlan, outcome: _Outcome) -> int:
     snap = outcome.snapshot
     assert snap is not None
     print("\n".join(describe(snap)), flush=True)
+    if plan.endpoint:
+        print(f"  {plan.endpoint}", flush=True)
     if snap.unresolved_submission is not None and not snap.terminal:
         say(resolve_hint(snap, plan.db))
     if outcome.signal is not None:

@@ -8,11 +8,14 @@ returns is read as the category that makes the same decision (see
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
+from .._engine._classify import _category_by_status
 from .._engine._classify import classify as _classify
 from .._strategies.anthropic._errors import sdk_verdict
+from .._strategies.openai._wire_errors import PAYMENT_REQUIRED_STOPS
 from .._values._categories import ErrorCategory
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "ErrorInfo",
     "GeminiErrorClassifier",
     "OpenAIErrorClassifier",
+    "OpenRouterErrorClassifier",
 ]
 
 
@@ -95,6 +99,50 @@ class AnthropicErrorClassifier(DefaultErrorClassifier):
             suggested_wait=retry_after,
             hint=stops,
         )
+
+
+class OpenRouterErrorClassifier(DefaultErrorClassifier):
+    """OpenRouter's error shapes, for exceptions our strategies did not raise (an SDK's, your own).
+
+    An exception whose ``body`` holds OpenRouter's ``{"error": {"code": N, ...}}`` is
+    filed by the number ``N`` as that HTTP status would be, also when the HTTP status
+    was 200 (OpenRouter reports some failures inside a 200 answer): a 429 inside is a
+    rate limit, 402 (credits spent) is ``insufficient_balance``, and a 502 or the code
+    ``no_provider_available`` is a server error, retried. Anything else goes to the
+    built-in rules, which already file ``llm("openrouter:...")``'s own errors this way.
+    """
+
+    def classify(self, exception: Exception) -> ErrorInfo:
+        code = _openrouter_code(getattr(exception, "body", None))
+        category = None
+        if isinstance(code, int):
+            category = _category_by_status(code)
+        elif code == "no_provider_available":
+            category = ErrorCategory.SERVER
+        if category is None:
+            return super().classify(exception)
+        return ErrorInfo(
+            is_retryable=category.retryable,
+            is_rate_limit=category is ErrorCategory.RATE_LIMIT,
+            is_timeout=category is ErrorCategory.TIMEOUT,
+            error_category=category.value,
+            suggested_wait=_classify(exception).retry_after,
+            hint=PAYMENT_REQUIRED_STOPS if code == 402 else None,
+        )
+
+
+def _openrouter_code(body: object) -> int | str | None:
+    """The ``code`` of OpenRouter's error body (``{"error": {...}}`` or the inner object), as a number
+    when it is one."""
+    if not isinstance(body, Mapping):
+        return None
+    inner = body.get("error", body)
+    code = inner.get("code") if isinstance(inner, Mapping) else None
+    if isinstance(code, bool):
+        return None
+    if isinstance(code, str) and code.isdigit():
+        return int(code)
+    return code if isinstance(code, (int, str)) else None
 
 
 class GeminiErrorClassifier(DefaultErrorClassifier):

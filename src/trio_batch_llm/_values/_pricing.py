@@ -6,20 +6,27 @@
 with the three rate attributes (:class:`Rates`), and the built-in figures are
 kept here as plain numbers; ``_cost`` builds the public table from them.
 
-Cached input tokens are a part of the input tokens: ``input - cached`` is priced
-at the input rate and ``cached`` at the cached rate (the input rate when a model
-has none). Reasoning tokens are a part of the output tokens, which the provider
-reports with them included, so they are priced as output once.
+Cached input tokens and cache-write tokens are parts of the input tokens (every
+provider's usage is mapped to that convention): ``input - cached - written`` is
+priced at the input rate, ``cached`` at the cached rate and ``written`` at the
+cache-write rate (the input rate when a model has none). Reasoning tokens are a
+part of the output tokens, which the provider reports with them included, so
+they are priced as output once. A provider's Batch API bills a fraction of these
+rates (:data:`BATCH_PRICE_FACTORS`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final, Protocol, final
 
 __all__ = [
+    "BATCH_PRICE_FACTORS",
+    "BUILT_IN_FIGURES",
     "BUILT_IN_RATES",
+    "RATE_SOURCES",
     "RATES_AS_OF",
     "CostSum",
     "Rates",
@@ -29,8 +36,8 @@ __all__ = [
 ]
 
 _PER_MTOK: Final = 1_000_000
-_SNAPSHOT_SUFFIX: Final = re.compile(r"-\d{4}-\d{2}-\d{2}$")
-"""A dated snapshot name (``gpt-4o-2024-08-06``) is priced as its model (``gpt-4o``)."""
+_SNAPSHOT_SUFFIX: Final = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+"""A dated snapshot name (``gpt-4o-2024-08-06``, ``claude-sonnet-4-5-20250929``) is priced as its model."""
 
 
 class Rates(Protocol):
@@ -45,9 +52,18 @@ class Rates(Protocol):
 
 
 RATES_AS_OF: Final = "2025-08-07"
+"""When the OpenAI rows were read (``DEFAULT_MODEL_RATES_AS_OF``); the others: :data:`RATE_SOURCES`."""
 
-BUILT_IN_RATES: Final[Mapping[str, tuple[float, float, float | None]]] = {
-    # OpenAI standard tier, dollars per million tokens: input, output, cached input.
+_OPENAI: Final = ("2025-08-07", "https://openai.com/api/pricing/")
+_CLAUDE: Final = ("2026-12-05", "https://platform.claude.com/docs/en/docs/about-claude/pricing")
+_CLAUDE_NEW: Final = ("2026-12-05", "https://platform.claude.com/docs/en/about-claude/pricing")
+_SONNET_5: Final = ("2026-12-05", "https://platform.claude.com/docs/en/models/sonnet-5/overview")
+_GEMINI: Final = ("2026-12-05", "https://ai.google.dev/gemini-api/docs/pricing")
+
+BUILT_IN_RATES: Final[Mapping[str, tuple[float, float, float | None] | tuple[float, float, float | None,
+                                                                             float | None]]] = {
+    # Dollars per million tokens: input, output, cached input[, cache write].
+    # OpenAI standard tier.
     "gpt-4o": (2.50, 10.00, 1.25),
     "gpt-4o-mini": (0.15, 0.60, 0.075),
     "gpt-4.1": (2.00, 8.00, 0.50),
@@ -61,7 +77,64 @@ BUILT_IN_RATES: Final[Mapping[str, tuple[float, float, float | None]]] = {
     "gpt-5": (1.25, 10.00, 0.125),
     "gpt-5-mini": (0.25, 2.00, 0.025),
     "gpt-5-nano": (0.05, 0.40, 0.005),
+    # Anthropic: base input, output, cache hits, 5-minute cache writes (1-hour writes cost twice the
+    # input rate: pass your own ModelRates if you write 1-hour caches).
+    "claude-opus-5": (5.00, 25.00, 0.50, 6.25),
+    "claude-opus-4-8": (5.00, 25.00, 0.50, 6.25),
+    "claude-opus-4-7": (5.00, 25.00, 0.50, 6.25),
+    "claude-opus-4-6": (5.00, 25.00, 0.50, 6.25),
+    "claude-opus-4-5": (5.00, 25.00, 0.50, 6.25),
+    "claude-opus-4-1": (15.00, 75.00, 1.50, 18.75),
+    "claude-opus-4-0": (15.00, 75.00, 1.50, 18.75),
+    "claude-opus-4": (15.00, 75.00, 1.50, 18.75),  # claude-opus-4-20250514 without its date
+    "claude-sonnet-5": (2.00, 10.00, 0.20, 2.50),
+    "claude-sonnet-4-6": (3.00, 15.00, 0.30, 3.75),
+    "claude-sonnet-4-5": (3.00, 15.00, 0.30, 3.75),
+    "claude-sonnet-4-0": (3.00, 15.00, 0.30, 3.75),
+    "claude-sonnet-4": (3.00, 15.00, 0.30, 3.75),  # claude-sonnet-4-20250514 without its date
+    "claude-haiku-4-5": (1.00, 5.00, 0.10, 1.25),
+    # Gemini paid tier, prompts up to 200k tokens (longer prompts cost more: not modelled). The
+    # context-caching price was not confirmed, so cached input is priced as input (an upper bound).
+    "gemini-2.5-pro": (1.25, 10.00, None),
+    "gemini-2.5-flash": (0.30, 2.50, None),
+    "gemini-2.5-flash-lite": (0.10, 0.40, None),
 }
+
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Figures:
+    """A built-in rate as plain numbers, as ``DEFAULT_MODEL_RATES`` holds it (for ``_results``, which
+    cannot reach ``ModelRates``)."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+    cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
+
+
+BUILT_IN_FIGURES: Final[Mapping[str, Rates]] = {model: _Figures(*f) for model, f in BUILT_IN_RATES.items()}
+
+RATE_SOURCES: Final[Mapping[str, tuple[str, str]]] = {
+    **{model: _OPENAI for model in BUILT_IN_RATES if model.startswith(("gpt-", "o1", "o3", "o4"))},
+    **{model: _CLAUDE for model in ("claude-opus-4-6", "claude-opus-4-5", "claude-opus-4-1",
+                                    "claude-opus-4-0", "claude-opus-4", "claude-sonnet-4-6",
+                                    "claude-sonnet-4-5", "claude-sonnet-4-0", "claude-sonnet-4",
+                                    "claude-haiku-4-5")},
+    **{model: _CLAUDE_NEW for model in ("claude-opus-5", "claude-opus-4-8", "claude-opus-4-7")},
+    "claude-sonnet-5": _SONNET_5,
+    **{model: _GEMINI for model in ("gemini-2.5-pro", "gemini-2.5-flash", "gemini-2.5-flash-lite")},
+}
+"""Each built-in row's ``(day read, page)``: check the page before relying on a figure."""
+
+BATCH_PRICE_FACTORS: Final[Mapping[str, float]] = {
+    "openai": 0.5,  # Batch API: 50 % off input and output
+    "anthropic": 0.5,  # Message Batches: 50 % off input and output
+    "gemini": 0.5,  # Batch mode: 50 % of the interactive price
+}
+"""The fraction of the standard rates a provider's Batch API bills, by ``provider_name``; a provider
+not listed has no known discount, and a provider-batch run of it shows no cost."""
 
 
 def price(rates: Rates, usage: Mapping[str, Any] | None) -> float | None:
@@ -74,12 +147,18 @@ def price(rates: Rates, usage: Mapping[str, Any] | None) -> float | None:
         return None
     input_tokens, output_tokens = int(input_tokens or 0), int(output_tokens or 0)
     cached = min(max(int(usage.get("cached_input_tokens") or 0), 0), input_tokens)
+    written = min(max(int(usage.get("cache_write_input_tokens") or 0), 0), input_tokens - cached)
     cached_rate = rates.cached_input_per_mtok
     if cached_rate is None:
         cached_rate = rates.input_per_mtok
+    # Duck-typed rates objects from before cache writes were priced have no such attribute.
+    write_rate = getattr(rates, "cache_write_per_mtok", None)
+    if write_rate is None:
+        write_rate = rates.input_per_mtok
     dollars = (
-        (input_tokens - cached) * rates.input_per_mtok
+        (input_tokens - cached - written) * rates.input_per_mtok
         + cached * cached_rate
+        + written * write_rate
         + output_tokens * rates.output_per_mtok
     )
     return dollars / _PER_MTOK

@@ -14,7 +14,7 @@ from ._categories import ErrorCategory
 from ._details import DETAILS_METADATA_KEY, ResponseDetails
 from ._export_json import export_dict, json_default
 from ._models import is_pydantic_model_class
-from ._pricing import BUILT_IN_RATES, CostSum, Rates, cost_line
+from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line
 from ._stop_reasons import StopReason, stop_reason_of, stopped_line
 from ._timing import ItemTiming
 from ._urls import redact_urls
@@ -34,17 +34,7 @@ __all__ = [
 TOutput = TypeVar("TOutput")
 
 
-@final
-@dataclass(frozen=True, slots=True)
-class _Figures:
-    """A built-in rate, as ``DEFAULT_MODEL_RATES`` holds it (``ModelRates`` is out of reach here)."""
-
-    input_per_mtok: float
-    output_per_mtok: float
-    cached_input_per_mtok: float | None
-
-
-_BUILT_IN: Final[Mapping[str, Rates]] = {model: _Figures(*f) for model, f in BUILT_IN_RATES.items()}
+_BUILT_IN: Final[Mapping[str, Rates]] = BUILT_IN_FIGURES
 TerminationKind = Literal[
     "completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted", "provider_retired"
 ]

@@ -41,19 +41,23 @@ from ._wire import (
     decode_json,
     parse_response_body,
 )
-from ._wire_errors import decode_error_body, error_from_status
+from ._wire_errors import decode_error_body, error_from_status, error_in_body
 
 __all__ = ["OpenAICompatibleStrategy"]
 
 _DEFAULT_TIMEOUT = 600.0  # mirrors _http.DEFAULT_TIMEOUT without importing httpx2
 
 
-def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None) -> ProviderError:
+OPENAI_KEY_RULE = "OPENAI_API_KEY goes only to https://api.openai.com unasked"
+
+
+def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None,
+                 key_rule: str = OPENAI_KEY_RULE) -> ProviderError:
     """A 401 to a request that carried no key: say so, and how to pass one."""
     if api_key_env is not None:
         why = f"the environment variable {api_key_env} (api_key_env=) is not set"
     else:
-        why = "OPENAI_API_KEY goes only to https://api.openai.com unasked"
+        why = key_rule
     return ProviderError(
         f"{error} -- no API key was sent to {redact_url(base_url)} ({why}): pass api_key=, or api_key_env= "
         "naming the environment variable that holds this endpoint's key (command line: --api-key-env NAME)",
@@ -341,7 +345,17 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         self._user_client = client
         self._secret = endpoint_api_key(api_key, api_key_env, self.base_url)
         self._api_key_env = api_key_env
+        self._key_rule = OPENAI_KEY_RULE
         self._url = join_url(self.base_url, API_PATHS[self.api])
+
+    def use_provider_key(self, secret: Secret | None, api_key_env: str | None, key_rule: str) -> None:
+        """Another provider's key rule (OpenRouter's): its resolved key, and what a 401 without one says.
+
+        Called by a provider's factory right after construction, before any call.
+        """
+        self._secret = secret
+        self._api_key_env = api_key_env
+        self._key_rule = key_rule
 
     def _open_client(self) -> Any:
         return self._http.create_client(
@@ -350,7 +364,6 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
 
     async def _close_client(self, client: Any) -> None:
         await client.aclose()
-
 
     async def execute_request(
         self, request: LLMRequest, attempt: int, timeout: float | None, state: RetryState | None = None
@@ -364,7 +377,7 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
             body = decode_error_body(reply.content)
             error = error_from_status(reply.status_code, reply.headers, body, secret=self._secret)
             if reply.status_code == 401 and self._secret is None:
-                raise no_key_error(error, self.base_url, self._api_key_env)
+                raise no_key_error(error, self.base_url, self._api_key_env, self._key_rule)
             if self._response is not None and schema_rejected(error):
                 raise ProviderError(
                     f"the provider rejected the response schema {self._response.name!r} (not retried: "
@@ -372,7 +385,11 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
                     category=ErrorCategory.INVALID_REQUEST, status_code=error.status_code,
                 ) from error
             raise error
-        text, usage, metadata = parse_response_body(self.api, decode_json(reply.content))
+        payload = decode_json(reply.content)
+        in_body = error_in_body(payload, reply.headers, secret=self._secret)
+        if in_body is not None:  # never a success; its headers (Retry-After, limits) still count
+            raise in_body
+        text, usage, metadata = parse_response_body(self.api, payload)
         metadata["api"] = self.api
         metadata["status_code"] = reply.status_code
         reported = rate_limit_headers(reply.headers)

@@ -19,7 +19,7 @@ from ..._values._categories import ErrorCategory
 from ..._values._details import DETAILS_METADATA_KEY, ResponseDetails, ToolCall
 from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._results import TokenUsage
-from ._wire_errors import error_from_status
+from ._wire_errors import error_from_status, error_in_body
 from ._wire_requests import RESPONSES_REFUSED, build_request_body, merge_params, wire_body
 
 __all__ = [
@@ -99,6 +99,9 @@ def parse_response_body(api: Api, payload: Any) -> tuple[str, TokenUsage | None,
     """``(text, usage, metadata)`` of a successful response; :class:`ProviderError` (PARSE) if malformed."""
     if not isinstance(payload, Mapping):
         raise _parse_error("response body is not a JSON object")
+    in_body = error_in_body(payload)
+    if in_body is not None:
+        raise in_body
     if api == "chat":
         return _parse_chat(payload)
     return _parse_responses(payload)

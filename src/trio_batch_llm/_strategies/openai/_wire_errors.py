@@ -4,6 +4,8 @@
 :func:`error_from_status` (category, ``Retry-After``, a message without the
 key); :class:`OpenAIStrategy` files the SDK's own status errors with the same
 :func:`status_category`, without wrapping them. Headers arrive as plain mappings.
+:func:`error_in_body` finds an error inside an HTTP 200 answer (OpenRouter sends a
+provider's failure that way): such a body is never a success.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..._values._errors import ProviderError
 from ..._values._retry_after import retry_after_from_headers
 from .._keys import Secret
 
-__all__ = ["decode_error_body", "error_from_status", "status_category"]
+__all__ = ["decode_error_body", "error_from_status", "error_in_body", "status_category"]
 
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 CONTENT_POLICY_CODES = frozenset(
@@ -31,6 +33,11 @@ _CONTEXT_LENGTH_TEXT = re.compile(
 )
 _CONTENT_POLICY_TEXT = re.compile(r"content[ _](management )?polic|content[ _]filter|safety system", re.I)
 _MESSAGE_LIMIT = 500
+_ANSWER_FIELDS = ("choices", "output")
+PAYMENT_REQUIRED_STOPS = (
+    "the provider answered 402 Payment Required (the account's credits are spent): no later call can "
+    "succeed until it is topped up"
+)
 
 
 def decode_error_body(content: bytes) -> Any:
@@ -62,6 +69,33 @@ def error_from_status(
     return ProviderError(
         message, category=category, retry_after=retry_after_from_headers(headers), status_code=status,
         metadata={RATE_LIMIT_METADATA_KEY: reported} if reported else None,
+        stops_batch=PAYMENT_REQUIRED_STOPS if status == 402 else None,
+    )
+
+
+def error_in_body(
+    payload: Any, headers: Mapping[str, str] | None = None, *, secret: Secret | None = None
+) -> ProviderError | None:
+    """The error of an HTTP 200 answer whose body is ``{"error": {...}}`` with no answer in it, else ``None``.
+
+    OpenRouter reports a failure met after it answered 200 this way. The error's
+    numeric ``code`` is filed as that HTTP status would be (a 429 inside is a rate
+    limit, a 402 stops the batch); without one it is a server error (retried).
+    """
+    if not isinstance(payload, Mapping) or not isinstance(payload.get("error"), Mapping):
+        return None
+    if any(payload.get(field) for field in _ANSWER_FIELDS):
+        return None  # an answer with an error beside it is the parser's to judge (a failed response)
+    code = payload["error"].get("code")
+    numeric = code if isinstance(code, int) and not isinstance(code, bool) else None
+    if isinstance(code, str) and code.isdigit():
+        numeric = int(code)
+    status = numeric if numeric is not None and 400 <= numeric <= 599 else 502
+    error = error_from_status(status, headers or {}, payload, secret=secret)
+    return ProviderError(
+        f"an error inside an HTTP 200 answer: {error}", category=error.category,
+        retry_after=error.retry_after, status_code=status, metadata=error.metadata,
+        stops_batch=error.stops_batch,
     )
 
 
