@@ -277,13 +277,19 @@ class PacingCore:
             self._ratio += weight * (actual / estimate - self._ratio)
 
     def answered(self, mark: PaceMark | None, actual_tokens: int | None,
-                 observation: RateLimitObservation | None, in_flight: int, now: float) -> None:
-        """A call's answer that was not a 429 (``in_flight``: calls still out, this one excluded)."""
+                 observation: RateLimitObservation | None, in_flight: int, now: float, *,
+                 served: bool = True) -> None:
+        """A call's answer that was not a 429 (``in_flight``: calls still out, this one excluded).
+
+        ``served=False``: a failure that says nothing about the rate (an overload, a 5xx): its
+        reported budgets are read, but discovery does not count it served."""
         placed = self._mark_of(mark, in_flight)
-        self._learn_usage(placed.estimate, actual_tokens)
+        if served:
+            self._learn_usage(placed.estimate, actual_tokens)
         if observation is not None:
             self._observe(placed, observation)
-        self.discovery.answered(placed.generation, now)
+        if served:
+            self.discovery.answered(placed.generation, now)
 
     def rate_limited(self, mark: PaceMark | None, observation: RateLimitObservation | None,
                      retry_after: float | None, in_flight: int, now: float, served_before: int = 0) -> bool:

@@ -195,7 +195,9 @@ def classify(
         if retry_after is None:
             retry_after = _retry_after_of(exc, now)
         status = _status_code_of(exc)
-        return Classification(category, retry_after, status, _unusable(exc, status))
+        # A classifier decides how the failure is treated, not whether the provider said the batch is over.
+        stops = exc.stops_batch if isinstance(exc, ProviderError) else None
+        return Classification(category, retry_after, status, _unusable(exc, status), stops)
 
     return _default(exc, now)
 

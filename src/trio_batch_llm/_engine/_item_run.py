@@ -159,9 +159,15 @@ def release_attempt(
         run.gated = None
     observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
                                          held.now)
-    if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
-        # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-        return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
+    if verdict is not None:
+        if verdict.stops_batch is not None or verdict.category is ErrorCategory.SERVER:
+            # A per-day quota, a spend limit, an overload (529, 503) or any 5xx: it says nothing about
+            # the rate this scope may call at, so no cooldown and no lesson for discovery.
+            held.release(usage_total(usage), observation, answered=False, evidence=False)
+            return 0.0
+        if verdict.category is ErrorCategory.RATE_LIMIT:
+            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
+            return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
     held.release(usage_total(usage), observation)
     return 0.0
 
