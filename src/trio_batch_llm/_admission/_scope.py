@@ -267,7 +267,8 @@ class QuotaScope:
         """
         core = self._core
         return (core.tokens is not None or (self._shared is not None and self._shared.tpm > 0)
-                or (core.pacing is not None and core.pacing.tokens.reported))
+                or (core.pacing is not None and (core.pacing.tokens.reported or core.pacing.inputs.reported
+                                                 or core.pacing.outputs.reported)))
 
     @property
     def closed(self) -> bool:
