@@ -3,7 +3,8 @@
 Anthropic reports ``anthropic-ratelimit-input-tokens-*`` and ``-output-tokens-*`` beside
 ``-tokens-*``. The scope holds a call's input charge (its estimate less its output allowance)
 against the input budget and its output allowance against the output budget, each within what
-the provider said remains. Checked on the pure quota core: exact cases, and a hypothesis property
+the provider said remains; cache reads (what answers say of ``cached_input_tokens``) are not
+charged to the input budget. Checked on the pure quota core: exact cases, and a hypothesis property
 that admission never exceeds either reported remaining before its reset.
 """
 
@@ -18,6 +19,7 @@ from trio_batch_llm import RateLimitConfig
 from trio_batch_llm._admission import parse_rate_limit_headers
 from trio_batch_llm._admission._core import QuotaCore
 from trio_batch_llm._values._tokens import RequestTokens, TokenCharge, TokenEstimate, output_part
+from trio_batch_llm._values._usage import UsedTokens, used_tokens
 
 NO_RAMP = RateLimitConfig(slow_start_seconds=0.0)
 RESET = 60.0
@@ -121,3 +123,26 @@ def test_admission_never_exceeds_either_reported_remaining(
     admitted = _admit_until(core, charges, steps)
     assert sum(c - c.output for c in admitted) <= input_remaining
     assert sum(c.output for c in admitted) <= output_remaining
+
+
+def test_cache_reads_do_not_count_against_the_input_budget() -> None:
+    """Answers that say 90 % of their input were cache reads: each call's input charge is its
+    estimate's uncached share, so ten times the calls fit the same input budget."""
+    def admitted_with(usage: int) -> int:
+        core = _observed(input_remaining=50_000, output_remaining=80_000)
+        answer = core.try_admit_nowait(TokenCharge(10_000 + 100, 100), 0.0)  # answered at once:
+        core.release(answer, usage, 0.0)  # its usage is what the scope learns from
+        charges = [TokenCharge(10_000 + 100, 100) for _ in range(60)]
+        return len(_admit_until(core, charges, [0.5] * 200))
+
+    plain = admitted_with(10_100)
+    cached = admitted_with(UsedTokens(10_100, 10_000, 9_000))
+    assert plain <= 5
+    assert cached >= 8 * plain
+
+
+def test_used_tokens_say_their_cache_reads() -> None:
+    used = used_tokens({"input_tokens": 1000, "cached_input_tokens": 600, "output_tokens": 50})
+    assert isinstance(used, UsedTokens) and (int(used), used.input, used.cached) == (1050, 1000, 600)
+    assert not isinstance(used_tokens({"input_tokens": 10, "output_tokens": 5}), UsedTokens)
+    assert used_tokens(None) is None

@@ -42,6 +42,7 @@ from typing import Final, NamedTuple, final
 
 from .._values._config import RateLimitConfig
 from .._values._tokens import output_part
+from .._values._usage import UsedTokens
 from ._discovery import Discovery
 from ._headers import RateLimitObservation
 from ._limits import NOW, PACE_CREDIT, WINDOW_SECONDS
@@ -154,8 +155,9 @@ class PacingCore:
     """One scope's header pacing and discovery; ``active`` once either has anything to say."""
 
     __slots__ = (
-        "_config", "_mean_tokens", "_open", "_ratio", "active", "blips", "discovery", "input_total", "inputs",
-        "output_total", "outputs", "requests", "requests_total", "tokens", "tokens_total",
+        "_cached", "_config", "_mean_tokens", "_open", "_ratio", "active", "blips", "discovery",
+        "input_total", "inputs", "output_total", "outputs", "requests", "requests_total", "tokens",
+        "tokens_total",
     )
 
     def __init__(self, config: RateLimitConfig, *, requests_per_minute: float | None = None,
@@ -166,6 +168,7 @@ class PacingCore:
         self.inputs = HeaderBudget()  # Anthropic's input- and output-token budgets, paced apart
         self.outputs = HeaderBudget()
         self.input_total = self.output_total = 0.0
+        self._cached: float | None = None  # the share of input tokens that were cache reads, averaged
         self.discovery = Discovery(config, requests_per_minute, shared=shared_discovery)
         self.active = False
         self.requests_total = 0
@@ -196,7 +199,8 @@ class PacingCore:
         output = output_part(estimate)
         if output is None:
             return float(estimate), float(estimate)
-        return float(estimate - output), float(output)
+        # Cache reads do not count against the input budget: charge the share that was not one.
+        return (estimate - output) * (1.0 - (self._cached or 0.0)), float(output)
 
     def ready_at(self, estimate: int, in_flight: int, now: float) -> float:
         """The earliest time a call with token ``estimate`` fits every reported budget and the pace."""
@@ -331,6 +335,10 @@ class PacingCore:
         placed = self._mark_of(mark, in_flight)
         if served:
             self._learn_usage(placed.estimate, actual_tokens)
+            if isinstance(actual_tokens, UsedTokens) and actual_tokens.input > 0:
+                share = actual_tokens.cached / actual_tokens.input
+                cached = self._cached
+                self._cached = share if cached is None else cached + _RATIO_WEIGHT * (share - cached)
         if observation is not None:
             self._observe(placed, observation)
         if served:

@@ -18,7 +18,7 @@ from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
 from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
 from .._values._stop_reasons import StopReason
-from .._values._usage import check_token_usage
+from .._values._usage import check_token_usage, used_tokens
 from ._breaker_gate import tell_gate
 from ._classify import Classification, classify
 
@@ -168,7 +168,7 @@ def release_attempt(
         if verdict.category is ErrorCategory.RATE_LIMIT:
             # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
             return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
-    held.release(usage_total(usage), observation)
+    held.release(used_tokens(usage), observation)  # its cache reads too: not held against an input budget
     return 0.0
 
 
