@@ -86,18 +86,22 @@ def test_anthropic_dialect() -> None:
     assert parse_rate_limit_headers(headers, NOW, wall_time=WALL) == RateLimitObservation(
         "anthropic", NOW, requests_limit=1000, requests_remaining=999, requests_reset_at=NOW + 59,
         tokens_limit=96000, tokens_remaining=95000, tokens_reset_at=NOW + 30, retry_after=4.0,
+        input_tokens_limit=80000, input_tokens_remaining=80000, input_tokens_reset_at=NOW + 59,
+        output_tokens_limit=16000, output_tokens_remaining=16000, output_tokens_reset_at=NOW + 60,
     )
-    # Without the combined family: input tokens (a cautious reading of total-token charges) ...
+    # Without the combined family: input and output tokens are budgets of their own (issue 33) ...
     del headers["anthropic-ratelimit-tokens-limit"], headers["anthropic-ratelimit-tokens-remaining"]
     del headers["anthropic-ratelimit-tokens-reset"]
     observation = parse_rate_limit_headers(headers, NOW, wall_time=WALL)
     assert observation is not None
-    assert (observation.tokens_limit, observation.tokens_remaining) == (80000, 80000)
-    assert observation.capacity_remains
-    # ... and output tokens that ran out make the tokens run out too: a 429 then is no blip.
+    assert (observation.tokens_limit, observation.tokens_remaining) == (None, None)
+    assert (observation.input_tokens_remaining, observation.output_tokens_remaining) == (80000, 16000)
+    assert observation.reports_budget and observation.capacity_remains
+    # ... and output tokens that ran out: a 429 then is no blip.
     headers["anthropic-ratelimit-output-tokens-remaining"] = "0"
     observation = parse_rate_limit_headers(headers, NOW, wall_time=WALL)
-    assert observation is not None and observation.tokens_remaining == 0 and not observation.capacity_remains
+    assert observation is not None and observation.output_tokens_remaining == 0
+    assert not observation.capacity_remains
 
 
 def test_a_past_or_naive_rfc3339_reset() -> None:

@@ -254,20 +254,20 @@ class QuotaCore:
 
     def release(
         self, grant: Grant, actual_tokens: int | None, now: float,
-        observation: RateLimitObservation | None = None,
+        observation: RateLimitObservation | None = None, *, evidence: bool = True,
     ) -> Sequence[Ticket]:
         """The call is over: free the slot, settle tokens with real usage; return the tickets to wake.
 
-        ``actual_tokens`` is the call's real total; ``None`` (unknown) keeps
-        the reservation, since unknown usage is never taken for zero. The RPM
-        unit keeps counting for a window from ``now``, the call's end.
-        ``observation`` is what the answer said about the provider's limits.
+        ``actual_tokens`` is the call's real total; ``None`` (unknown) keeps the reservation, since
+        unknown usage is never taken for zero. The RPM unit counts for a window from ``now``, the end.
+        ``observation``: what it said of the limits. ``evidence=False`` (a 5xx): not an answer to discovery.
         """
         pacing = self.pacing
-        if self.refusals.answered(pacing.discovery.generation if self.paced and pacing is not None else None):
+        generation = pacing.discovery.generation if self.paced and pacing is not None else None
+        if evidence and self.refusals.answered(generation):
             self.refusals.forget(pacing, self.cooldown, now)  # noise confirmed: undo what lone 429s did
         if pacing is not None and (self.paced or observation is not None):
-            pacing.answered(grant.pace, actual_tokens, observation, self.in_flight - 1, now)
+            pacing.answered(grant.pace, actual_tokens, observation, self.in_flight - 1, now, served=evidence)
             self._start_pacing()
         return self._settle(grant, actual_tokens, now)
 

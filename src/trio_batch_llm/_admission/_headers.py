@@ -13,10 +13,10 @@ Two dialects, the first one present wins:
 - **Anthropic**: ``anthropic-ratelimit-requests-limit`` / ``-remaining`` /
   ``-reset``, and the same for ``tokens``, ``input-tokens`` and
   ``output-tokens``; resets are RFC 3339 times. The observation's tokens are
-  the ``tokens`` family (Anthropic's "most restrictive limit in effect"), else
-  ``input-tokens`` (our token charges include the input, so that is the
-  cautious reading); an ``output-tokens`` family with nothing left makes
-  ``tokens_remaining`` 0, so a 429 from it is never taken for a blip.
+  the ``tokens`` family (Anthropic's "most restrictive limit in effect"); the
+  ``input-tokens`` and ``output-tokens`` families are budgets of their own
+  (``input_tokens_*``, ``output_tokens_*``), paced apart: a call's input is
+  held against the one, its output allowance against the other.
 
 In both, ``retry-after-ms`` (milliseconds) wins over ``retry-after`` (seconds
 or an HTTP date), read by :func:`~trio_batch_llm._values._retry_after.retry_after_from_headers`,
@@ -66,6 +66,7 @@ _EPOCH_SECONDS: Final = 1e9  # a bare reset this large is a Unix time (2001 onwa
 Dialect = Literal["openai", "anthropic", "retry-after"]
 _Budget = tuple[int | None, int | None, float | None]  # (limit, remaining, reset_at)
 _NO_BUDGET: Final[_Budget] = (None, None, None)
+_Budgets = tuple[_Budget, _Budget, _Budget, _Budget]  # requests, tokens, input tokens, output tokens
 
 
 @final
@@ -88,21 +89,33 @@ class RateLimitObservation:
     tokens_reset_at: float | None = None
     retry_after: float | None = None
     """Seconds the provider asked the caller to wait (``retry-after-ms`` or ``retry-after``)."""
+    input_tokens_limit: int | None = None
+    input_tokens_remaining: int | None = None
+    input_tokens_reset_at: float | None = None
+    output_tokens_limit: int | None = None
+    output_tokens_remaining: int | None = None
+    output_tokens_reset_at: float | None = None
+    """Anthropic's input- and output-token budgets, reported beside (or instead of) ``tokens``."""
 
     @property
     def reports_budget(self) -> bool:
         """Whether any request or token budget was reported (not just a Retry-After)."""
-        return self.requests_remaining is not None or self.tokens_remaining is not None
+        return (self.requests_remaining is not None or self.tokens_remaining is not None
+                or self.input_tokens_remaining is not None or self.output_tokens_remaining is not None)
 
     @property
     def capacity_remains(self) -> bool:
-        """Both budgets were reported and both have something left.
+        """The request budget and a token budget were reported, and every budget reported has
+        something left.
 
         A 429 that says so was not refused for the limits these headers
         describe: a transient blip for that one call, not a reason to pause a scope.
         """
-        requests, tokens = self.requests_remaining, self.tokens_remaining
-        return requests is not None and tokens is not None and requests > 0 and tokens > 0
+        requests = self.requests_remaining
+        tokens = (self.tokens_remaining, self.input_tokens_remaining, self.output_tokens_remaining)
+        if requests is None or requests <= 0 or all(t is None for t in tokens):
+            return False
+        return all(t is None or t > 0 for t in tokens)
 
 
 def rate_limit_headers(headers: Any) -> dict[str, str]:
@@ -140,11 +153,14 @@ def parse_rate_limit_headers(
     if budgets is None:
         budgets, dialect = _anthropic(values, now, clock), "anthropic"
     if budgets is not None:
-        requests, tokens = budgets
+        requests, tokens, inputs, outputs = budgets
         return RateLimitObservation(
             dialect, now, requests_limit=requests[0], requests_remaining=requests[1],
             requests_reset_at=requests[2], tokens_limit=tokens[0], tokens_remaining=tokens[1],
             tokens_reset_at=tokens[2], retry_after=retry_after,
+            input_tokens_limit=inputs[0], input_tokens_remaining=inputs[1], input_tokens_reset_at=inputs[2],
+            output_tokens_limit=outputs[0], output_tokens_remaining=outputs[1],
+            output_tokens_reset_at=outputs[2],
         )
     if retry_after is not None:
         return RateLimitObservation("retry-after", now, retry_after=retry_after)
@@ -242,13 +258,15 @@ def _reset_at(text: str | None, now: float, wall: _WallClock) -> float | None:
     return now + max(0.0, seconds - wall())
 
 
-def _openai(values: Mapping[str, str], now: float, wall: _WallClock) -> tuple[_Budget, _Budget] | None:
+def _openai(values: Mapping[str, str], now: float, wall: _WallClock) -> _Budgets | None:
     requests, tokens = (
         (_count(values.get(f"x-ratelimit-limit-{kind}")), _count(values.get(f"x-ratelimit-remaining-{kind}")),
          _reset_at(values.get(f"x-ratelimit-reset-{kind}"), now, wall))
         for kind in ("requests", "tokens")
     )
-    return (requests, tokens) if requests != _NO_BUDGET or tokens != _NO_BUDGET else None
+    if requests == _NO_BUDGET and tokens == _NO_BUDGET:
+        return None
+    return requests, tokens, _NO_BUDGET, _NO_BUDGET
 
 
 def _rfc3339(text: str | None, now: float, wall: _WallClock) -> float | None:
@@ -269,7 +287,7 @@ def _rfc3339(text: str | None, now: float, wall: _WallClock) -> float | None:
         return None
 
 
-def _anthropic(values: Mapping[str, str], now: float, wall: _WallClock) -> tuple[_Budget, _Budget] | None:
+def _anthropic(values: Mapping[str, str], now: float, wall: _WallClock) -> _Budgets | None:
     families: dict[str, _Budget] = {}
     for kind in ("requests", "tokens", "input-tokens", "output-tokens"):
         prefix = f"anthropic-ratelimit-{kind}-"
@@ -279,8 +297,5 @@ def _anthropic(values: Mapping[str, str], now: float, wall: _WallClock) -> tuple
             families[kind] = family
     if not families:
         return None
-    requests = families.get("requests", _NO_BUDGET)
-    limit, remaining, reset_at = families.get("tokens") or families.get("input-tokens") or _NO_BUDGET
-    if families.get("output-tokens", _NO_BUDGET)[1] == 0 and "tokens" not in families:
-        remaining = 0
-    return requests, (limit, remaining, reset_at)
+    return (families.get("requests", _NO_BUDGET), families.get("tokens", _NO_BUDGET),
+            families.get("input-tokens", _NO_BUDGET), families.get("output-tokens", _NO_BUDGET))

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from typing import Final, NamedTuple, final
 
 from .._values._config import RateLimitConfig
+from .._values._tokens import output_part
+from .._values._usage import UsedTokens
 from ._discovery import Discovery
 from ._headers import RateLimitObservation
 from ._limits import NOW, PACE_CREDIT, WINDOW_SECONDS
@@ -62,6 +64,10 @@ class PaceMark(NamedTuple):
     """The caller's token estimate for the call (0: none given)."""
     generation: int
     """The discovery generation at admission: a 429 from an older one lowers nothing."""
+    input_tokens: float = 0.0
+    """The scope's input-token total just after this call's admission (:meth:`PacingCore.split`)."""
+    output_tokens: float = 0.0
+    """The scope's output-token total just after this call's admission."""
 
 
 @final
@@ -149,8 +155,9 @@ class PacingCore:
     """One scope's header pacing and discovery; ``active`` once either has anything to say."""
 
     __slots__ = (
-        "_config", "_mean_tokens", "_open", "_ratio", "active", "blips", "discovery", "requests",
-        "requests_total", "tokens", "tokens_total",
+        "_cached", "_config", "_mean_tokens", "_open", "_ratio", "active", "blips", "discovery",
+        "input_total", "inputs", "output_total", "outputs", "requests", "requests_total", "tokens",
+        "tokens_total",
     )
 
     def __init__(self, config: RateLimitConfig, *, requests_per_minute: float | None = None,
@@ -158,6 +165,10 @@ class PacingCore:
         self._config = config
         self.requests = HeaderBudget()
         self.tokens = HeaderBudget()
+        self.inputs = HeaderBudget()  # Anthropic's input- and output-token budgets, paced apart
+        self.outputs = HeaderBudget()
+        self.input_total = self.output_total = 0.0
+        self._cached: float | None = None  # the share of input tokens that were cache reads, averaged
         self.discovery = Discovery(config, requests_per_minute, shared=shared_discovery)
         self.active = False
         self.requests_total = 0
@@ -176,7 +187,20 @@ class PacingCore:
         return estimate * max(1.0, self._ratio) if estimate > 0 else self._mean_tokens
 
     def headers_live(self, now: float) -> bool:
-        return self.requests.live(now) or self.tokens.live(now)
+        return (self.requests.live(now) or self.tokens.live(now) or self.inputs.live(now)
+                or self.outputs.live(now))
+
+    def split(self, estimate: int) -> tuple[float, float]:
+        """A call's ``(input, output)`` charges: its estimate less its output part (a
+        :class:`TokenCharge`), and that part. Unknown parts are charged whole to both budgets
+        (the cautious side); no estimate at all, the mean real usage per call."""
+        if estimate <= 0:
+            return self._mean_tokens, self._mean_tokens
+        output = output_part(estimate)
+        if output is None:
+            return float(estimate), float(estimate)
+        # Cache reads do not count against the input budget: charge the share that was not one.
+        return (estimate - output) * (1.0 - (self._cached or 0.0)), float(output)
 
     def ready_at(self, estimate: int, in_flight: int, now: float) -> float:
         """The earliest time a call with token ``estimate`` fits every reported budget and the pace."""
@@ -191,6 +215,13 @@ class PacingCore:
             at = tokens.ready_at(self._ceiling_tokens(estimate), self.tokens_total, in_flight, now)
             if at > ready:
                 ready = at
+        if self.inputs.live(now) or self.outputs.live(now):  # each part within what its budget has left
+            live = True
+            charges = self.split(estimate)
+            for budget, charge, total in ((self.inputs, charges[0], self.input_total),
+                                          (self.outputs, charges[1], self.output_total)):
+                if budget.live(now) and (at := budget.ready_at(charge, total, in_flight, now)) > ready:
+                    ready = at
         if not live:
             ready = self.discovery.ready_at(in_flight, now)
         return ready
@@ -205,9 +236,17 @@ class PacingCore:
         if self.tokens.live(now):
             # The pace charges the usage-corrected estimate, the ceiling the cautious one.
             self.tokens.commit(self._paced_tokens(estimate), self.tokens_total, now)
+        charge_in, charge_out = self.split(estimate)
+        self.input_total += charge_in
+        self.output_total += charge_out
+        if self.inputs.live(now):
+            self.inputs.commit(charge_in, self.input_total, now)
+        if self.outputs.live(now):
+            self.outputs.commit(charge_out, self.output_total, now)
         self.discovery.commit(now)
         self._open += 1
-        return PaceMark(self.requests_total, self.tokens_total, estimate, self.discovery.generation)
+        return PaceMark(self.requests_total, self.tokens_total, estimate, self.discovery.generation,
+                        self.input_total, self.output_total)
 
     def forget_discovery(self) -> None:
         """Start discovery over: what it learnt came from refusals now known for noise.
@@ -267,6 +306,16 @@ class PacingCore:
             per_call = self._ceiling_tokens(mark.estimate)
             self.tokens.observe(mark.tokens, obs.tokens_limit, obs.tokens_remaining,
                                 obs.tokens_reset_at, obs.at, max(per_call, margin * limit))
+        for budget, (total, part), (limit_of, remaining, reset_at) in (
+                (self.inputs, (mark.input_tokens, 0), (obs.input_tokens_limit, obs.input_tokens_remaining,
+                                                       obs.input_tokens_reset_at)),
+                (self.outputs, (mark.output_tokens, 1), (obs.output_tokens_limit, obs.output_tokens_remaining,
+                                                         obs.output_tokens_reset_at))):
+            if limit_of is not None or remaining is not None:
+                self.active = True
+                per_call = self.split(mark.estimate)[part]
+                budget.observe(total, limit_of, remaining, reset_at, obs.at,
+                               max(per_call, margin * (limit_of or budget.limit or 0)))
 
     def _learn_usage(self, estimate: int, actual: int | None) -> None:
         if actual is None or actual < 0:
@@ -277,13 +326,23 @@ class PacingCore:
             self._ratio += weight * (actual / estimate - self._ratio)
 
     def answered(self, mark: PaceMark | None, actual_tokens: int | None,
-                 observation: RateLimitObservation | None, in_flight: int, now: float) -> None:
-        """A call's answer that was not a 429 (``in_flight``: calls still out, this one excluded)."""
+                 observation: RateLimitObservation | None, in_flight: int, now: float, *,
+                 served: bool = True) -> None:
+        """A call's answer that was not a 429 (``in_flight``: calls still out, this one excluded).
+
+        ``served=False``: a failure that says nothing about the rate (an overload, a 5xx): its
+        reported budgets are read, but discovery does not count it served."""
         placed = self._mark_of(mark, in_flight)
-        self._learn_usage(placed.estimate, actual_tokens)
+        if served:
+            self._learn_usage(placed.estimate, actual_tokens)
+            if isinstance(actual_tokens, UsedTokens) and actual_tokens.input > 0:
+                share = actual_tokens.cached / actual_tokens.input
+                cached = self._cached
+                self._cached = share if cached is None else cached + _RATIO_WEIGHT * (share - cached)
         if observation is not None:
             self._observe(placed, observation)
-        self.discovery.answered(placed.generation, now)
+        if served:
+            self.discovery.answered(placed.generation, now)
 
     def rate_limited(self, mark: PaceMark | None, observation: RateLimitObservation | None,
                      retry_after: float | None, in_flight: int, now: float, served_before: int = 0) -> bool:

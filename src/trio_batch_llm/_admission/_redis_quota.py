@@ -403,8 +403,12 @@ class RedisSharedQuota:
                 self._budgets.append((ticket.unit, max(0, remaining), after, margin))
         if observation is not None and self.tpm:
             remaining, reset_at = observation.tokens_remaining, observation.tokens_reset_at
+            reported = observation.tokens_limit
+            if remaining is None:  # shared limits keep one token budget: Anthropic's input one, cautious
+                remaining, reset_at = observation.input_tokens_remaining, observation.input_tokens_reset_at
+                reported = observation.input_tokens_limit
             if remaining is not None and reset_at is not None:
-                limit = observation.tokens_limit or self.tpm
+                limit = reported or self.tpm
                 margin = max(1, ticket.tokens, math.ceil(self.pacing_margin * limit))
                 after = max(0.0, reset_at - self._link.clock())
                 self._token_budgets.append((ticket.token_mark, max(0, remaining), after, margin))

@@ -113,13 +113,16 @@ class Admission:
 
     def release(
         self, actual_tokens: int | None = None, observation: RateLimitObservation | None = None,
-        *, answered: bool = True,
+        *, answered: bool = True, evidence: bool = True,
     ) -> None:
         """Free the slot and settle the token reservation against ``actual_tokens``.
 
         ``observation`` is what the answer said about the provider's limits
         (:func:`parse_rate_limit_headers`); the scope paces by it. ``answered=False``:
         the call was cut short, so it says nothing about whether the provider refuses calls.
+        ``evidence=False``: the call failed in a way that says nothing about the rate this scope
+        may call at (an overload, a 5xx, a per-day quota): discovery and the refusal rule do not
+        count it (neither a 429 nor an answer); reported budgets are still read.
         """
         grant = self._grant
         if grant is not None:
@@ -128,9 +131,10 @@ class Admission:
             core = scope._core
             if answered and scope.throttle.refusing_since is not None:
                 scope.throttle.answered()  # an answer other than a 429: calls flow again
-            if observation is not None or not core.release_uncontended(grant):
+            if observation is not None or not evidence or not core.release_uncontended(grant):
                 before = PaceWatch.of(core) if observation is not None else None
-                woken = core.release(grant, actual_tokens, now := scope._clock(), observation)
+                woken = core.release(grant, actual_tokens, now := scope._clock(), observation,
+                                     evidence=evidence)
                 if before is not None:
                     before.log_changes(scope.name, core, now)
                 if woken:
@@ -138,7 +142,8 @@ class Admission:
             ticket = self._shared
             if ticket is not None:
                 assert scope._shared is not None
-                scope._shared.discovery.answered(ticket.generation)
+                if evidence:
+                    scope._shared.discovery.answered(ticket.generation)
                 scope._shared.settle_ended(ticket, actual_tokens, observation)
 
     def release_rate_limited(
@@ -262,7 +267,8 @@ class QuotaScope:
         """
         core = self._core
         return (core.tokens is not None or (self._shared is not None and self._shared.tpm > 0)
-                or (core.pacing is not None and core.pacing.tokens.reported))
+                or (core.pacing is not None and (core.pacing.tokens.reported or core.pacing.inputs.reported
+                                                 or core.pacing.outputs.reported)))
 
     @property
     def closed(self) -> bool:

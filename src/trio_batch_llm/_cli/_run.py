@@ -356,8 +356,12 @@ def _report(plan: RunPlan, outcome: _RunOutcome) -> int:
         say(f"resume with: {plan.resume_command}{redaction_note(plan.resume_command)}")
         return 128 + int(outcome.signal)
     if termination.kind == "provider_retired":
-        say(f"the provider was retired: the endpoint is unusable; fix it (URL, key, model), then resume "
-            f"with: {plan.resume_command}{redaction_note(plan.resume_command)}")
+        if (termination.reason or "").startswith("provider stopped the batch"):  # a day quota, spend limit
+            say(f"the provider stopped the batch (the termination says why); once it takes calls again, "
+                f"resume with: {plan.resume_command}{redaction_note(plan.resume_command)}")
+        else:
+            say(f"the provider was retired: the endpoint is unusable; fix it (URL, key, model), then resume "
+                f"with: {plan.resume_command}{redaction_note(plan.resume_command)}")
         return EXIT_UNAVAILABLE
     if summary.failed or not termination.completed or unfinished:
         say(f"{unfinished} item(s) did not succeed; to run them again: {plan.resume_command}"

@@ -127,6 +127,14 @@ class BreakerGate:
         if self._on_retire is not None:
             self._on_retire(retirement)
 
+    def retire_now(self, retirement: Retirement) -> None:
+        """Retire the scope at once (a batch-stopping error, :meth:`Breakers.stop_batch`): nothing goes
+        again, and the items waiting at the gate end (the owner was told already)."""
+        if self.retirement is None:
+            self.retirement = retirement
+        self.core.state = "retired"
+        self._wake()
+
     def _wake(self) -> None:
         changed = self._changed
         if changed is not None:
@@ -142,7 +150,7 @@ class Breakers:
     """An owner's circuit breakers (a processor's, a pool's): one per quota scope, whichever
     strategy uses it; none when the config turns them off."""
 
-    __slots__ = ("_clock", "_config", "_gates", "_on_retire")
+    __slots__ = ("_clock", "_config", "_gates", "_on_retire", "stopped")
 
     def __init__(self, config: CircuitBreakerConfig | None, on_retire: OnRetire | None,
                  clock: Callable[[], float]) -> None:
@@ -150,6 +158,23 @@ class Breakers:
         self._on_retire = on_retire
         self._clock = clock
         self._gates: dict[int, tuple[object, BreakerGate]] = {}
+        self.stopped: Retirement | None = None
+        """Set by a batch-stopping error (:meth:`stop_batch`): no attempt of this owner starts again."""
+
+    def stop_batch(self, scope: object, reason: str, first_error: str, item_id: str) -> None:
+        """A failure said no later call can succeed (``ProviderError(stops_batch=...)``): retire this
+        owner's every scope at once, with or without breakers, and tell the owner (the first stop wins).
+
+        Calls in flight finish, as at a breaker's retirement; items waiting at a gate end now."""
+        if self.stopped is not None:
+            return
+        self.stopped = retirement = Retirement(scope_label(getattr(scope, "name", None)), reason, first_error,
+                                               item_id)
+        logger.error("%s", reason)
+        for _, gate in self._gates.values():
+            gate.retire_now(retirement)
+        if self._on_retire is not None:
+            self._on_retire(retirement)
 
     def of(self, scope: object) -> BreakerGate | None:
         config = self._config
@@ -160,6 +185,8 @@ class Breakers:
             return known[1]
         gate = BreakerGate(config, scope_label(getattr(scope, "name", None)), on_retire=self._on_retire,
                            clock=self._clock)
+        if self.stopped is not None:
+            gate.retire_now(self.stopped)
         self._gates[id(scope)] = (scope, gate)
         return gate
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
+
 from .._values._categories import ErrorCategory
 from .._values._stop_reasons import StopReason
 
 if TYPE_CHECKING:
     from .._values._results import WorkItemResult
-    from ._breaker_gate import BreakerGate
+    from ._breaker_gate import BreakerGate, Retirement
     from ._item_run import ItemRun
 
 __all__ = ["pass_gate", "retired_result"]
@@ -36,14 +38,17 @@ async def pass_gate(gate: BreakerGate, run: ItemRun[Any]) -> bool:
     return True
 
 
-def retired_result(run: ItemRun[TOutput]) -> WorkItemResult[TOutput] | None:
+def retired_result(run: ItemRun[TOutput],
+                   stopped: Retirement | None = None) -> WorkItemResult[TOutput] | None:
     """The result of an item whose scope the breaker retired before its next attempt (``None`` if it
-    was not): ``NOT_EXECUTED`` if it never ran, ``ABORTED`` after an attempt; ``PROVIDER_RETIRED``."""
+    was not): ``NOT_EXECUTED`` if it never ran, ``ABORTED`` after an attempt; ``PROVIDER_RETIRED``.
+    ``stopped``: the owner's batch-stopping error (:meth:`Breakers.stop_batch`), breaker or none."""
     binding = run.binding
     gate = binding.breaker if binding is not None else None
-    if gate is None or gate.retirement is None:
+    retirement = stopped if stopped is not None else gate.retirement if gate is not None else None
+    if retirement is None:
         return None
-    reason, now = gate.retirement.reason, gate.clock()
+    reason, now = retirement.reason, anyio.current_time() if gate is None else gate.clock()
     if run.attempts == 0:
         result = run.stopped(ErrorCategory.NOT_EXECUTED, f"not executed: {reason}", now)
     else:

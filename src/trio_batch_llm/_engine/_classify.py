@@ -96,6 +96,11 @@ _BY_CLASS_NAME: Final[Mapping[str, ErrorCategory]] = {
     "BadRequestError": ErrorCategory.INVALID_REQUEST,
     "UnprocessableEntityError": ErrorCategory.INVALID_REQUEST,
     "InternalServerError": ErrorCategory.SERVER,
+    # anthropic's 529 overloaded_error and 503 (a provider-wide overload, retried with backoff, never a
+    # cooldown of our scope); google-genai's 5xx (ServerError: its `code` is the status)
+    "OverloadedError": ErrorCategory.SERVER,
+    "ServiceUnavailableError": ErrorCategory.SERVER,
+    "ServerError": ErrorCategory.SERVER,
     "ContentFilterFinishReasonError": ErrorCategory.CONTENT_POLICY,
     # The output hit max_tokens before a structured answer was complete.
     "LengthFinishReasonError": ErrorCategory.PARSE,
@@ -195,7 +200,9 @@ def classify(
         if retry_after is None:
             retry_after = _retry_after_of(exc, now)
         status = _status_code_of(exc)
-        return Classification(category, retry_after, status, _unusable(exc, status))
+        # A classifier decides how the failure is treated, not whether the provider said the batch is over.
+        stops = exc.stops_batch if isinstance(exc, ProviderError) else None
+        return Classification(category, retry_after, status, _unusable(exc, status), stops)
 
     return _default(exc, now)
 
@@ -335,6 +342,11 @@ def _status_code_of(exc: Exception) -> int | None:
         response = getattr(exc, "response", None)
         if response is not None:
             status = _as_status(getattr(response, "status_code", None))
+    if status is None:
+        # google-genai's APIError keeps the status as an int `code` (OpenAI's `code` is a word).
+        code = getattr(exc, "code", None)
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+            status = code
     return status
 
 

@@ -187,7 +187,8 @@ class ItemRunner(Generic[TOutput]):
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit (between calls), max_rate_limit_wait, a retired scope
-                    return retired_result(run) or self.cut(run, guard)  # type: ignore[return-value]
+                    retired = retired_result(run, self._breakers.stopped)
+                    return retired or self.cut(run, guard)  # type: ignore[return-value]
                 # Stage 2's call is awaited here, not in attempt(): a cancellation unwinds one frame
                 # fewer per call in flight (a frame object and a traceback: ~2 µs a worker, asyncio).
                 timeout = self.attempt(run, guard)
@@ -226,7 +227,7 @@ class ItemRunner(Generic[TOutput]):
     async def admit(self, binding: Binding, run: ItemRun[TOutput], tokens: int) -> Admission | None:
         """Stage 1: the quota scope's admission, or ``None`` at or past the run's start limit."""
         clock = self._clock
-        if run.start_limit != math.inf and clock() >= run.start_limit:
+        if (run.start_limit != math.inf and clock() >= run.start_limit) or self._breakers.stopped is not None:
             await anyio.lowlevel.checkpoint()
             return None
         gate = binding.breaker
@@ -251,7 +252,9 @@ class ItemRunner(Generic[TOutput]):
         except BaseException:
             admission.release_unused()
             raise
-        if clock() >= run.start_limit:  # the guard fires at that instant too; the clock said it first
+        # The guard fires at the start limit too; the clock said it first. A batch-stopping error
+        # while it waited: the call must not go.
+        if clock() >= run.start_limit or self._breakers.stopped is not None:
             admission.release_unused()
             return None
         return admission
@@ -306,6 +309,12 @@ class ItemRunner(Generic[TOutput]):
         exc, verdict = failure.exc, failure.verdict
         category = verdict.category
         run.last_error = exc
+        if verdict.stops_batch is not None:  # final whatever its category, and the owner's batch ends
+            error = f"{type(exc).__name__}: {exc}"
+            self._breakers.stop_batch(run.binding.quota if run.binding is not None else None,
+                                      f"provider stopped the batch: {verdict.stops_batch} (item "
+                                      f"{run.item.item_id!r}: {error})", error, run.item.item_id)
+            return run.failed_with(exc, category, self._clock())
         retries = run.retries
         if retries is None:
             retries = run.retries = Retries()

@@ -18,7 +18,7 @@ from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
 from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
 from .._values._stop_reasons import StopReason
-from .._values._usage import check_token_usage
+from .._values._usage import check_token_usage, used_tokens
 from ._breaker_gate import tell_gate
 from ._classify import Classification, classify
 
@@ -159,10 +159,16 @@ def release_attempt(
         run.gated = None
     observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
                                          held.now)
-    if verdict is not None and verdict.category is ErrorCategory.RATE_LIMIT:
-        # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-        return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
-    held.release(usage_total(usage), observation)
+    if verdict is not None:
+        if verdict.stops_batch is not None or verdict.category is ErrorCategory.SERVER:
+            # A per-day quota, a spend limit, an overload (529, 503) or any 5xx: it says nothing about
+            # the rate this scope may call at, so no cooldown and no lesson for discovery.
+            held.release(usage_total(usage), observation, answered=False, evidence=False)
+            return 0.0
+        if verdict.category is ErrorCategory.RATE_LIMIT:
+            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
+            return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
+    held.release(used_tokens(usage), observation)  # its cache reads too: not held against an input budget
     return 0.0
 
 

@@ -22,10 +22,12 @@ from ._errors import ConfigurationError
 __all__ = [
     "DEFAULT_OUTPUT_ALLOWANCE",
     "RequestTokens",
+    "TokenCharge",
     "TokenEstimate",
     "cached_tiktoken_counter",
     "character_tokens",
     "max_output_tokens",
+    "output_part",
     "prompt_text",
     "tiktoken_counter",
 ]
@@ -165,16 +167,39 @@ class RequestTokens:
         self._count = count or character_tokens
 
     def __call__(self, prompt: object, params: Mapping[str, Any] | None = None) -> int:
-        """The tokens to reserve for one request of ``prompt`` with the item's ``params``."""
+        """The tokens to reserve for one request of ``prompt`` with the item's ``params`` (a
+        :class:`TokenCharge`: it says its output part too, when known)."""
         text = prompt_text(prompt)
         bound = max_output_tokens(params, self._defaults)
         if self._estimator is not None:
             value = self._estimator(text)
             if isinstance(value, TokenEstimate):
-                return value.total_tokens
-            return _count("token_estimator()", value) + (bound or 0)
+                return TokenCharge(value.total_tokens, value.output_tokens)
+            counted = _count("token_estimator()", value)
+            return counted + bound if bound is not None else counted  # its output part unknown
         system = params.get("system", self._system) if params else self._system
         tokens = self._count(text)
         if isinstance(system, str) and system:
             tokens += self._count(system)
-        return tokens + (DEFAULT_OUTPUT_ALLOWANCE if bound is None else bound)
+        output = DEFAULT_OUTPUT_ALLOWANCE if bound is None else bound
+        return TokenCharge(tokens + output, output)
+
+
+class TokenCharge(int):
+    """A request's token charge (input estimate + output allowance) that says its output part too.
+
+    An ``int``, so every quota that knows one token budget takes it as it is; a scope paced by
+    separate input and output budgets (Anthropic's) charges each its own part (:func:`output_part`).
+    """
+
+    output: int
+
+    def __new__(cls, total: int, output: int) -> TokenCharge:
+        charge = super().__new__(cls, total)
+        charge.output = min(max(0, output), total)
+        return charge
+
+
+def output_part(tokens: int) -> int | None:
+    """The output part of a token charge (``None``: not known, a plain ``int``)."""
+    return tokens.output if isinstance(tokens, TokenCharge) else None

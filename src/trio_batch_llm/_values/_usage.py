@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["TOKEN_USAGE_KEYS", "add_usage", "check_token_usage", "token_usage_problem", "usage_total"]
+__all__ = ["TOKEN_USAGE_KEYS", "UsedTokens", "add_usage", "check_token_usage", "token_usage_problem",
+           "usage_total", "used_tokens"]
 
 TOKEN_USAGE_KEYS: Final = frozenset(
     {"input_tokens", "output_tokens", "total_tokens", "cached_input_tokens", "cache_write_input_tokens",
@@ -105,3 +106,26 @@ def add_usage(into: dict[str, int], usage: Mapping[str, Any] | None) -> None:
     for key, value in usage.items():
         if (type(value) is int and value >= 0) or _count(value) is not None:
             into[key] = into.get(key, 0) + value
+
+
+class UsedTokens(int):
+    """A call's real total tokens (an ``int``, as :func:`usage_total`) that says its input tokens and how
+    many of them were cache reads: a scope paced by an input-token budget learns from it that cache
+    reads do not count against that budget (Anthropic's rule)."""
+
+    input: int
+    cached: int
+
+    def __new__(cls, total: int, input_tokens: int, cached: int) -> UsedTokens:
+        used = super().__new__(cls, total)
+        used.input, used.cached = input_tokens, min(cached, input_tokens)
+        return used
+
+
+def used_tokens(usage: Mapping[str, Any] | None) -> int | None:
+    """:func:`usage_total`, as a :class:`UsedTokens` when ``usage`` says its input and cached input."""
+    total = usage_total(usage)
+    if total is None or not isinstance(usage, Mapping):
+        return total
+    inputs, cached = _count(usage.get("input_tokens")), _count(usage.get("cached_input_tokens"))
+    return total if inputs is None or cached is None else UsedTokens(total, inputs, cached)
