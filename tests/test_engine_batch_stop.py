@@ -139,10 +139,11 @@ async def test_every_surface_stops_the_batch_at_the_first_batch_stopping_error(
     else:
         assert set(results) == set(PROMPTS)  # one result per item
     by_prompt = results
-    # The item that hit the quota: one attempt (a 429 with Retry-After, max_attempts=5), final.
+    # The item that hit the quota: one attempt (a 429 with Retry-After, max_attempts=5), final; its
+    # category is the provider's answer, its stop reason says the provider stopped the batch.
     failed = by_prompt["quota-3"]
     assert (failed.success, failed.error_category, failed.attempts, failed.stop_reason) == (
-        False, ErrorCategory.RATE_LIMIT, 1, None)
+        False, ErrorCategory.RATE_LIMIT, 1, StopReason.PROVIDER_RETIRED)
     assert strategy.calls["quota-3"] == 1
     # Calls in flight when it failed finish; nothing else is called.
     for prompt in ("ok-0", "ok-1", "ok-2"):
@@ -165,7 +166,8 @@ async def test_every_surface_stops_the_batch_at_the_first_batch_stopping_error(
 async def test_call_result_does_not_retry_it(anyio_backend: Any) -> None:
     strategy = Scripted()
     result = await call_result(strategy, "quota-0", config=_config(None))
-    assert (result.error_category, result.attempts, result.stop_reason) == (ErrorCategory.RATE_LIMIT, 1, None)
+    assert (result.error_category, result.attempts, result.stop_reason) == (
+        ErrorCategory.RATE_LIMIT, 1, StopReason.PROVIDER_RETIRED)
     assert strategy.calls == {"quota-0": 1}
 
 
@@ -224,7 +226,8 @@ async def test_a_durable_run_stops_with_the_termination_and_keeps_unrun_items_pe
         snap = await run.wait()
     assert snap.termination is not None and snap.termination.kind == "provider_retired"
     assert snap.termination.reason is not None and WHY in snap.termination.reason
-    assert (snap.succeeded, snap.failed, snap.pending) == (3, 1, len(PROMPTS) - 4)
+    # The item that hit the quota stays pending too: tomorrow's quota may serve it.
+    assert (snap.succeeded, snap.failed, snap.pending) == (3, 0, len(PROMPTS) - 3)
     assert strategy.calls["quota-3"] == 1
     assert set(strategy.calls) == set(PROMPTS[:4])
 
@@ -232,11 +235,11 @@ async def test_a_durable_run_stops_with_the_termination_and_keeps_unrun_items_pe
 def test_the_cli_says_the_provider_stopped_the_batch_and_exits_69(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trio_batch_llm._cli import _run
+    from trio_batch_llm._cli import _providers
     from trio_batch_llm.cli import main
 
     strategy = Scripted()
-    monkeypatch.setattr(_run, "llm", lambda name, **kwargs: strategy)
+    monkeypatch.setattr(_providers, "llm", lambda name, **kwargs: strategy)
     monkeypatch.setenv("STOP_KEY", "sk-test")
     source = tmp_path / "in.jsonl"
     source.write_text("".join(f'{{"id": "{p}", "prompt": "{p}"}}\n' for p in PROMPTS))

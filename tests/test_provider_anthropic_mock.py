@@ -19,6 +19,7 @@ from trio_batch_llm import (
     ProcessorConfig,
     RateLimitConfig,
     RetryConfig,
+    StopReason,
     call,
     process_prompts,
     process_stream,
@@ -83,11 +84,16 @@ async def test_a_429_then_success_and_a_529_retried(server: MockServer) -> None:
 
 
 async def test_a_spend_limit_is_insufficient_balance_saying_the_batch_stops(server: MockServer) -> None:
-    batch = await process_prompts(claude(server), ["[[spend_limit]] costly"], config=FAST)
-    (result,) = batch.results
-    assert (result.success, result.error_category, result.attempts) == \
-        (False, ErrorCategory.INSUFFICIENT_BALANCE, 1)
+    prompts = ["[[spend_limit]] costly", *(f"later {n}" for n in range(6))]
+    batch = await process_prompts(claude(server), prompts, config=ProcessorConfig(concurrency=1),
+                                  preserve_order=True)
+    result = batch.results[0]
+    assert (result.success, result.error_category, result.attempts, result.stop_reason) == \
+        (False, ErrorCategory.INSUFFICIENT_BALANCE, 1, StopReason.PROVIDER_RETIRED)
     assert "spend limit" in result.exception.stops_batch  # type: ignore[union-attr]
+    # The batch stops at once: nothing after it is called.
+    assert batch.termination.kind == "provider_retired" and batch.termination.item_id == result.item_id
+    assert [r.error_category for r in batch.results[1:]] == [ErrorCategory.NOT_EXECUTED] * 6
 
 
 async def test_prompt_caching_writes_the_shared_prefix_once_then_reads_it(server: MockServer) -> None:

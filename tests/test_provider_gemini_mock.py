@@ -8,6 +8,7 @@ outcomes and counts, not as durations).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -30,6 +31,7 @@ from trio_batch_llm import (
     ProcessorConfig,
     ProviderError,
     RetryConfig,
+    StopReason,
     call,
     llm,
     process_prompts,
@@ -129,11 +131,16 @@ async def test_a_per_day_429_says_it_stops_the_batch() -> None:
         error = caught.value
         assert error.category is ErrorCategory.INSUFFICIENT_BALANCE and error.status_code == 429
         assert error.stops_batch is not None and "PerDay" in error.stops_batch
-        batch = await process_prompts(strategy, ["x", "y"], config=fast_retries())
-        assert [r.success for r in batch] == [False, False]
-        stopped = {ErrorCategory.INSUFFICIENT_BALANCE, ErrorCategory.ABORTED, ErrorCategory.NOT_EXECUTED}
-        assert {r.error_category for r in batch} <= stopped
-        assert sum(r.attempts for r in batch) <= 2  # never retried
+        one_at_a_time = dataclasses.replace(fast_retries(), concurrency=1)
+        batch = await process_prompts(strategy, ["x", "y", "z"], config=one_at_a_time, preserve_order=True)
+        assert [(r.success, r.error_category, r.stop_reason) for r in batch] == [
+            (False, ErrorCategory.INSUFFICIENT_BALANCE, StopReason.PROVIDER_RETIRED),
+            (False, ErrorCategory.NOT_EXECUTED, StopReason.PROVIDER_RETIRED),
+            (False, ErrorCategory.NOT_EXECUTED, StopReason.PROVIDER_RETIRED),
+        ]
+        assert sum(r.attempts for r in batch) == 1  # never retried, nothing after it called
+        assert batch.termination.kind == "provider_retired" and batch.termination.item_id == "item-0"
+        assert "PerDay" in (batch.termination.reason or "")
 
 
 async def test_the_context_cache_is_created_once_used_and_deleted() -> None:

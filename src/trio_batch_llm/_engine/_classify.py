@@ -201,8 +201,7 @@ def classify(
             retry_after = _retry_after_of(exc, now)
         status = _status_code_of(exc)
         # A classifier decides how the failure is treated, not whether the provider said the batch is over.
-        stops = exc.stops_batch if isinstance(exc, ProviderError) else None
-        return Classification(category, retry_after, status, _unusable(exc, status), stops)
+        return Classification(category, retry_after, status, _unusable(exc, status), _stops_batch_of(exc))
 
     return _default(exc, now)
 
@@ -229,7 +228,15 @@ def _default(exc: Exception, now: float | None) -> Classification:
         category = _category_by_status(status)
     if category is None:
         category = _category_by_builtin_type(exc)
-    return Classification(_refine(category, exc), retry_after, status, _unusable(exc, status))
+    return Classification(_refine(category, exc), retry_after, status, _unusable(exc, status),
+                          _stops_batch_of(exc))
+
+
+def _stops_batch_of(exc: Exception) -> str | None:
+    """``stops_batch`` of any exception, read duck-typed: a strategy may keep an SDK's own exception
+    (CONTRACT C7.2) and mark it, as the Anthropic strategy marks a spent spend limit."""
+    stops = getattr(exc, "stops_batch", None)
+    return stops if isinstance(stops, str) and stops.strip() else None
 
 
 def _category_by_class_name(exc_type: type[Exception]) -> ErrorCategory | None:

@@ -41,6 +41,7 @@ from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage
+from .._values._stop_reasons import StopReason
 from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
 from ._classifier_objects import ClassifierArg, user_classifier
@@ -314,7 +315,11 @@ class ItemRunner(Generic[TOutput]):
             self._breakers.stop_batch(run.binding.quota if run.binding is not None else None,
                                       f"provider stopped the batch: {verdict.stops_batch} (item "
                                       f"{run.item.item_id!r}: {error})", error, run.item.item_id)
-            return run.failed_with(exc, category, self._clock())
+            result = run.failed_with(exc, category, self._clock())
+            # Its own category says what the provider answered; the stop reason says the item itself
+            # did nothing wrong (tomorrow's quota may serve it): a durable run keeps it pending.
+            result.stop_reason = StopReason.PROVIDER_RETIRED
+            return result
         retries = run.retries
         if retries is None:
             retries = run.retries = Retries()

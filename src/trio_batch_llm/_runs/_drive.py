@@ -71,7 +71,8 @@ from .repository._client import RepositoryClient
 
 __all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result", "only_of"]
 
-# Results the engine gives items it stopped: not the item's outcome, so it stays pending.
+# Results the engine gives items it stopped: not the item's outcome, so it stays pending. So does
+# the item whose answer stopped the batch (a per-day quota, a spend limit: stop_reason PROVIDER_RETIRED).
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
 _PENDING_PAGE: Final = 512
 _RECORD_GROUP: Final = 256
@@ -393,7 +394,8 @@ class SegmentDriver(DriverBase):
         group: list[NewResult] = []
         try:
             async for result in proc.results():
-                if result.error_category not in _NOT_TERMINAL:
+                if (result.error_category not in _NOT_TERMINAL
+                        and result.stop_reason is not StopReason.PROVIDER_RETIRED):
                     group.append(encode_new_result(result, self._repo.location,
                                                    replay=self.decode_output))
                 if group and (len(group) >= _RECORD_GROUP or proc.results_statistics().queued == 0):
