@@ -1,4 +1,4 @@
-"""Durable runs through Anthropic's Message Batches and Gemini's batch mode, on the mock."""
+"""Durable runs through Anthropic's Message Batches and Gemini's batch mode (mock)."""
 
 import tempfile
 from pathlib import Path
@@ -17,16 +17,17 @@ PROMPTS = [(f"q{i}", f"Summarise note {i}.") for i in range(6)]
 
 
 async def main() -> None:
-    # The first batch of each provider expires with half its requests unrun: those go into
-    # a new batch, with no attempt used.
+    # Each provider's first batch expires with half its requests unrun: those go
+    # into a new batch, with no attempt used.
     config = MockServerConfig(batch_outcomes=("expired",), api_key="mock-key")
     async with serve_mock(config) as server:
+        urls = server.base_urls
         strategies = {
             "anthropic": AnthropicStrategy(
-                "claude-haiku-4-5", base_url=server.base_urls["anthropic"], api_key="mock-key"
+                "claude-haiku-4-5", base_url=urls["anthropic"], api_key="mock-key"
             ),
             "gemini": GeminiStrategy(
-                "gemini-2.5-flash", base_url=server.base_urls["gemini"], api_key="mock-key"
+                "gemini-2.5-flash", base_url=urls["gemini"], api_key="mock-key"
             ),
         }
         with tempfile.TemporaryDirectory() as tmp:
@@ -42,10 +43,9 @@ async def main() -> None:
                     final = await run.wait()
                     results = {r.item_id: r.result for r in await run.read_results()}
                 batches = len({r.metadata["batch_id"] for r in results.values()})
-                print(
-                    f"{name}: {final.status}, {final.succeeded} succeeded in {batches} batches, "
-                    f"q5 took {results['q5'].attempts} attempt: {results['q5'].output}"
-                )
+                q5 = results["q5"]
+                print(f"{name}: {final.status}, {final.succeeded} succeeded", end=" ")
+                print(f"in {batches} batches; q5: {q5.attempts} attempt, {q5.output}")
 
 
 if __name__ == "__main__":
