@@ -7,8 +7,9 @@ strategy and the run's identity and mode: they are read from the stored
 snapshot first (which also means a mistyped RUN_ID is reported instead of
 creating an empty run). The handle's strategy is never called, except by
 ``cancel`` of a provider-batch run with open batches, which asks the provider
-to cancel them and so needs ``--base-url``: without it the strategy points
-at :data:`_NEVER_CALLED`.
+to cancel them: through the stored run's own provider (Anthropic's Message
+Batches, Gemini's batch mode, else OpenAI's Batch API at ``--base-url``, which
+OpenAI-wire runs must pass); otherwise the strategy points at :data:`_NEVER_CALLED`.
 
 Exit status: 0 done; 1 the run refused (a :class:`RunStateError`: pausing a
 completed run, resolving when nothing is unresolved) or the operation failed;
@@ -30,10 +31,12 @@ import anyio
 
 from .._runs import ProviderBatchConfig, Run, RunSnapshot, list_runs, open_run, read_run_snapshot
 from .._runs._reader import read_lease_report
+from .._strategies._base import LLMCallStrategy
 from .._strategies.openai._compatible import OpenAICompatibleStrategy
 from .._values._errors import ArtifactStoreError, BatchLLMError, DatabaseUnavailableError, RunStateError
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, api_key_from
 from ._export import check_table_out
+from ._providers import build_strategy
 from ._render import (
     PROG,
     describe,
@@ -51,6 +54,8 @@ __all__ = ["check_db_path", "control_command", "list_command", "status_command",
 # The discard port on this host: a handle that only controls a run never calls its strategy,
 # and if a bug made it call, the connection is refused at once instead of reaching anything.
 _NEVER_CALLED: Final = "http://127.0.0.1:9/v1"
+_OWN_BATCH_APIS: Final = frozenset({"anthropic", "gemini"})
+"""Providers whose batches are cancelled through their own Batch API (their own host by default)."""
 _SQLITE_SIDE_FILES: Final = ("-wal", "-shm", "-journal")
 
 
@@ -149,7 +154,7 @@ def _plan_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> Non
     """The checks that need the stored run; :class:`UsageError` otherwise."""
     api_key_from(getattr(args, "api_key_env", None))  # only `cancel` has the endpoint flags
     if args.runs_command == "cancel" and snap.mode == "provider-batch" and snap.open_submissions \
-            and not args.base_url:
+            and not args.base_url and snap.identity.provider not in _OWN_BATCH_APIS:
         raise UsageError(
             f"run {snap.run_id!r} has {snap.open_submissions} batch(es) open at the provider: pass "
             "--base-url (and the key, see --api-key-env) so that cancel can cancel them there"
@@ -157,16 +162,27 @@ def _plan_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> Non
 
 
 async def _open_control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> Run:
-    base_url: str | None = getattr(args, "base_url", None)  # only `cancel` has the endpoint flags
-    # The key --api-key-env names, for any endpoint; without it only OpenAI's API gets OPENAI_API_KEY.
-    key = api_key_from(args.api_key_env) if base_url is not None else None
-    strategy = OpenAICompatibleStrategy(snap.identity.model, base_url=base_url or _NEVER_CALLED, api_key=key)
+    strategy = _control_strategy(args, snap)
     batch = None
     if snap.mode == "provider-batch":
         batch = ProviderBatchConfig(request_timeout=getattr(args, "request_timeout", None) or 120.0)
     # The stored identity and mode: open_run refuses any other. The run exists (stored_snapshot).
     return await open_run(db.target, snap.run_id, strategy, None, mode=snap.mode, identity=snap.identity,
                           batch=batch)
+
+
+def _control_strategy(args: argparse.Namespace, snap: RunSnapshot) -> LLMCallStrategy[str]:
+    """The handle's strategy: the stored run's own provider where ``cancel`` must reach its batches."""
+    base_url: str | None = getattr(args, "base_url", None)  # only `cancel` has the endpoint flags
+    provider, model = snap.identity.provider, snap.identity.model
+    if args.runs_command == "cancel" and snap.mode == "provider-batch" and provider in _OWN_BATCH_APIS:
+        # Its key: the one --api-key-env names, else the provider's own variable for its own host only.
+        key = api_key_from(args.api_key_env) if args.api_key_env else None
+        return build_strategy(provider, model, api=None, base_url=base_url, api_key=key,
+                              api_key_env=args.api_key_env, settings={}, concurrency=None)
+    # The key --api-key-env names, for any endpoint; without it only OpenAI's API gets OPENAI_API_KEY.
+    key = api_key_from(args.api_key_env) if base_url is not None else None
+    return OpenAICompatibleStrategy(model, base_url=base_url or _NEVER_CALLED, api_key=key)
 
 
 async def _control(args: argparse.Namespace, db: RunDb, snap: RunSnapshot) -> list[str]:

@@ -167,8 +167,9 @@ def add_runs_parser(sub: Any) -> None:
     cancel = group.add_parser(
         "cancel", parents=[target, backend], help="end the run for good",
         description="End the run for good: calls in flight are cancelled, pending items never run. "
-                    "In provider-batch mode the run's open batches are cancelled at the provider, so "
-                    "--base-url (and the key) are needed when it has open batches.",
+                    "In provider-batch mode the run's open batches are cancelled at the provider: an "
+                    "Anthropic or Gemini run through its own API (its own host unless --base-url), an "
+                    "OpenAI-wire run at --base-url, needed then (and the key) when it has open batches.",
     )
     cancel.add_argument("--reason", default="cancelled from the command line",
                         help="stored with the cancel, shown by `runs status`")
