@@ -104,11 +104,12 @@ def test_missing_input_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
 
 
 BAD_ARGS: list[tuple[str, list[str], str]] = [
-    ("unknown-provider", ["--model", "anthropic:claude"],
-     "argument --model: unknown provider 'anthropic' in 'anthropic:claude'; "
-     "known: openai-compatible, openai"),
+    ("unknown-provider", ["--model", "mistral:large"],
+     "argument --model: unknown provider 'mistral' in 'mistral:large'; "
+     "known: openai-compatible, openai, anthropic, gemini, openrouter"),
     ("no-provider", ["--model", "gpt-4o"],
-     "argument --model: expected openai-compatible:MODEL or openai:MODEL, got 'gpt-4o'"),
+     "argument --model: expected openai-compatible:MODEL or openai:MODEL or anthropic:MODEL or "
+     "gemini:MODEL or openrouter:MODEL, got 'gpt-4o'"),
     ("empty-model", ["--model", "openai-compatible:"], "argument --model: the model name after"),
     ("concurrency-zero", ["--concurrency", "0"],
      "argument --concurrency: expected a whole number >= 1, got '0'"),

@@ -27,6 +27,7 @@ from trio_batch_llm import (
     ProviderError,
     RateLimitConfig,
     RetryConfig,
+    StopReason,
     call,
     call_result,
     process_prompts,
@@ -150,7 +151,6 @@ ERROR_CASES = [
     ("[[fail:500]] b", ErrorCategory.SERVER, openai.InternalServerError),
     ("[[fail:503]] c", ErrorCategory.SERVER, openai.InternalServerError),
     ("[[fail:401]] d", ErrorCategory.AUTHENTICATION, openai.AuthenticationError),
-    ("[[fail:402]] e", ErrorCategory.INSUFFICIENT_BALANCE, openai.APIStatusError),
     ("[[fail:403]] f", ErrorCategory.AUTHENTICATION, openai.PermissionDeniedError),
     ("[[fail:404]] g", ErrorCategory.INVALID_REQUEST, openai.NotFoundError),
     ("[[fail:408]] h", ErrorCategory.TIMEOUT, openai.APIStatusError),
@@ -182,6 +182,23 @@ async def test_each_error_mapping_ends_in_its_category(server: MockServer, kind:
         assert KEY not in result.error
         assert KEY not in json.dumps(result.to_dict())
     assert server.stats.requests == len(prompts)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("spent", ["[[fail:402]] credits", "[[spend_limit]] quota"])
+async def test_spent_credits_or_quota_stop_the_batch(server: MockServer, kind: str, spent: str) -> None:
+    """A 402, or OpenAI's 429 ``insufficient_quota``: no later call can succeed, so none is made."""
+    one_at_a_time = ProcessorConfig(concurrency=1, retry=RetryConfig(max_attempts=3), rate_limit=NO_RAMP)
+    prompts = ["first", spent, "later 1", "later 2"]
+    batch = await process_prompts(build(kind, server), prompts, config=one_at_a_time, preserve_order=True)
+    first, stopped, *later = batch.results
+    assert first.success
+    assert (stopped.error_category, stopped.attempts, stopped.stop_reason) == (
+        ErrorCategory.INSUFFICIENT_BALANCE, 1, StopReason.PROVIDER_RETIRED)
+    assert [(r.error_category, r.attempts) for r in later] == [(ErrorCategory.NOT_EXECUTED, 0)] * 2
+    assert batch.termination.kind == "provider_retired" and batch.termination.item_id == stopped.item_id
+    assert "spent" in (batch.termination.reason or "")
+    assert server.stats.requests == 2
 
 
 # -- Retry-After, hangs, resets ------------------------------------------------------------------

@@ -337,6 +337,7 @@ async def test_status_error_mapping_compatible() -> None:
             error = await failure(strategy)
         case = (status, headers, body)
         assert (error.category, error.retry_after, error.status_code) == (category, retry_after, status), case
+        assert (error.stops_batch is not None) == (category is ErrorCategory.INSUFFICIENT_BALANCE), case
         assert str(error).startswith(f"HTTP {status}"), case
 
 
@@ -352,8 +353,11 @@ async def test_status_error_mapping_sdk_unwrapped() -> None:
         case = (status, headers, body)
         assert isinstance(error, openai.APIStatusError), case
         assert error.status_code == status, case
-        assert replace(verdict, unusable_because=None) == Classification(category, retry_after, status), case
+        assert replace(verdict, unusable_because=None, stops_batch=None) == \
+            Classification(category, retry_after, status), case
         assert verdict.endpoint_unusable == (status in (401, 403)), case  # what the circuit breaker counts
+        # Credits or quota spent: the SDK's own exception is marked so that the batch stops.
+        assert (verdict.stops_batch is not None) == (category is ErrorCategory.INSUFFICIENT_BALANCE), case
         assert str(error).startswith(f"Error code: {status}"), case
 
 
@@ -379,8 +383,8 @@ async def test_default_classifier_on_real_sdk_exceptions() -> None:
         gap = _gap_of(body)
         expected = DEFAULT_CLASSIFIER_GAPS[gap] if gap is not None else category
         verdict = classify(error)
-        assert replace(verdict, unusable_because=None) == Classification(expected, retry_after, status), (
-            status, headers, body)
+        assert replace(verdict, unusable_because=None, stops_batch=None) == \
+            Classification(expected, retry_after, status), (status, headers, body)
         assert verdict.endpoint_unusable == (status in (401, 403)), (status, headers, body)
 
 

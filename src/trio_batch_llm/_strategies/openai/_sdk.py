@@ -31,7 +31,7 @@ from ..._values._urls import is_openai_api, redact_url
 from .._keys import Secret, endpoint_api_key
 from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
 from ._wire import parse_response_body
-from ._wire_errors import status_category
+from ._wire_errors import status_batch_stop, status_category
 
 __all__ = ["OpenAIStrategy"]
 
@@ -173,6 +173,10 @@ class OpenAIStrategy(_EndpointStrategy):
         except Exception as exc:  # re-raised as itself (CONTRACT C7.2), only scrubbed of the key
             _scrub_key(exc, self._secret)
             _report_rate_limits(exc)
+            if isinstance(exc, self._openai.APIStatusError):  # credits or quota spent: the batch stops
+                stops = status_batch_stop(exc.status_code, exc.body)
+                if stops is not None:
+                    exc.stops_batch = stops  # type: ignore[attr-defined]  # read duck-typed by the engine
             raise
         text, usage, metadata = parse_response_body(self.api, raw.parse().to_dict(mode="json"))
         metadata["api"] = self.api

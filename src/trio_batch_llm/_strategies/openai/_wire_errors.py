@@ -38,6 +38,20 @@ PAYMENT_REQUIRED_STOPS = (
     "the provider answered 402 Payment Required (the account's credits are spent): no later call can "
     "succeed until it is topped up"
 )
+QUOTA_SPENT_STOPS = (
+    "the provider says the account's quota or billing limit is spent ({code}): no later call can succeed "
+    "until it is raised"
+)
+
+
+def batch_stop(status: int, category: ErrorCategory, code: str) -> str | None:
+    """Why an error answer ends the batch (``ProviderError.stops_batch``): credits or quota spent
+    (a 402, ``insufficient_quota``, ``billing_hard_limit_reached``); else ``None``."""
+    if category is not ErrorCategory.INSUFFICIENT_BALANCE:
+        return None
+    if status == 402:
+        return PAYMENT_REQUIRED_STOPS
+    return QUOTA_SPENT_STOPS.format(code=code or "insufficient_balance")
 
 
 def decode_error_body(content: bytes) -> Any:
@@ -69,7 +83,7 @@ def error_from_status(
     return ProviderError(
         message, category=category, retry_after=retry_after_from_headers(headers), status_code=status,
         metadata={RATE_LIMIT_METADATA_KEY: reported} if reported else None,
-        stops_batch=PAYMENT_REQUIRED_STOPS if status == 402 else None,
+        stops_batch=batch_stop(status, category, code or kind),
     )
 
 
@@ -103,6 +117,12 @@ def status_category(status: int, body: Any) -> ErrorCategory:
     """The category of an HTTP error response with decoded ``body``, as :func:`error_from_status` files it."""
     code, kind, text = _error_fields(body)
     return _category(status, code, kind, text)
+
+
+def status_batch_stop(status: int, body: Any) -> str | None:
+    """``stops_batch`` of an error response with decoded ``body``, as :func:`error_from_status` says it."""
+    code, kind, text = _error_fields(body)
+    return batch_stop(status, _category(status, code, kind, text), code or kind)
 
 
 def _error_fields(body: Any) -> tuple[str, str, str]:
