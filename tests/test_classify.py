@@ -476,3 +476,20 @@ def test_parse_retry_after_round_trips_delta_seconds(seconds: int) -> None:
 def test_parse_retry_after_http_date_is_relative_to_now(offset: int) -> None:
     value = email.utils.formatdate(NOW + offset, usegmt=True)
     assert parse_retry_after(value, now=NOW) == max(0.0, float(offset))
+
+
+def test_an_sdk_spend_limit_error_stops_the_batch_without_a_strategy_classifier() -> None:
+    """anthropic's ``EnforcedSpendLimitReachedError`` (a ``RateLimitError`` subclass) raised by a user's own
+    client: not a rate limit to wait out, but spent credit that ends the batch (issue 33)."""
+
+    class RateLimitError(Exception):
+        status_code = 429
+
+    class EnforcedSpendLimitReachedError(RateLimitError):
+        pass
+
+    verdict = classify(EnforcedSpendLimitReachedError("spend limit reached"))
+    assert verdict.category is ErrorCategory.INSUFFICIENT_BALANCE
+    assert verdict.stops_batch is not None and "EnforcedSpendLimitReachedError" in verdict.stops_batch
+    plain = classify(RateLimitError("slow down"))
+    assert (plain.category, plain.stops_batch) == (ErrorCategory.RATE_LIMIT, None)

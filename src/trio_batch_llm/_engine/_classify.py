@@ -91,6 +91,10 @@ _BY_CLASS_NAME: Final[Mapping[str, ErrorCategory]] = {
     "APITimeoutError": ErrorCategory.TIMEOUT,
     "APIConnectionError": ErrorCategory.TRANSIENT,
     "RateLimitError": ErrorCategory.RATE_LIMIT,
+    # anthropic's spend limits (subclasses of its RateLimitError): no wait ends them; the batch stops
+    "EnforcedSpendLimitReachedError": ErrorCategory.INSUFFICIENT_BALANCE,
+    "ContractSpendLimitReachedError": ErrorCategory.INSUFFICIENT_BALANCE,
+    "LinkedOrganizationSpendLimitReachedError": ErrorCategory.INSUFFICIENT_BALANCE,
     "AuthenticationError": ErrorCategory.AUTHENTICATION,
     "PermissionDeniedError": ErrorCategory.AUTHENTICATION,
     "BadRequestError": ErrorCategory.INVALID_REQUEST,
@@ -234,9 +238,15 @@ def _default(exc: Exception, now: float | None) -> Classification:
 
 def _stops_batch_of(exc: Exception) -> str | None:
     """``stops_batch`` of any exception, read duck-typed: a strategy may keep an SDK's own exception
-    (CONTRACT C7.2) and mark it, as the Anthropic strategy marks a spent spend limit."""
+    (CONTRACT C7.2) and mark it, as the Anthropic strategy marks a spent spend limit. An SDK exception
+    whose class says a spend limit is spent stops the batch unmarked too (a user's own client)."""
     stops = getattr(exc, "stops_batch", None)
-    return stops if isinstance(stops, str) and stops.strip() else None
+    if isinstance(stops, str) and stops.strip():
+        return stops
+    name = type(exc).__name__
+    if name.endswith("SpendLimitReachedError"):
+        return f"the provider's spend limit is reached ({name}): no later call can succeed until it is raised"
+    return None
 
 
 def _category_by_class_name(exc_type: type[Exception]) -> ErrorCategory | None:
