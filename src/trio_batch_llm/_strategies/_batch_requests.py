@@ -1,31 +1,45 @@
 """The request plumbing of a provider's Batch API connection: a gate, a bound, a client, errors mapped.
 
-:class:`BatchRequests` is what the Anthropic and Gemini batch connections share
-(the OpenAI one predates it and keeps its own): no request starts at or after
-``start_before`` (it parks until the caller's cancel scope ends it), each is
-bounded by ``request_timeout`` (no answer: :class:`ProviderError` with
+:class:`BatchRequests` is what the OpenAI, Anthropic and Gemini batch
+connections share: no request starts at or after ``start_before`` (it parks
+until the caller's cancel scope ends it), each is bounded by
+``request_timeout`` (no answer: :class:`ProviderError` with
 ``status_code=None``), a non-2xx answer becomes the provider's own
 :class:`ProviderError` through ``error_of(status, body, headers)``, and the
 HTTP client (``_strategies/openai/_http``, the one module that imports
-httpx2) is opened lazily and closed, bounded and shielded, by :meth:`aclose`.
+httpx2) is either the caller's ``client=`` (borrowed, never closed) or opened
+lazily and closed, bounded and shielded, by :meth:`aclose`.
+
+:class:`KeptRequestFiles` is the "upload" of a provider whose batches take
+their requests inline (Anthropic, Gemini): the file stays in the connection
+under a local id until the create takes it back.
+
+The helpers below it are what the three endpoints read alike: their capacity
+scope, a run's prompt text as an :class:`LLMRequest`, a request line as
+compact JSON, and whether a failed create may still have made the batch.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import anyio
 import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ProviderError
-from .._values._urls import join_url
+from .._values._prompts import LLMRequest, request_of_text
+from .._values._urls import join_url, redact_url
 from ._batch import SendMark
 from ._keys import Secret
+from .openai._wire_errors import decode_error_body
 
-__all__ = ["BatchRequests", "ErrorOf"]
+__all__ = ["BatchRequests", "ErrorOf", "KeptRequestFiles", "capacity_scope",
+           "create_outcome_unknown", "json_line", "keyed_requests", "llm_request_of", "page_of"]
+
+T = TypeVar("T")
 
 ErrorOf = Callable[[int, Any, Mapping[str, str]], ProviderError]
 """``(status, decoded body, headers) -> ProviderError``: the provider's reading of a failed answer."""
@@ -36,7 +50,8 @@ class BatchRequests:
     """One drive segment's HTTP requests to one provider; see the module docstring."""
 
     def __init__(self, *, base_url: str, headers: Mapping[str, str], secret: Secret | None,
-                 error_of: ErrorOf, request_timeout: float, start_before: float) -> None:
+                 error_of: ErrorOf, request_timeout: float, start_before: float,
+                 client: Any = None) -> None:
         from .openai import _http  # lazily: `import trio_batch_llm` stays httpx2-free
 
         self._http = _http
@@ -46,11 +61,12 @@ class BatchRequests:
         self._error_of = error_of
         self._timeout = request_timeout
         self._deadline = start_before
-        self._client: Any = None
+        self._borrowed = client is not None  # the caller's client: the caller closes it
+        self._client: Any = client
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
-        if client is None:
+        if client is None or self._borrowed:
             await anyio.lowlevel.checkpoint()
             return
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):  # bounded: closes idle sockets
@@ -79,11 +95,7 @@ class BatchRequests:
             raise ProviderError(f"{method} {path}: no answer within {self._timeout} s",
                                 category=ErrorCategory.TIMEOUT)
         if not 200 <= reply.status_code < 300:
-            try:
-                body: Any = json.loads(reply.content)
-            except ValueError:
-                body = reply.content.decode("utf-8", "replace")
-            raise self._error_of(reply.status_code, body, reply.headers)
+            raise self._error_of(reply.status_code, decode_error_body(reply.content), reply.headers)
         return reply
 
     async def json(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
@@ -94,3 +106,92 @@ class BatchRequests:
         except ValueError:
             raise ProviderError(f"{method} {path}: the answer is not JSON",
                                 category=ErrorCategory.PARSE, status_code=reply.status_code) from None
+
+    async def found(self, read: Callable[[Any], T], method: str, path: str, **kwargs: Any) -> T | None:
+        """``read`` of the decoded JSON of a 2xx reply; ``None`` where the provider answers 404 (no such
+        batch, no listing)."""
+        try:
+            payload = await self.json(method, path, **kwargs)
+        except ProviderError as exc:
+            if exc.status_code == 404:
+                await anyio.lowlevel.checkpoint()  # the error may have come before any checkpoint
+                return None
+            raise
+        return read(payload)
+
+
+def keyed_requests(strategy: Any, *, key_header: str, error_of: ErrorOf, request_timeout: float,
+                   start_before: float, extra_headers: Mapping[str, str] | None = None) -> BatchRequests:
+    """The :class:`BatchRequests` of a strategy that sends its key in a header of its own (Anthropic's
+    ``x-api-key``, Gemini's ``x-goog-api-key``): its ``headers`` (if it has any), ``extra_headers``,
+    then the key, to its ``base_url``."""
+    secret: Secret | None = strategy.secret
+    headers = {**dict(getattr(strategy, "headers", None) or {}), **(extra_headers or {})}
+    if secret is not None:
+        headers[key_header] = secret.reveal()
+    return BatchRequests(base_url=strategy.base_url, headers=headers, secret=secret, error_of=error_of,
+                         request_timeout=request_timeout, start_before=start_before)
+
+
+@final
+class KeptRequestFiles:
+    """Request files "uploaded" to a connection whose provider takes a batch's requests inline."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, bytes] = {}
+
+    async def keep(self, filename: str, content: bytes) -> str:
+        """Keep ``content``; its local file id (what ``upload`` answers)."""
+        await anyio.lowlevel.checkpoint()
+        file_id = f"local-{len(self._files) + 1}-{filename}"
+        self._files[file_id] = content
+        return file_id
+
+    def get(self, file_id: str) -> bytes:
+        """A kept file, for the create (it stays kept until :meth:`drop`: a failed create may be retried)."""
+        content = self._files.get(file_id)
+        if content is None:
+            raise ProviderError(f"no request file {file_id!r} in this connection",
+                                category=ErrorCategory.INVALID_REQUEST)
+        return content
+
+    def drop(self, file_id: str) -> None:
+        self._files.pop(file_id, None)
+
+    def clear(self) -> None:
+        self._files.clear()
+
+
+def page_of(payload: Any) -> Mapping[str, Any]:
+    """A listing page (``found``'s ``read`` for one): an answer that is not an object lists nothing."""
+    return payload if isinstance(payload, Mapping) else {}
+
+
+def capacity_scope(base_url: str, secret: Secret | None, model: str) -> str:
+    """A batch endpoint's capacity scope: its host (redacted), its key's fingerprint, its model."""
+    fingerprint = secret.fingerprint() if secret else "-"
+    return f"batch|{redact_url(base_url)}|{fingerprint}|{model}"
+
+
+def llm_request_of(prompt: str) -> LLMRequest:
+    """A run's item text as the request it stands for (a run keeps messages or params as one text)."""
+    message_or_text, params = request_of_text(prompt)
+    return LLMRequest(message_or_text, params or {})
+
+
+def json_line(line: Mapping[str, Any]) -> bytes:
+    """One request-file line: compact JSON, UTF-8, newline-ended."""
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def create_outcome_unknown(exc: ProviderError, refused: frozenset[int]) -> bool:
+    """Whether a failed create may still have made the batch.
+
+    No answer (a timeout, a lost connection), an answer we could not read (a
+    2xx means it was made), or a server error that may have come after the
+    work leave it unknown; a status in ``refused`` (the provider's refusals,
+    before any work) made nothing.
+    """
+    if exc.status_code is None or 200 <= exc.status_code < 300:
+        return True
+    return exc.status_code not in refused

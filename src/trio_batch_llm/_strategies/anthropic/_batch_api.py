@@ -36,10 +36,17 @@ import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._prompts import LLMRequest, request_of_text
-from ..._values._urls import redact_url
+from ..._values._prompts import LLMRequest
 from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
-from .._batch_requests import BatchRequests
+from .._batch_requests import (
+    KeptRequestFiles,
+    capacity_scope,
+    json_line,
+    keyed_requests,
+    llm_request_of,
+    page_of,
+)
+from .._batch_requests import create_outcome_unknown as outcome_unknown
 from .._keys import Secret
 
 __all__ = ["AnthropicBatchConnection", "AnthropicBatchEndpoint", "batch_info", "custom_id_of"]
@@ -92,9 +99,7 @@ def batch_info(payload: Any) -> BatchInfo:
 def create_outcome_unknown(exc: ProviderError) -> bool:
     """Whether a failed create may still have made the batch: no answer, an unreadable one, or a
     server error that may have come after the work (500, 502, 504); a refusal made nothing."""
-    if exc.status_code is None or 200 <= exc.status_code < 300:
-        return True
-    return exc.status_code not in _REFUSED_STATUSES
+    return outcome_unknown(exc, _REFUSED_STATUSES)
 
 
 def _text_of(value: Any) -> str:
@@ -173,17 +178,13 @@ class AnthropicBatchEndpoint:
 
     @property
     def capacity_scope(self) -> str:
-        secret = self._strategy.secret
-        fingerprint = secret.fingerprint() if secret else "-"
-        return f"batch|{redact_url(self._strategy.base_url)}|{fingerprint}|{self._strategy.model}"
+        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
 
     def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        message_or_text, params = request_of_text(prompt)
-        request = LLMRequest(message_or_text, params or {})
+        request = llm_request_of(prompt)
         body = self._strategy.request_body(request)
         line = {"custom_id": custom_id_of(item_id), "params": body}
-        encoded = json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-        return BatchRequest(line=encoded + b"\n", text=request_text(body) or request.text)
+        return BatchRequest(line=json_line(line), text=request_text(body) or request.text)
 
     def decode_results(
         self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
@@ -207,15 +208,11 @@ class AnthropicBatchConnection:
 
     def __init__(self, strategy: AnthropicEndpointSettings, tags: dict[str, str], *, request_timeout: float,
                  start_before: float) -> None:
-        secret = strategy.secret
-        headers = {**dict(getattr(strategy, "headers", None) or {}), "anthropic-version": API_VERSION}
-        if secret is not None:
-            headers["x-api-key"] = secret.reveal()
-        self._requests = BatchRequests(base_url=strategy.base_url, headers=headers, secret=secret,
-                                       error_of=error_of, request_timeout=request_timeout,
-                                       start_before=start_before)
+        self._requests = keyed_requests(strategy, key_header="x-api-key", error_of=error_of,
+                                        request_timeout=request_timeout, start_before=start_before,
+                                        extra_headers={"anthropic-version": API_VERSION})
         self._tags = tags
-        self._files: dict[str, bytes] = {}
+        self._files = KeptRequestFiles()
 
     async def aclose(self) -> None:
         self._files.clear()
@@ -223,33 +220,21 @@ class AnthropicBatchConnection:
 
     async def upload(self, filename: str, content: bytes) -> str:
         """Keep the request file for the create (Anthropic takes a batch's requests inline)."""
-        await anyio.lowlevel.checkpoint()
-        file_id = f"local-{len(self._files) + 1}-{filename}"
-        self._files[file_id] = content
-        return file_id
+        return await self._files.keep(filename, content)
 
     async def create(self, input_file_id: str, *, completion_window: str, metadata: Mapping[str, str],
                      sending: SendMark | None = None) -> BatchInfo:
         """Create a batch of the kept file; its custom ids carry the tag of ``metadata``'s first pair."""
         content = self._files.get(input_file_id)
-        if content is None:
-            raise ProviderError(f"no request file {input_file_id!r} in this connection",
-                                category=ErrorCategory.INVALID_REQUEST)
         pairs = list(metadata.items())
         tag = _tag(*pairs[0]) if pairs else "untagged"
         requests = await anyio.to_thread.run_sync(_tagged_requests, content, tag)
         payload = await self._requests.json("POST", _PATH, json_body={"requests": requests}, sending=sending)
-        self._files.pop(input_file_id, None)
+        self._files.drop(input_file_id)
         return batch_info(payload)
 
     async def retrieve(self, batch_id: str) -> BatchInfo | None:
-        try:
-            return batch_info(await self._requests.json("GET", f"{_PATH}/{batch_id}"))
-        except ProviderError as exc:
-            if exc.status_code == 404:
-                await anyio.lowlevel.checkpoint()
-                return None
-            raise
+        return await self._requests.found(batch_info, "GET", f"{_PATH}/{batch_id}")
 
     async def cancel(self, batch_id: str) -> None:
         batch_info(await self._requests.json("POST", f"{_PATH}/{batch_id}/cancel"))
@@ -268,12 +253,7 @@ class AnthropicBatchConnection:
             params: dict[str, str | int] = {"limit": _LIST_PAGE}
             if after is not None:
                 params["after_id"] = after
-            try:
-                page = await self._requests.json("GET", _PATH, params=params)
-            except ProviderError as exc:
-                if exc.status_code == 404:
-                    return None
-                raise
+            page = await self._requests.found(page_of, "GET", _PATH, params=params) or {}
             data = page.get("data") if isinstance(page, Mapping) else None
             if not isinstance(data, list) or not data:
                 return None

@@ -32,10 +32,17 @@ import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._prompts import LLMRequest, request_of_text
-from ..._values._urls import redact_url
+from ..._values._prompts import LLMRequest
 from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
-from .._batch_requests import BatchRequests
+from .._batch_requests import (
+    KeptRequestFiles,
+    capacity_scope,
+    json_line,
+    keyed_requests,
+    llm_request_of,
+    page_of,
+)
+from .._batch_requests import create_outcome_unknown as outcome_unknown
 from .._keys import Secret
 
 __all__ = ["GeminiBatchConnection", "GeminiBatchEndpoint", "batch_info"]
@@ -124,9 +131,7 @@ def display_name_of(metadata: Mapping[str, str]) -> str:
 def create_outcome_unknown(exc: ProviderError) -> bool:
     """Whether a failed create may still have made the batch: no answer, an unreadable one, or a
     server error that may have come after the work; a refusal (4xx, 429, 503) made nothing."""
-    if exc.status_code is None or 200 <= exc.status_code < 300:
-        return True
-    return exc.status_code not in _REFUSED_STATUSES
+    return outcome_unknown(exc, _REFUSED_STATUSES)
 
 
 def error_of(status: int, body: Any, headers: Mapping[str, str]) -> ProviderError:
@@ -213,17 +218,13 @@ class GeminiBatchEndpoint:
 
     @property
     def capacity_scope(self) -> str:
-        secret = self._strategy.secret
-        fingerprint = secret.fingerprint() if secret else "-"
-        return f"batch|{redact_url(self._strategy.base_url)}|{fingerprint}|{self._strategy.model}"
+        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
 
     def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        message_or_text, params = request_of_text(prompt)
-        request = LLMRequest(message_or_text, params or {})
+        request = llm_request_of(prompt)
         body = self._strategy.request_body(request)
         line = {"request": body, "metadata": {"key": item_id}}
-        encoded = json.dumps(line, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-        return BatchRequest(line=encoded + b"\n", text=request_text(body) or request.text)
+        return BatchRequest(line=json_line(line), text=request_text(body) or request.text)
 
     def decode_results(
         self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
@@ -247,16 +248,11 @@ class GeminiBatchConnection:
 
     def __init__(self, strategy: GeminiEndpointSettings, *, request_timeout: float,
                  start_before: float) -> None:
-        secret = strategy.secret
-        headers = dict(getattr(strategy, "headers", None) or {})
-        if secret is not None:
-            headers["x-goog-api-key"] = secret.reveal()
-        self._requests = BatchRequests(base_url=strategy.base_url, headers=headers, secret=secret,
-                                       error_of=error_of, request_timeout=request_timeout,
-                                       start_before=start_before)
+        self._requests = keyed_requests(strategy, key_header="x-goog-api-key", error_of=error_of,
+                                        request_timeout=request_timeout, start_before=start_before)
         self._model = _model_path(strategy.model)
         self._root = "/" + str(getattr(strategy, "api_version", None) or "v1beta")
-        self._files: dict[str, bytes] = {}
+        self._files = KeptRequestFiles()
 
     async def aclose(self) -> None:
         self._files.clear()
@@ -264,35 +260,23 @@ class GeminiBatchConnection:
 
     async def upload(self, filename: str, content: bytes) -> str:
         """Keep the request file for the create (the requests go inline)."""
-        await anyio.lowlevel.checkpoint()
-        file_id = f"local-{len(self._files) + 1}-{filename}"
-        self._files[file_id] = content
-        return file_id
+        return await self._files.keep(filename, content)
 
     async def create(self, input_file_id: str, *, completion_window: str, metadata: Mapping[str, str],
                      sending: SendMark | None = None) -> BatchInfo:
         """Create a batch of the kept file; its ``displayName`` is ``metadata`` as compact JSON."""
         content = self._files.get(input_file_id)
-        if content is None:
-            raise ProviderError(f"no request file {input_file_id!r} in this connection",
-                                category=ErrorCategory.INVALID_REQUEST)
         requests = await anyio.to_thread.run_sync(_requests_of, content)
         display_name = display_name_of(metadata)
         body = {"batch": {"displayName": display_name, "model": self._model,
                           "inputConfig": {"requests": {"requests": requests}}}}
         payload = await self._requests.json("POST", f"{self._root}/{self._model}:batchGenerateContent",
                                             json_body=body, sending=sending)
-        self._files.pop(input_file_id, None)
+        self._files.drop(input_file_id)
         return batch_info(payload)
 
     async def retrieve(self, batch_id: str) -> BatchInfo | None:
-        try:
-            return batch_info(await self._requests.json("GET", f"{self._root}/{_name(batch_id)}"))
-        except ProviderError as exc:
-            if exc.status_code == 404:
-                await anyio.lowlevel.checkpoint()
-                return None
-            raise
+        return await self._requests.found(batch_info, "GET", f"{self._root}/{_name(batch_id)}")
 
     async def cancel(self, batch_id: str) -> None:
         await self._requests.json("POST", f"{self._root}/{_name(batch_id)}:cancel")
@@ -311,12 +295,7 @@ class GeminiBatchConnection:
             params: dict[str, str | int] = {"pageSize": _LIST_PAGE}
             if token is not None:
                 params["pageToken"] = token
-            try:
-                page = await self._requests.json("GET", f"{self._root}/batches", params=params)
-            except ProviderError as exc:
-                if exc.status_code == 404:
-                    return None
-                raise
+            page = await self._requests.found(page_of, "GET", f"{self._root}/batches", params=params) or {}
             operations = page.get("operations") if isinstance(page, Mapping) else None
             for entry in operations if isinstance(operations, list) else ():
                 if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):

@@ -3,9 +3,10 @@
 :class:`OpenAIBatchEndpoint` is what both OpenAI strategies offer from
 ``batch_endpoint()``: their ``base_url``, key, model and request settings, the
 request lines and result files of :mod:`._batch_lines`. Its
-:class:`OpenAIBatchConnection` (one per drive segment) owns an HTTP client,
-or borrows the ``client=`` of an :class:`OpenAICompatibleStrategy`, which it
-never closes.
+:class:`OpenAIBatchConnection` (one per drive segment) sends through a
+:class:`~.._batch_requests.BatchRequests`, as the Anthropic and Gemini ones
+do: it owns an HTTP client (opened at its first request), or borrows the
+``client=`` of an :class:`OpenAICompatibleStrategy`, which it never closes.
 
 Every request first passes the gate: at or after ``start_before`` no request
 starts (the caller's cancel scope fires at that deadline, so a request that
@@ -17,22 +18,19 @@ its outcome is unknown (see :func:`create_outcome_unknown`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol, final
 
-import anyio
-import anyio.lowlevel
-
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._prompts import LLMRequest, request_of_text
-from ..._values._urls import join_url, redact_url
+from ..._values._prompts import LLMRequest
 from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
+from .._batch_requests import BatchRequests, capacity_scope, llm_request_of, page_of
+from .._batch_requests import create_outcome_unknown as outcome_unknown
 from .._keys import Secret
 from ._batch_lines import decode_result_files, request_line
 from ._wire import API_PATHS, Api, prompt_text_of_request
-from ._wire_errors import decode_error_body, error_from_status
+from ._wire_errors import error_from_status
 
 __all__ = ["OpenAIBatchConnection", "OpenAIBatchEndpoint", "batch_info", "create_outcome_unknown"]
 
@@ -96,9 +94,7 @@ def create_outcome_unknown(exc: ProviderError) -> bool:
     server error that may have come after the work (500, 502, 504) leave it
     unknown; a refusal (4xx, 429, 503) created nothing.
     """
-    if exc.status_code is None or 200 <= exc.status_code < 300:
-        return True  # no answer, or an answer we could not read (a 2xx means it was created)
-    return exc.status_code not in _REFUSED_STATUSES
+    return outcome_unknown(exc, _REFUSED_STATUSES)
 
 
 @final
@@ -112,14 +108,10 @@ class OpenAIBatchEndpoint:
 
     @property
     def capacity_scope(self) -> str:
-        secret = self._strategy.secret
-        fingerprint = secret.fingerprint() if secret else "-"
-        return f"batch|{redact_url(self._strategy.base_url)}|{fingerprint}|{self._strategy.model}"
+        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
 
     def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        # A run keeps an item with messages or params as one request text: unpack it.
-        message_or_text, params = request_of_text(prompt)
-        request = LLMRequest(message_or_text, params or {})
+        request = llm_request_of(prompt)
         body = self._strategy.batch_request_body(request)
         text = prompt_text_of_request(self._api, body) or request.text
         return BatchRequest(line=request_line(item_id, self._url, body), text=text)
@@ -150,64 +142,23 @@ class OpenAIBatchConnection:
 
     def __init__(self, strategy: OpenAIEndpointSettings, endpoint: str, *, request_timeout: float,
                  start_before: float) -> None:
-        from . import _http  # lazily: `import trio_batch_llm` stays httpx2-free
+        secret = strategy.secret
 
-        self._http = _http
+        def error_of(status: int, body: Any, headers: Mapping[str, str]) -> ProviderError:
+            return error_from_status(status, headers, body, secret=secret)
+
         self._endpoint = endpoint
-        self._base = strategy.base_url
-        self._headers = strategy.request_headers()
-        self._secret = strategy.secret
-        self._timeout = request_timeout
-        self._deadline = start_before
-        borrowed = strategy.http_client()
-        self._owns_client = borrowed is None
-        self._client: Any = borrowed if borrowed is not None else _http.create_client(
-            concurrency=4, timeout=request_timeout
-        )
+        self._requests = BatchRequests(base_url=strategy.base_url, headers=strategy.request_headers(),
+                                       secret=secret, error_of=error_of, request_timeout=request_timeout,
+                                       start_before=start_before, client=strategy.http_client())
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):  # bounded: closes idle sockets
-                await self._client.aclose()
-        else:
-            await anyio.lowlevel.checkpoint()
-
-    async def _gate(self) -> None:
-        """Start nothing at or after the deadline: park until the caller's scope ends this."""
-        if anyio.current_time() >= self._deadline:
-            await anyio.sleep_forever()
-        await anyio.lowlevel.checkpoint()
-
-    async def _send(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
-        await self._gate()
-        if sending is not None:
-            sending.sent = True  # from here on the request may reach the provider
-        reply = None
-        with anyio.move_on_after(self._timeout):
-            reply = await self._http.send_request(
-                self._client, method, join_url(self._base, path), headers=self._headers,
-                timeout=self._timeout, secret=self._secret, **kwargs,
-            )
-        if reply is None:
-            raise ProviderError(f"{method} {path}: no answer within {self._timeout} s",
-                                category=ErrorCategory.TIMEOUT)
-        if not 200 <= reply.status_code < 300:
-            raise error_from_status(reply.status_code, reply.headers, decode_error_body(reply.content),
-                                    secret=self._secret)
-        return reply
-
-    async def _json(self, method: str, path: str, *, sending: SendMark | None = None, **kwargs: Any) -> Any:
-        reply = await self._send(method, path, sending=sending, **kwargs)
-        try:
-            return json.loads(reply.content)
-        except ValueError:
-            raise ProviderError(f"{method} {path}: the answer is not JSON",
-                                category=ErrorCategory.PARSE, status_code=reply.status_code) from None
+        await self._requests.aclose()
 
     async def upload(self, filename: str, content: bytes) -> str:
         """Upload a request file (purpose ``batch``); its file id."""
-        payload = await self._json("POST", "/files", upload=("file", filename, content),
-                                   form={"purpose": "batch"})
+        payload = await self._requests.json("POST", "/files", upload=("file", filename, content),
+                                            form={"purpose": "batch"})
         file_id = payload.get("id") if isinstance(payload, Mapping) else None
         if not isinstance(file_id, str):
             raise ProviderError("POST /files: the answer has no file id", category=ErrorCategory.PARSE)
@@ -218,22 +169,16 @@ class OpenAIBatchConnection:
         """Create a batch; ``sending.sent`` turns true once the request may have left (past the gate)."""
         body = {"input_file_id": input_file_id, "endpoint": self._endpoint,
                 "completion_window": completion_window, "metadata": dict(metadata)}
-        return batch_info(await self._json("POST", "/batches", json_body=body, sending=sending))
+        return batch_info(await self._requests.json("POST", "/batches", json_body=body, sending=sending))
 
     async def retrieve(self, batch_id: str) -> BatchInfo | None:
-        try:
-            return batch_info(await self._json("GET", f"/batches/{batch_id}"))
-        except ProviderError as exc:
-            if exc.status_code == 404:
-                await anyio.lowlevel.checkpoint()  # the error may have come before any checkpoint
-                return None
-            raise
+        return await self._requests.found(batch_info, "GET", f"/batches/{batch_id}")
 
     async def cancel(self, batch_id: str) -> None:
-        batch_info(await self._json("POST", f"/batches/{batch_id}/cancel"))
+        batch_info(await self._requests.json("POST", f"/batches/{batch_id}/cancel"))
 
     async def download(self, file_id: str) -> bytes:
-        reply = await self._send("GET", f"/files/{file_id}/content")
+        reply = await self._requests.send("GET", f"/files/{file_id}/content")
         content: bytes = reply.content
         return content
 
@@ -243,18 +188,13 @@ class OpenAIBatchConnection:
         Pages through ``GET /batches`` (newest first, at most a few thousand
         batches back). A provider without a listing answers 404: also ``None``.
         """
-        await self._gate()
+        await self._requests.gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
             params: dict[str, str | int] = {"limit": _LIST_PAGE}
             if after is not None:
                 params["after"] = after
-            try:
-                page = await self._json("GET", "/batches", params=params)
-            except ProviderError as exc:
-                if exc.status_code == 404:
-                    return None
-                raise
+            page = await self._requests.found(page_of, "GET", "/batches", params=params) or {}
             data = page.get("data") if isinstance(page, Mapping) else None
             if not isinstance(data, list) or not data:
                 return None
