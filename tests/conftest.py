@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 
 BACKENDS = [
@@ -92,7 +93,10 @@ class _PinnedWallClock:
     Discovery's storm probes meet the wall clock's next minute (issue 32), so on a virtual clock
     a test's probe times would depend on the second of the minute it happened to run in (two
     tests failed at some seconds and not others). Pinned, every run probes alike; the phase
-    itself is tested in test_discovery_calendar_minute.py with exact times.
+    itself is tested in test_discovery_calendar_minute.py with exact times. Inside an event loop
+    the wall clock moves with the loop's clock (Trio's virtual one under ``MockClock``), so a
+    scope's wall offset is the same constant however slowly the machine ran the test (a loaded
+    machine once moved the phase by a few seconds and failed a test, 48 refusals against 47).
     """
 
     def __init__(self) -> None:
@@ -102,7 +106,11 @@ class _PinnedWallClock:
         self._start = time.monotonic()
 
     def time(self) -> float:
-        return 1_700_000_000.0 + (self._monotonic() - self._start)  # :20 of a minute at the start
+        try:
+            now = anyio.current_time()  # the loop's clock: a scope's own clock in nearly every test
+        except Exception:  # no event loop here: real elapsed time
+            now = self._monotonic() - self._start
+        return 1_700_000_000.0 + now  # :20 of a minute at the loop's zero
 
 
 @pytest.fixture(autouse=True)
