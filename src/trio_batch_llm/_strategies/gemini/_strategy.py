@@ -269,8 +269,8 @@ class GeminiStrategy(LLMCallStrategy[str]):
             try:
                 await cache.open(client)
             except BaseException:
-                if owns:
-                    with anyio.CancelScope(shield=True):
+                if owns:  # bounded: closing idle sockets, and a failed prepare must not hang its caller
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                         await client.aclose()
                 raise
         clients[identity] = _Session(client, owns, cache)
