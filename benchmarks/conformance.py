@@ -37,12 +37,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from _common import table, write_json
+from _litellm_process import start_proxy, stop_proxy
 from gateway_litellm import find_litellm, free_port
 
 MASTER_KEY = "sk-conformance-local-0123456789abcdef"  # the local proxy's own key; nothing secret
@@ -103,28 +103,11 @@ class Proxy:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Proxy:
-        env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_TELEMETRY": "False"}
-        with self.log.open("wb") as log:
-            self._proc = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the LiteLLM proxy exited: see {self.log}")
-            try:
-                with urllib.request.urlopen(f"{self.root}/health/liveliness", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"the LiteLLM proxy did not come up in 180 s: see {self.log}")
+        self._proc = start_proxy(self._args, self.log, self.root, MASTER_KEY)
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_proxy(self._proc)
 
 
 def _records(out: Path) -> list[dict[str, Any]]:

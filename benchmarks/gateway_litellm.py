@@ -35,11 +35,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from _common import table, write_json
+from _litellm_process import start_proxy, stop_proxy
 from _mock_process import MockServerProcess
 
 MASTER_KEY = "sk-bench-gateway-0123456789abcdef"  # the local proxy's own key; nothing secret
@@ -83,28 +83,11 @@ class LiteLLMProxy:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> LiteLLMProxy:
-        env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_TELEMETRY": "False"}
-        with self._log.open("wb") as log:
-            self._proc = subprocess.Popen(self._args, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the LiteLLM proxy exited: see {self._log}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"the LiteLLM proxy did not come up in 180 s: see {self._log}")
+        self._proc = start_proxy(self._args, self._log, f"http://127.0.0.1:{self.port}", MASTER_KEY)
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+        stop_proxy(self._proc)
 
 
 def run_client(base_url: str, api_key: str, backend: str, items: int) -> dict[str, Any]:
