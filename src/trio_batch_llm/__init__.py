@@ -69,6 +69,7 @@ from ._strategies.gemini._strategy import GeminiStrategy as GeminiStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
 from ._values._artifact_identity import ArtifactIdentity as ArtifactIdentity
+from ._values._batch_result import BatchResult as BatchResult
 from ._values._breaker_config import CircuitBreakerConfig as CircuitBreakerConfig
 from ._values._categories import ErrorCategory as ErrorCategory
 from ._values._config import AbortMode as AbortMode
@@ -104,7 +105,11 @@ from ._values._prompts import LLMRequest as LLMRequest
 from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._ramp import StartupRampConfig as StartupRampConfig
 from ._values._requests import LLMWorkItem as LLMWorkItem
-from ._values._results import BatchResult as BatchResult
+from ._values._response_cache import MemoryResponseCache as MemoryResponseCache
+from ._values._response_cache import PostgresResponseCache as PostgresResponseCache
+from ._values._response_cache import RedisResponseCache as RedisResponseCache
+from ._values._response_cache import ResponseCache as ResponseCache
+from ._values._response_cache import SqliteResponseCache as SqliteResponseCache
 from ._values._results import BatchTermination as BatchTermination
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
@@ -176,6 +181,7 @@ __all__ = [
     "LLMRequest",
     "LLMWorkItem",
     "LifecycleEvent",
+    "MemoryResponseCache",
     "MetricsObserver",
     "Middleware",
     "ModelRates",
@@ -188,6 +194,7 @@ __all__ = [
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
     "ParallelBatchProcessor",
     "PoolStatistics",
+    "PostgresResponseCache",
     "PostgresRunRepository",
     "ProcessorConfig",
     "ProcessorStatistics",
@@ -198,6 +205,8 @@ __all__ = [
     "QuotaBackendError",
     "RateLimitConfig",
     "RedisQuotaBackend",
+    "RedisResponseCache",
+    "ResponseCache",
     "ResponseDetails",
     "ResultChannelStatistics",
     "ResultStream",
@@ -213,6 +222,7 @@ __all__ = [
     "RunTermination",
     "SourceCheckpoint",
     "SqliteArtifactStore",
+    "SqliteResponseCache",
     "SqliteRunRepository",
     "StartupRampConfig",
     "StopReason",

@@ -18,9 +18,10 @@ from .._artifacts._identity import adopt_identity
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
 from .._strategies._base import LLMCallStrategy
+from .._values._batch_result import BatchResult
 from .._values._config import ProcessorConfig, ResumePolicy
 from .._values._errors import ConfigurationError
-from .._values._results import BatchResult, BatchTermination, WorkItemResult
+from .._values._results import BatchTermination, WorkItemResult
 from ._call_limits import call_limits
 from ._channel import ResultChannelStatistics
 from ._classifier_objects import ClassifierArg

@@ -29,10 +29,11 @@ from .._observe._hooks import Hooks
 from .._observe._log import log_stop
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
+from .._values._batch_result import BatchResult
 from .._values._config import FROM_CONFIG, FromConfig, ProcessorConfig, ResumePolicy
 from .._values._errors import AdmissionClosedError, BatchInterruptedError
 from .._values._requests import LLMWorkItem
-from .._values._results import BatchResult, BatchTermination, WorkItemResult
+from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from .._values._stop_reasons import StopReason
 from ._breaker_gate import Retirement

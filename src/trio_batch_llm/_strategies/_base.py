@@ -117,6 +117,28 @@ class LLMCallStrategy(Generic[TOutput]):
         """Classify ``exception`` as ``(category, retry_after)``; ``None`` defers to the default."""
         return None
 
+    def cache_key_material(self, request: LLMRequest) -> dict[str, Any] | None:
+        """What decides this request's answer, as JSON-able data: the response cache's key is made of it
+        (with the item's ``sample``). ``None``: this strategy's answers cannot be cached.
+
+        The default takes :attr:`provider_name`, :attr:`model_name`, :attr:`system_prompt`,
+        :attr:`params`, :attr:`response_schema` and the request (prompt or messages, params); a
+        strategy that declares no :attr:`model_name` returns ``None``, since nothing would tell two
+        such strategies' answers apart. Strategies that build a wire request override it with that.
+        """
+        model = self.model_name
+        if model is None:
+            return None
+        return {
+            "provider": self.provider_name,
+            "model": model,
+            "system_prompt": self.system_prompt,
+            "params": dict(self.params or {}),
+            "response_schema": self.response_schema,
+            "prompt": request.prompt if isinstance(request.prompt, str) else list(request.prompt),
+            "request_params": dict(request.params),
+        }
+
     @property
     def model_name(self) -> str | None:
         """The model this strategy calls, when it has one (for artifacts and summaries).

@@ -11,6 +11,7 @@ import decimal
 import enum
 import math
 import numbers
+import os
 import random
 import reprlib
 from collections.abc import Callable, Iterable
@@ -25,6 +26,7 @@ from ._config_warnings import warn_if_suspicious
 from ._errors import ConfigurationError
 from ._quota_backend import RedisQuotaBackend
 from ._ramp import StartupRampConfig
+from ._response_cache import CacheMode, ResponseCache, as_response_cache, check_cache_mode
 from ._tokens import RequestTokens, TokenEstimate
 
 if TYPE_CHECKING:
@@ -314,6 +316,11 @@ class ProcessorConfig:
     """Where quota scopes keep shared state: ``None`` (in this process) or a :class:`RedisQuotaBackend`."""
     circuit_breaker: CircuitBreakerConfig | None = field(default_factory=CircuitBreakerConfig)
     """Each quota scope's circuit breaker (fail closed when the endpoint is unusable); ``None``: off."""
+    cache: ResponseCache | str | os.PathLike[str] | None = None
+    """The response cache (:class:`SqliteResponseCache`, :class:`PostgresResponseCache`,
+    :class:`RedisResponseCache`, or a SQLite path / ``postgresql://`` / ``redis://`` URL); ``None``: none."""
+    cache_mode: CacheMode = "read-write"
+    """How the cache is used: ``read-write``, ``read-only``, ``write-only`` or ``refresh``."""
 
     def __post_init__(self) -> None:
         if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
@@ -348,7 +355,14 @@ class ProcessorConfig:
         if self.startup_ramp is not None and not isinstance(self.startup_ramp, StartupRampConfig):
             raise ConfigurationError("startup_ramp", self.startup_ramp, "must be a StartupRampConfig")
         check_circuit_breaker(self.circuit_breaker)
+        object.__setattr__(self, "cache", as_response_cache(self.cache))
+        check_cache_mode(self.cache_mode)
         warn_if_suspicious(self)
+
+    @property
+    def response_cache(self) -> ResponseCache | None:
+        """:attr:`cache` as the :class:`ResponseCache` it was made into (a path or URL given is parsed)."""
+        return self.cache if isinstance(self.cache, ResponseCache) else None
 
     @property
     def workers(self) -> int:

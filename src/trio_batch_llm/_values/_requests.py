@@ -75,6 +75,9 @@ class LLMWorkItem(Generic[TOutput]):
     prompt: Prompt
     context: Any = None
     params: Mapping[str, Any] | None = None
+    sample: int = 0
+    """Which sample of its request this item is: part of the response-cache key, so items equal but
+    for it are cached apart (draw k distinct answers of one prompt with samples 0..k-1)."""
 
     def __post_init__(self) -> None:
         """Refuse what no worker could run, now, naming the field and (a shortened repr of) the value.
@@ -98,6 +101,10 @@ class LLMWorkItem(Generic[TOutput]):
                                         or not isinstance(prompt, (str, Sequence))):
             raise TypeError(f"LLMWorkItem(item_id={item_id!r:.80}): prompt={prompt!r:.80} must be a str "
                             "or a list of chat messages")
+        sample: object = self.sample
+        if sample != 0 and (type(sample) is not int or sample < 0):
+            raise ValueError(f"LLMWorkItem(item_id={item_id!r:.80}): sample={sample!r:.80} must be a whole "
+                             "number >= 0")
         params: object = self.params
         if params is not None and not isinstance(params, Mapping):
             raise TypeError(f"LLMWorkItem(item_id={item_id!r:.80}): params={params!r:.80} must be a mapping "
