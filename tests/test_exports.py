@@ -27,6 +27,8 @@ API_NAMES = {
     "LLMRequest", "ResponseDetails", "StructuredOutputError", "ToolCall",
     # providers (issue 33)
     "AnthropicErrorClassifier", "AnthropicStrategy",
+    # PydanticAI agents (issue 34)
+    "PydanticAIStrategy",
 }
 
 

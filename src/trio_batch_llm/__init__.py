@@ -68,6 +68,7 @@ from ._strategies.gemini._cache import GeminiContextCache as GeminiContextCache
 from ._strategies.gemini._strategy import GeminiStrategy as GeminiStrategy
 from ._strategies.openai._compatible import OpenAICompatibleStrategy as OpenAICompatibleStrategy
 from ._strategies.openai._sdk import OpenAIStrategy as OpenAIStrategy
+from ._strategies.pydantic_ai._strategy import PydanticAIStrategy as PydanticAIStrategy
 from ._values._artifact_identity import ArtifactIdentity as ArtifactIdentity
 from ._values._batch_result import BatchResult as BatchResult
 from ._values._breaker_config import CircuitBreakerConfig as CircuitBreakerConfig
@@ -201,6 +202,7 @@ __all__ = [
     "PrometheusCollector",
     "ProviderBatchConfig",
     "ProviderError",
+    "PydanticAIStrategy",
     "QueueFullError",
     "QuotaBackendError",
     "RateLimitConfig",

@@ -1,0 +1,1 @@
+"""PydanticAI agents as strategies: one ``agent.run`` per attempt, its usage, output and errors mapped."""
