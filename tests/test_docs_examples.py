@@ -101,6 +101,10 @@ EXAMPLES = [
         "'generationConfig': {'temperature': 0.0, 'maxOutputTokens': 16}", "[True, True]", "Capital",
         "succeeded: 4 cached tokens > 0: True", "GeminiStrategy gemini-2.5-flash",
     ), (*SERVER, "pydantic")),
+    Example("pydantic_ai_agent", ASYNCIO, (
+        "item-0: 'echo: You answer in one short sentence.\\nName a colour.' requests=1",
+        "City 1 succeeded",
+    ), (*SERVER, "openai", "pydantic_ai")),
     Example("mock_server", BOTH, ("61/61 succeeded after 69 requests: 1 rate-limited, 7 server errors",),
             SERVER),
     Example("rate_limits", VIRTUAL),
