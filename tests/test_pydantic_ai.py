@@ -34,6 +34,7 @@ from trio_batch_llm import (
     PydanticAIStrategy,
     ResumePolicy,
     RetryConfig,
+    call,
     process_prompts,
 )
 from trio_batch_llm._engine._classify import classify
@@ -323,11 +324,12 @@ async def test_call_raises_llm_call_error_with_the_agent_s_exception(anyio_backe
     if on_trio(anyio_backend):
         return
     strategy, _ = scripted(then=http(401, {"message": "bad key"}))
-    from trio_batch_llm import call
 
     with pytest.raises(LLMCallError) as caught:
         await call(strategy, "q", config=FAST)
-    assert isinstance(caught.value.__cause__, ModelHTTPError) or "401" in str(caught.value)
+    failed = caught.value.result
+    assert failed is not None and failed.error_category is ErrorCategory.AUTHENTICATION
+    assert isinstance(failed.exception, ModelHTTPError) and failed.attempts == 1
 
 
 # -- cancellation --------------------------------------------------------------------------------------
@@ -417,3 +419,14 @@ def test_importing_the_library_does_not_import_pydantic_ai() -> None:
     code = "import sys, trio_batch_llm; print('pydantic_ai' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "False"
+
+
+def test_stored_outputs_decode_to_the_output_type() -> None:
+    verdicts = PydanticAIStrategy(Agent(TestModel(), output_type=Verdict))
+    assert verdicts.decode_output({"label": "ok", "score": 3}) == Verdict(label="ok", score=3)
+    numbers = PydanticAIStrategy(Agent(TestModel(), output_type=list[int]))
+    assert numbers.response_model is None and numbers.response_schema == {"items": {"type": "integer"},
+                                                                          "type": "array"}
+    assert numbers.decode_output([1, 2]) == [1, 2]
+    text = PydanticAIStrategy(Agent(TestModel()))
+    assert text.response_schema is None and text.decode_output("plain") == "plain"
