@@ -312,12 +312,13 @@ async def test_a_usage_limit_fails_the_item_without_retrying(anyio_backend: Any)
 async def test_spent_credits_stop_the_batch(anyio_backend: Any) -> None:
     if on_trio(anyio_backend):
         return
-    strategy, _ = scripted(then=http(429, {"message": "pay", "code": "insufficient_quota"}))
+    strategy, script = scripted(then=http(429, {"message": "pay", "code": "insufficient_quota"}))
     batch = await process_prompts(strategy, [f"q{i}" for i in range(5)],
-                                  config=ProcessorConfig(concurrency=1, retry=NO_WAIT))
-    assert batch.succeeded == 0
+                                  config=ProcessorConfig(concurrency=1, retry=NO_WAIT), preserve_order=True)
+    assert batch.succeeded == 0 and len(script.calls) == 1  # no retry, no later item called
     assert batch.results[0].error_category is ErrorCategory.INSUFFICIENT_BALANCE
-    assert batch.termination.kind != "completed"
+    assert [r.error_category for r in batch.results[1:]] == [ErrorCategory.NOT_EXECUTED] * 4
+    assert batch.termination.kind == "provider_retired" and "insufficient_quota" in batch.termination.reason
 
 
 async def test_call_raises_llm_call_error_with_the_agent_s_exception(anyio_backend: Any) -> None:
