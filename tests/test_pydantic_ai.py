@@ -35,6 +35,7 @@ from trio_batch_llm import (
     ResumePolicy,
     RetryConfig,
     call,
+    infer_artifact_identity,
     process_prompts,
 )
 from trio_batch_llm._engine._classify import classify
@@ -392,6 +393,9 @@ def test_strategies_over_one_agent_share_a_quota_scope_and_cache_keys() -> None:
     key = one.cache_key_material(request)
     assert key is not None and key == two.cache_key_material(request)
     assert key["agent"]["system_prompts"] == ["Be kind."]
+    rude = PydanticAIStrategy(Agent(TestModel(), system_prompt="Be rude.", instructions="Be brief."))
+    assert one.system_prompt == "Be kind." and rude.system_prompt == "Be rude.\n\nBe brief."
+    assert infer_artifact_identity(one) == infer_artifact_identity(two) != infer_artifact_identity(rude)
     assert key["model_settings"] == {} and key["agent"]["model_settings"] == {"temperature": 0.0}
     differs: list[Callable[[], Any]] = [
         lambda: one.cache_key_material(LLMRequest("other")),

@@ -118,8 +118,13 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         self._model_settings = dict(model_settings or {})
         self._cacheable = cacheable
         self.params = checked
+        parts = _agent_parts(agent)  # the agent's own prompts, for checkpoint identities and token estimates
+        if parts is not None:
+            static = [*parts["system_prompts"], *(t for t in parts["instructions"] if t != _DYNAMIC)]
+            self.system_prompt = "\n\n".join(static) or None
         shape = output_type if output_type is not None else getattr(agent, "output_type", str)
         self._shape = shape
+        self._schema = _schema_of(shape)  # once: every item's cache key reads it
         if is_pydantic_model_class(shape):
             self.response_model = shape
 
@@ -142,15 +147,7 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
     @property
     def response_schema(self) -> dict[str, Any] | None:
         """The JSON schema of a structured ``output_type``; ``None`` for text or a shape without one."""
-        if self._shape is str or self._shape is None:
-            return None
-        try:
-            from pydantic import TypeAdapter
-
-            schema: dict[str, Any] = TypeAdapter(self._shape).json_schema()
-        except Exception:  # noqa: BLE001 - an output spec that is not a type (ToolOutput, a function)
-            return None
-        return schema
+        return self._schema
 
     def quota_scope(self) -> object:
         """One scope per provider model and address: strategies over one agent (or one model) share it."""
@@ -255,6 +252,19 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         provider, model, _ = _model_parts(self.model)
         name = getattr(self.agent, "name", None)
         return f"PydanticAIStrategy(agent={name!r}, model={f'{provider}:{model}' if provider else model!r})"
+
+
+def _schema_of(shape: Any) -> dict[str, Any] | None:
+    """The JSON schema of an output type; ``None`` for text or an output spec that is not a type."""
+    if shape is str or shape is None:
+        return None
+    try:
+        from pydantic import TypeAdapter
+
+        schema: dict[str, Any] = TypeAdapter(shape).json_schema()
+    except Exception:  # noqa: BLE001 - an output spec that is not a type (ToolOutput, a function)
+        return None
+    return schema
 
 
 def _running_trio() -> bool:
