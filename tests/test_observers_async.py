@@ -22,6 +22,7 @@ from trio_batch_llm import (
     LLMCallPool,
     LLMWorkItem,
     ParallelBatchProcessor,
+    ProcessingEvent,
     ProcessorConfig,
     RetryConfig,
     process_prompts,
@@ -75,18 +76,18 @@ class PerEvent(BaseObserver):
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    async def on_batch_started(self, event: BatchStarted) -> None:  # type: ignore[override]
+    async def on_batch_started(self, event: BatchStarted) -> None:
         await anyio.lowlevel.checkpoint()
         self.seen.append("batch")
 
-    async def on_item_completed(self, event: ItemCompleted) -> None:  # type: ignore[override]
+    async def on_item_completed(self, event: ItemCompleted) -> None:
         await anyio.lowlevel.checkpoint()
         self.seen.append(f"ok:{event.result.item_id}")
 
     def on_item_failed(self, event: ItemFailed) -> None:  # a plain def beside async ones is fine
         self.seen.append(f"failed:{event.result.item_id}")
 
-    async def on_batch_finished(self, event: BatchFinished) -> None:  # type: ignore[override]
+    async def on_batch_finished(self, event: BatchFinished) -> None:
         await anyio.lowlevel.checkpoint()
         self.seen.append("done")
 
@@ -129,14 +130,17 @@ async def test_an_async_callable_is_an_observer_too() -> None:
 
 async def test_the_two_argument_on_event_of_async_batch_llm_gets_a_name_and_a_dict() -> None:
     received: list[tuple[str, dict[str, Any]]] = []
+    events: list[Any] = []
 
     class Tracking(BaseObserver):
-        async def on_event(self, event: Any, data: dict[str, Any]) -> None:  # type: ignore[override]
+        async def on_event(self, event: Any, data: dict[str, Any]) -> None:
+            events.append(event)
             received.append((event.name, data.copy()))
 
     await process_prompts(FakeStrategy(), ["a"], config=FAST, observers=[Tracking()])
     names = [name for name, _ in received]
     assert names == ["BATCH_STARTED", "ITEM_STARTED", "ITEM_COMPLETED", "BATCH_COMPLETED"]
+    assert events[2] is ProcessingEvent.ITEM_COMPLETED and events[2] == "item_completed"
     started, item, completed, finished = (data for _, data in received)
     assert started["total"] == 1 and item["item_id"] == "item-0"
     assert completed["item_id"] == "item-0" and completed["result"].success
@@ -146,7 +150,7 @@ async def test_the_two_argument_on_event_of_async_batch_llm_gets_a_name_and_a_di
 def test_a_plain_two_argument_on_event_is_still_refused_with_the_way_out() -> None:
     with pytest.raises(TypeError, match=r"async def on_event\(self, event, data\)"):
         class _TwoArgs(BaseObserver):
-            def on_event(self, event: Any, data: Any) -> None:  # type: ignore[override]
+            def on_event(self, event: Any, data: Any) -> None:
                 pass
 
 
@@ -294,7 +298,7 @@ async def test_a_slow_observer_does_not_slow_a_thousand_item_batch(
     seen: list[str] = []
 
     class Slow(BaseObserver):
-        async def on_item_completed(self, event: ItemCompleted) -> None:  # type: ignore[override]
+        async def on_item_completed(self, event: ItemCompleted) -> None:
             seen.append(event.result.item_id)
             await anyio.sleep(10)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 import anyio.lowlevel
@@ -41,7 +42,7 @@ class BaseObserver:
     Plain ``def`` methods are called synchronously on the engine's path (keep them
     cheap). If any of them is ``async def`` (or ``on_event`` is), the observer is
     awaited in a task of its own, fed through a bounded queue, each call bounded by
-    ``ProcessorConfig.observer_timeout`` (see :mod:`.._observe._observer_feed`); its
+    ``ProcessorConfig.observer_timeout`` (the observability guide says how); its
     plain methods then run in that task too. async-batch-llm's
     ``async def on_event(self, event, data)`` is accepted (a :class:`ProcessingEvent`
     and a dict); a plain ``def`` with two arguments is refused when the class is
@@ -83,29 +84,29 @@ class BaseObserver:
         if name is not None:
             getattr(self, name)(event)
 
-    def on_batch_started(self, event: BatchStarted) -> None:
+    def on_batch_started(self, event: BatchStarted) -> Awaitable[None] | None:
         """The batch started (``event.total``: items known up front, ``None`` for a stream)."""
 
-    def on_item_started(self, event: ItemStarted) -> None:
+    def on_item_started(self, event: ItemStarted) -> Awaitable[None] | None:
         """An item's first attempt is about to run."""
 
-    def on_attempt_started(self, event: AttemptStarted) -> None:
+    def on_attempt_started(self, event: AttemptStarted) -> Awaitable[None] | None:
         """A call to the provider is about to start."""
 
-    def on_attempt_failed(self, event: AttemptFailed) -> None:
+    def on_attempt_failed(self, event: AttemptFailed) -> Awaitable[None] | None:
         """An attempt failed (``event.category``); the item may be retried."""
 
-    def on_attempt_succeeded(self, event: AttemptSucceeded) -> None:
+    def on_attempt_succeeded(self, event: AttemptSucceeded) -> Awaitable[None] | None:
         """A call to the provider succeeded."""
 
-    def on_item_completed(self, event: ItemCompleted) -> None:
+    def on_item_completed(self, event: ItemCompleted) -> Awaitable[None] | None:
         """An item succeeded (``event.result``)."""
 
-    def on_item_failed(self, event: ItemFailed) -> None:
+    def on_item_failed(self, event: ItemFailed) -> Awaitable[None] | None:
         """An item failed for good (``event.result``)."""
 
-    def on_item_replayed(self, event: ItemReplayed) -> None:
+    def on_item_replayed(self, event: ItemReplayed) -> Awaitable[None] | None:
         """An item's result came from the checkpoint store."""
 
-    def on_batch_finished(self, event: BatchFinished) -> None:
+    def on_batch_finished(self, event: BatchFinished) -> Awaitable[None] | None:
         """The batch ended (``event.termination``, ``event.counts``)."""
