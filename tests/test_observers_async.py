@@ -17,7 +17,9 @@ import pytest
 
 from trio_batch_llm import (
     BaseObserver,
+    CleanupInterruptedError,
     ConfigurationError,
+    ExecutorHost,
     FakeStrategy,
     LLMCallPool,
     LLMWorkItem,
@@ -368,3 +370,45 @@ async def test_attempt_failed_keeps_its_category_through_the_two_argument_form()
     failed = [data for name, data in received if name == "ATTEMPT_FAILED"]
     assert len(failed) == 1 and failed[0]["attempt"] == 1
     assert isinstance(failed[0]["category"], ErrorCategory)
+
+
+async def test_on_a_shared_host_the_observer_task_ends_with_its_processor() -> None:
+    observer = AsyncRecorder(shuffle=True)
+    async with ExecutorHost(FAST) as host:
+        before = len(anyio.get_running_tasks())
+        async with ParallelBatchProcessor[str](FAST, host=host, observers=[observer]) as proc:
+            await proc.add_work(LLMWorkItem(item_id="a", strategy=FakeStrategy(), prompt="x"))
+            await proc.process_all()
+        assert kinds(observer.events)[-1] == "BatchFinished"
+        assert len(anyio.get_running_tasks()) == before  # the host lives on; the observer's task does not
+        assert host.state == "open"
+
+
+async def test_a_forced_close_ends_an_observer_that_never_returns() -> None:
+    # observer_timeout=None: neither the call nor the close's drain is bounded; force_close() is the
+    # operator's way out (CONTRACT C3.3), and the processor's own host takes the task down with it.
+    stuck = anyio.Event()
+
+    async def never(event: Any) -> None:
+        stuck.set()
+        await anyio.sleep_forever()
+
+    before = len(anyio.get_running_tasks())
+    unbounded = ProcessorConfig(concurrency=2, observer_timeout=None)
+    proc = ParallelBatchProcessor[str](unbounded, observers=[never])
+
+    async def force_later() -> None:
+        await anyio.wait_all_tasks_blocked()
+        proc.force_close()
+
+    async with anyio.create_task_group() as tg:
+        await proc.__aenter__()
+        await proc.add_work(LLMWorkItem(item_id="a", strategy=FakeStrategy(), prompt="x"))
+        await proc.process_all()
+        await stuck.wait()
+        tg.start_soon(force_later)
+        with pytest.raises(CleanupInterruptedError, match="abandoned step 'async observers'"):
+            await proc.__aexit__(None, None, None)
+    assert len(anyio.get_running_tasks()) == before
+    await proc.aclose()  # a later close resumes the steps the force skipped
+    assert proc.state == "closed"
