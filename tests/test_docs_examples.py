@@ -134,6 +134,8 @@ EXAMPLES = [
     Example("streaming", BOTH, ("consumed 200 results; read ", "calls still running: 0")),
     Example("processor_streaming", BOTH, ("20 results; first few in completion order",)),
     Example("observability", BOTH),
+    Example("async_observer", VIRTUAL, ("batch: 0.02 s; sink caught up after 0.41 s",
+                                        "shipped 20 items; it saw: 20 succeeded, 0 failed")),
     Example("tracing_metrics", BOTH, needs=("opentelemetry.sdk", "prometheus_client")),
     Example("migration_before", ASYNCIO, ("2 True", "streamed item_0", "echo: hello"), ("async_batch_llm",)),
     Example("migration_after", BOTH, ("2 True", "streamed item-", "echo: hello")),

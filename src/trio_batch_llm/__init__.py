@@ -31,6 +31,7 @@ from ._engine._entrypoints import process_stream as process_stream
 from ._engine._pool import LLMCallPool as LLMCallPool
 from ._engine._pool import PoolStatistics as PoolStatistics
 from ._engine._processor import ParallelBatchProcessor as ParallelBatchProcessor
+from ._observe._event_names import ProcessingEvent as ProcessingEvent
 from ._observe._events import AttemptFailed as AttemptFailed
 from ._observe._events import BatchFinished as BatchFinished
 from ._observe._events import BatchStarted as BatchStarted
@@ -197,6 +198,7 @@ __all__ = [
     "PoolStatistics",
     "PostgresResponseCache",
     "PostgresRunRepository",
+    "ProcessingEvent",
     "ProcessorConfig",
     "ProcessorStatistics",
     "PrometheusCollector",

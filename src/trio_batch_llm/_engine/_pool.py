@@ -6,7 +6,7 @@ cancelled caller cancels exactly its own work and releases its slot.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar, final
@@ -15,8 +15,10 @@ import anyio
 import anyio.lowlevel
 
 from .._admission import QuotaScopeStatistics
-from .._core._host import ExecutorHost
+from .._core._host import ExecutorHost, RuntimeTasks
 from .._core._owner import HostedOwner
+from .._observe._events import ItemStarted
+from .._observe._hooks import Hooks
 from .._observe._log import FailureLog
 from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
@@ -44,6 +46,8 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
     requests are admitted or waiting; past that ``submit`` raises
     :class:`QueueFullError` at once (``submit_result`` returns a failed result).
     ``submit_timeout`` bounds one caller's wait and call.
+    ``observers`` get each request's ``ItemStarted``, ``AttemptFailed`` and terminal event
+    (a pool has no batch: no ``BatchStarted``/``BatchFinished``); async ones as in a processor.
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         max_pending: int | None = None,
         submit_timeout: float | None = None,
         host: ExecutorHost | None = None,
+        observers: Sequence[Any] | None = None,
     ) -> None:
         if not isinstance(strategy, LLMCallStrategy):
             raise TypeError(f"strategy={strategy!r:.80}: must be an LLMCallStrategy")
@@ -69,7 +74,10 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         self.strategy = strategy
         self.config = config if config is not None else (host.config if host else ProcessorConfig())
         self._init_owner(host, ExecutorHost(self.config, name="LLMCallPool"), "LLMCallPool")
-        self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier)
+        self._hooks = hooks = Hooks.build(observers=observers, observer_timeout=self.config.observer_timeout)
+        self._observer_tasks: RuntimeTasks | None = None
+        self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier,
+                                                       hooks=hooks)
         self._capacity = None if max_pending is None else self.config.provider_concurrency + max_pending
         self._submit_timeout = submit_timeout
         self._pending = 0
@@ -79,6 +87,8 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         self._failures = FailureLog("pool")
         """Final failures by category: one WARNING each per pool (the logging policy)."""
         self._ledger.add_step("runtime", "drain in-flight requests", self._drain)
+        if hooks.async_observers:  # after the drain: the last terminal event is emitted by then
+            self._ledger.add_step("runtime", "async observers", self._close_observers)
 
     async def __aenter__(self) -> LLMCallPool[TOutput]:
         if self._accepting or self._sequence:
@@ -87,6 +97,9 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             await self._host.__aenter__()
         else:
             await anyio.lowlevel.checkpoint()
+        if self._hooks.async_observers:
+            self._observer_tasks = self._host.new_runtime_group()
+            self._hooks.start_observers(self._observer_tasks.start_soon)
         self._accepting = True
         return self
 
@@ -163,8 +176,13 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         check_request(item, "submit")
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
+        hooks = self._hooks
         try:
+            if hooks.observing:
+                hooks.emit(ItemStarted(item.item_id))
             result = await self._drive(item, limit)
+            if hooks.observing:
+                hooks.emit_terminal(result)
             if not result.success:
                 self._failures.note(result.item_id, result.error_category, result.attempts, result.exception)
             return result
@@ -198,6 +216,11 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
                 self._idle = anyio.Event()
             await self._idle.wait()
         await anyio.lowlevel.checkpoint()
+
+    async def _close_observers(self) -> None:
+        await self._hooks.close_observers()
+        if self._observer_tasks is not None:
+            await self._observer_tasks.wait_idle()
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

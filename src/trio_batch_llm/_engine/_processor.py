@@ -91,7 +91,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._init_owner(host, ExecutorHost(cfg, name="ParallelBatchProcessor"), "ParallelBatchProcessor")
         self._hooks = hooks = Hooks.build(
             observers=observers, middlewares=middlewares, post_processor=post_processor,
-            post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout))
+            post_processor_timeout=cfg.post_processor_timeout_for(post_processor_timeout),
+            observer_timeout=cfg.observer_timeout)
         self.counters = RunCounters()
         self._policy = policy = StopPolicy(cfg.guardrails, self.counters)
         self._resume = resume
@@ -113,11 +114,14 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._pending = PendingInput[TOutput](cfg.max_queue_size)
         self._feeding = False
         self._runtime: RuntimeTasks | None = None
+        self._observer_tasks: RuntimeTasks | None = None  # async observers: they outlive the workers
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self._crash: BaseException | None = None
         self._crash_reported = False
         slow = WORKER_CANCELLATION_TIMEOUT
         self._ledger.add_step("runtime", "processor workers", self._close_runtime, slow_warning_after=slow)
+        if hooks.async_observers:  # after the workers: BatchFinished is emitted by then
+            self._ledger.add_step("runtime", "async observers", self._close_observers)
         if artifact_store is not None:
             self._ledger.add_step("store", "artifact store", self._publisher.close_store)
 
@@ -132,6 +136,9 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         else:
             await anyio.lowlevel.checkpoint()
         self._runtime = self._host.new_runtime_group()
+        if self._hooks.async_observers:
+            self._observer_tasks = self._host.new_runtime_group()
+            self._hooks.start_observers(self._observer_tasks.start_soon)
         try:
             if self._publisher.store is not None:
                 self._intake.plan = await prepare_resume(self._publisher.store, self._resume)
@@ -363,6 +370,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         await self._finish_run()
         self._crew.collector.end()  # at the latest: a stop's pause of the collector ends with the run
         await self._hooks.aclose()
+
+    async def _close_observers(self) -> None:
+        await self._hooks.close_observers()
+        if self._observer_tasks is not None:
+            await self._observer_tasks.wait_idle()
 
     def results_statistics(self) -> ResultChannelStatistics:
         """The result channel's state (streaming mode)."""

@@ -21,9 +21,14 @@ The protocol, per batch::
 So every item that gets a result gets exactly one terminal event. An item
 abandoned by a forced close has no result and so no terminal event.
 
-Observers receive events synchronously on the event loop: keep them cheap (a
-counter, an append to a memory stream). An observer that raises is logged
-once and otherwise ignored; it never breaks the run. Middleware ``before`` and
+Sync observers receive events synchronously on the event loop: keep them cheap
+(a counter, an append to a memory stream). An observer that raises is logged
+once and otherwise ignored; it never breaks the run. An async observer (an
+``async def on_event``, or an async callable) is fed through its own bounded
+queue and awaited, event by event, in a task its owner starts with
+:meth:`Hooks.start_observers` and ends with :meth:`Hooks.close_observers`
+(:mod:`._observer_feed`): to the engine it is one more sync observer, the
+feed's ``put``. Middleware ``before`` and
 ``after`` are part of the program: if they raise, the run stops with that
 error. ``on_error`` is a notification: its failures are logged once.
 
@@ -58,7 +63,9 @@ from .._values._errors import ConfigurationError
 from .._values._requests import LLMWorkItem
 from .._values._results import WorkItemResult
 from ._callables import call_sync_or_async, is_async_callable
+from ._event_names import TwoArgumentObserver, takes_event_and_data
 from ._events import AttemptFailed, LifecycleEvent, terminal_event
+from ._observer_feed import ObserverFeed, close_feeds
 from ._thread_gate import ThreadGate
 
 __all__ = ["Hooks", "HooksStatistics", "Middleware"]
@@ -103,13 +110,18 @@ class HooksStatistics:
     post_processor_failures: int
     post_processor_timeouts: int
     post_processor_thread_busy: bool
+    async_observers: int = 0
+    """Observers awaited in a task of their own (each one's failures count in ``observer_errors``)."""
+    observer_timeouts: int = 0
+    observer_dropped: int = 0
+    """Events an async observer never got: its queue was full, or its owner closed first."""
 
 
-def _positive_timeout(value: float | None) -> float | None:
+def _positive_timeout(value: float | None, name: str = "post_processor_timeout") -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ConfigurationError("post_processor_timeout", value, "must be a finite number > 0, or None")
+        raise ConfigurationError(name, value, "must be a finite number > 0, or None")
     return float(value)
 
 
@@ -121,6 +133,8 @@ class Hooks:
         "_after",
         "_before",
         "_counts",
+        "_feed_timeout",
+        "_feeds",
         "_gate",
         "_logged",
         "_observers",
@@ -138,8 +152,13 @@ class Hooks:
         middlewares: Sequence[Any],
         post_processor: Callable[[WorkItemResult[Any]], Any] | None,
         post_processor_timeout: float | None,
+        feeds: Sequence[ObserverFeed] = (),
+        observer_timeout: float | None = None,
     ) -> None:
         self._observers = tuple(observers)
+        self._feeds = tuple(feeds)
+        """The async observers' feeds (each one's ``put`` is in ``_observers``, in registration order)."""
+        self._feed_timeout = observer_timeout
         self._before = tuple(m.before for m in middlewares if callable(getattr(m, "before", None)))
         self._after = tuple(m.after for m in reversed(middlewares) if callable(getattr(m, "after", None)))
         # An async-batch-llm style middleware's on_error is its final-failure hook (run by its own after()).
@@ -163,17 +182,28 @@ class Hooks:
         middlewares: Iterable[object] | None = None,
         post_processor: Callable[[WorkItemResult[Any]], Any] | None = None,
         post_processor_timeout: float | None = 30.0,
+        observer_timeout: float | None = 5.0,
     ) -> Hooks:
         """Check and gather what the user registered (``TypeError`` naming a bad entry)."""
+        timeout = _positive_timeout(observer_timeout, "observer_timeout")
         sinks: list[Callable[[LifecycleEvent], object]] = []
+        feeds: list[ObserverFeed] = []
         for index, observer in enumerate(observers or ()):
             on_event = getattr(observer, "on_event", None)
-            if callable(on_event):
-                sinks.append(on_event)
-            elif callable(observer):
-                sinks.append(observer)
-            else:
+            sink = on_event if callable(on_event) else observer
+            if not callable(sink):
                 raise TypeError(f"observers[{index}]={observer!r}: needs an on_event(event) method")
+            two = takes_event_and_data(sink)
+            if not is_async_callable(sink):
+                if two:
+                    raise TypeError(f"observers[{index}]={observer!r}: on_event(event, data) is "
+                                    "async-batch-llm's form, accepted as an async def only (or take one "
+                                    "event record: on_event(event))")
+                sinks.append(sink)
+                continue
+            feed = ObserverFeed(TwoArgumentObserver(sink) if two else sink, _name(observer), timeout=timeout)
+            feeds.append(feed)
+            sinks.append(feed.put)
         chain = list(middlewares or ())
         for index, middleware in enumerate(chain):
             if not any(callable(getattr(middleware, name, None)) for name in ("before", "after", "on_error")):
@@ -182,12 +212,27 @@ class Hooks:
                 )
         if post_processor is not None and not callable(post_processor):
             raise TypeError(f"post_processor={post_processor!r}: must be callable")
-        return cls(sinks, chain, post_processor, _positive_timeout(post_processor_timeout))
+        return cls(sinks, chain, post_processor, _positive_timeout(post_processor_timeout), feeds, timeout)
 
     @property
     def observing(self) -> bool:
         """Whether any observer listens (the engine may skip building events otherwise)."""
         return bool(self._observers)
+
+    @property
+    def async_observers(self) -> int:
+        """How many observers are awaited in a task of their own (the owner starts them)."""
+        return len(self._feeds)
+
+    def start_observers(self, start_soon: Callable[..., object]) -> None:
+        """Start one task per async observer with the owner's ``start_soon(fn, name=...)``."""
+        for feed in self._feeds:
+            feed.starting()
+            start_soon(feed.run, name=f"observer {feed.name}")
+
+    async def close_observers(self) -> None:
+        """The owner's close step: the async observers drain within ``observer_timeout``, then stop."""
+        await close_feeds(self._feeds, self._feed_timeout)
 
     def _log_once(self, hook: object, what: str) -> None:
         key = id(hook)
@@ -302,14 +347,18 @@ class Hooks:
             await gate.wait_idle()
 
     def statistics(self) -> HooksStatistics:
+        feeds = [feed.statistics() for feed in self._feeds]
         return HooksStatistics(
             observers=len(self._observers),
             middlewares=self.middleware_count,
             post_processor=self._post is not None,
-            observer_errors=self._counts["observer_errors"],
+            observer_errors=self._counts["observer_errors"] + sum(f.failures for f in feeds),
             post_processor_failures=self._counts["failures"],
             post_processor_timeouts=self._counts["timeouts"],
             post_processor_thread_busy=self._gate.busy,
+            async_observers=len(feeds),
+            observer_timeouts=sum(f.timeouts for f in feeds),
+            observer_dropped=sum(f.dropped for f in feeds),
         )
 
 

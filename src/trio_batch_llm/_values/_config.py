@@ -321,6 +321,10 @@ class ProcessorConfig:
     :class:`RedisResponseCache`, or a SQLite path / ``postgresql://`` / ``redis://`` URL); ``None``: none."""
     cache_mode: CacheMode = "read-write"
     """How the cache is used: ``read-write``, ``read-only``, ``write-only`` or ``refresh``."""
+    observer_timeout: float | None = 5.0
+    """Seconds one call of an async observer may take (then it is cancelled, logged once, counted),
+    and what the owner's close gives its async observers in all to take their queued events;
+    ``None``: unbounded."""
 
     def __post_init__(self) -> None:
         if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
@@ -357,6 +361,7 @@ class ProcessorConfig:
         check_circuit_breaker(self.circuit_breaker)
         object.__setattr__(self, "cache", as_response_cache(self.cache))
         check_cache_mode(self.cache_mode)
+        positive("observer_timeout", self.observer_timeout)
         warn_if_suspicious(self)
 
     @property
