@@ -41,6 +41,7 @@ from trio_batch_llm import (
     process_prompts,
     process_stream,
 )
+from trio_batch_llm._cache._flight import CacheGate, Claim
 from trio_batch_llm._cache._memory import MemoryCacheConnection
 from trio_batch_llm._observe._events import ItemCompleted
 from trio_batch_llm._values._categories import ErrorCategory
@@ -114,11 +115,13 @@ async def test_every_surface_second_run_makes_no_call(surface: str, cache_value:
     cfg = config(cache_value)
     first = await run(strategy, cfg)
     assert len(strategy.calls) == len(PROMPTS)
+    prepared = strategy.prepare_count
     if surface != "call":
         assert not any(r.cached for r in first)
         assert all(r.cache_key is not None and len(r.cache_key) == 64 for r in first)
     second = await run(strategy, cfg)
     assert len(strategy.calls) == len(PROMPTS), "the second run called the provider"
+    assert strategy.prepare_count == prepared, "a run answered whole by the cache prepares nothing"
     assert all(r.success and r.cached for r in second)
     assert sorted(str(r.output) for r in second) == sorted(str(r.output) for r in first)
     if surface != "call":
@@ -345,6 +348,44 @@ async def test_a_strategy_that_is_not_cacheable_runs_uncached_with_one_warning(
     warnings = [r.getMessage() for r in caplog.records if "not cacheable" in r.getMessage()]
     assert len(warnings) == 2, warnings  # once per run (owner), not once per item
     assert "CallableStrategy" in warnings[0]
+
+
+# --- claims: settled exactly once, whatever ends the item -----------------------------------------
+
+
+@pytest.fixture
+def claims(monkeypatch: pytest.MonkeyPatch) -> list[Claim]:
+    made: list[Claim] = []
+    original = CacheGate.lookup
+
+    async def recording(self: CacheGate, key: Any) -> Any:
+        found = await original(self, key)
+        if isinstance(found, Claim):
+            made.append(found)
+        return found
+
+    monkeypatch.setattr(CacheGate, "lookup", recording)
+    return made
+
+
+async def test_a_cancelled_processor_lets_every_claim_go(claims: list[Claim]) -> None:
+    strategy = FakeStrategy(latency=10.0)
+    with anyio.move_on_after(0.2):
+        await process_prompts(strategy, PROMPTS, config=config(MemoryResponseCache()))
+    assert len(claims) == 4  # the four workers' items, each in its call
+    assert all(c.settled for c in claims)
+
+
+async def test_a_cancelled_pool_caller_and_a_deadline_let_their_claims_go(claims: list[Claim]) -> None:
+    cache = MemoryResponseCache()
+    strategy = FakeStrategy(latency=10.0)
+    async with LLMCallPool(strategy, config=config(cache)) as pool:
+        with anyio.move_on_after(0.2):
+            await pool.submit_result("cancelled")
+        result = await pool.submit_result("timed out", timeout=0.2)
+    assert result.error_category is ErrorCategory.DEADLINE and result.cache_key is not None
+    assert len(claims) == 2 and all(c.settled for c in claims)
+    assert [k for k in cache.entries if not k.startswith("\x00")] == []  # nothing written
 
 
 # --- a cache that fails --------------------------------------------------------------------------

@@ -182,6 +182,12 @@ class ItemRunner(Generic[TOutput]):
                     return result
             elif run.backoff_owed > 0:  # a late deadline broke its backoff off (cut): wait out the rest
                 await self.wait_out_backoff(run)
+            cache = self.cache
+            # Before admission, and before the strategy is prepared: a hit takes no slot, no RPM/TPM
+            # unit, no breaker turn, no call (a re-run answered whole by the cache opens no client).
+            if (cache is not None and run.attempts == 0 and run.cache_key is None
+                    and (hit := await self.look_up(cache, run)) is not None):
+                return hit  # noqa: ASYNC910 - a hit awaited the cache's lookup
             strategy = run.item.strategy
             binding = self._last
             if binding is None or binding.strategy is not strategy:
@@ -190,11 +196,6 @@ class ItemRunner(Generic[TOutput]):
                     binding = await self.bind(strategy)
                 self._last = binding
             run.binding = binding
-            cache = self.cache
-            # Before admission: a hit takes no slot, no RPM/TPM unit, no breaker turn, no call.
-            if (cache is not None and run.attempts == 0 and run.cache_key is None
-                    and (hit := await self.look_up(cache, run)) is not None):
-                return hit  # noqa: ASYNC910 - a hit awaited the cache's lookup
             tokens = binding.tokens(run.item.prompt, run.item.params)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
