@@ -20,6 +20,7 @@ import pytest
 from pydantic import BaseModel
 
 from trio_batch_llm import (
+    ArtifactIdentity,
     CallableStrategy,
     ConfigurationError,
     FakeStrategy,
@@ -163,14 +164,32 @@ async def test_open_run_refuses_a_cache_given_twice(tmp_path: Path) -> None:
                        config=ProcessorConfig(cache=cache))
 
 
-@pytest.mark.xfail(reason="single flight is fix34-cache's CacheGate (not merged here yet): today each of "
-                          "the 50 workers in flight at once misses and calls", strict=False)
 async def test_single_flight_at_the_surface(cache_value: ResponseCache) -> None:
     strategy = FakeStrategy(latency=0.05)
     batch = await process_prompts(strategy, ["same"] * 100, config=config(cache_value, concurrency=50))
     assert batch.succeeded == 100
     assert len(strategy.calls) == 1
     assert sum(r.cached for r in batch) == 99
+
+
+async def test_a_failed_leader_hands_its_key_over_and_its_failure_is_not_shared(
+        cache_value: ResponseCache) -> None:
+    calls = 0
+
+    async def answer(prompt: str) -> str:
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(0.05)
+        if calls == 1:
+            raise ProviderError("bad request", category=ErrorCategory.INVALID_REQUEST)
+        return f"answer to {prompt}"
+
+    strategy = CallableStrategy(answer, identity=ArtifactIdentity(provider="test", model="m"))
+    batch = await process_prompts(strategy, ["same"] * 10, config=config(cache_value, concurrency=10))
+    assert calls == 2  # the leader failed; one waiter took the key over and called
+    assert batch.failed == 1 and batch.succeeded == 9
+    assert sum(r.cached for r in batch) == 8
+    assert all(r.output == "answer to same" for r in batch if r.success)
 
 
 # --- what a hit costs --------------------------------------------------------------------------
