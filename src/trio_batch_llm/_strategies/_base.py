@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
 import anyio.lowlevel
 
@@ -14,7 +15,7 @@ from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._batch import BatchEndpoint
 
-__all__ = ["LLMCallStrategy"]
+__all__ = ["LLMCallStrategy", "wire_key_material"]
 
 TOutput = TypeVar("TOutput", covariant=True)
 """Covariant: a strategy of ``str`` outputs is a strategy of ``object`` outputs."""
@@ -207,3 +208,10 @@ class LLMCallStrategy(Generic[TOutput]):
         items through it instead of :meth:`execute`.
         """
         return None
+
+
+def wire_key_material(provider: str, model: str, base_url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """A provider strategy's :meth:`~LLMCallStrategy.cache_key_material`: the wire body it sends, with the
+    provider, model and endpoint host (not its port, path or query, and never a key or header)."""
+    return {"provider": provider, "model": model, "host": (urlsplit(base_url).hostname or "").lower(),
+            "body": dict(body)}

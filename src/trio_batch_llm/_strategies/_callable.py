@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, final, overload
 
 from .._values._config import ArtifactIdentity
+from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
 
@@ -90,6 +91,15 @@ class CallableStrategy(LLMCallStrategy[TOutput]):
         """``identity=`` when it is an :class:`ArtifactIdentity`, else ``None``."""
         identity = self._identity
         return identity if isinstance(identity, ArtifactIdentity) else None
+
+    def cache_key_material(self, request: LLMRequest) -> dict[str, Any] | None:
+        """The default material, with the declared identity's versions (a new prompt or parser
+        version is a new key); ``None`` without a declared model."""
+        material = super().cache_key_material(request)
+        declared = self.artifact_identity
+        if material is not None and declared is not None:
+            material["identity"] = declared.to_dict()
+        return material
 
     @property
     def model_name(self) -> str | None:

@@ -11,6 +11,7 @@ import anyio.lowlevel
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ProviderError
+from .._values._prompts import LLMRequest
 from .._values._results import RetryState, TokenUsage
 from ._base import LLMCallStrategy
 
@@ -82,6 +83,14 @@ class FakeStrategy(LLMCallStrategy[str]):
     @property
     def model_name(self) -> str:
         return self.model
+
+    def cache_key_material(self, request: LLMRequest) -> dict[str, Any] | None:
+        """The default material and the seed; the scripted answers (functions) cannot be keyed,
+        so fakes answering differently under one model name should differ in ``model`` or ``seed``."""
+        material = super().cache_key_material(request)
+        if material is not None:
+            material["fake"] = {"seed": self.seed, "tokens": list(self.tokens)}
+        return material
 
     async def prepare(self) -> None:
         self.prepare_count += 1

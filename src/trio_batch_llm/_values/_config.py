@@ -325,6 +325,8 @@ class ProcessorConfig:
     """Seconds one call of an async observer may take (then it is cancelled, logged once, counted),
     and what the owner's close gives its async observers in all to take their queued events;
     ``None``: unbounded."""
+    cache_refusals: bool = False
+    """Cache answers that are refusals (``details.refusal``) too; by default a refusal is asked again."""
 
     def __post_init__(self) -> None:
         if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
@@ -362,6 +364,8 @@ class ProcessorConfig:
         object.__setattr__(self, "cache", as_response_cache(self.cache))
         check_cache_mode(self.cache_mode)
         positive("observer_timeout", self.observer_timeout)
+        if not isinstance(self.cache_refusals, bool):
+            raise ConfigurationError("cache_refusals", self.cache_refusals, "must be True or False")
         warn_if_suspicious(self)
 
     @property

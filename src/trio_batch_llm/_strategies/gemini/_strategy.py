@@ -28,7 +28,7 @@ from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
 from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import normalize_base_url, redact_url, redact_urls
-from .._base import LLMCallStrategy
+from .._base import LLMCallStrategy, wire_key_material
 from .._clients import client_registry
 from .._keys import Secret, provider_api_key
 from ._cache import CacheHandle, GeminiContextCache, cache_body
@@ -207,6 +207,11 @@ class GeminiStrategy(LLMCallStrategy[str]):
             for key in _CACHED_FIELDS:
                 body.pop(key, None)
         return body
+
+    def cache_key_material(self, request: LLMRequest) -> dict[str, Any] | None:
+        """The response cache's key: the whole request (with what a context cache would hold, which
+        asks the same), the model (in the URL, not the body), the provider and the endpoint's host."""
+        return wire_key_material("gemini", self.model, self.base_url, self.request_body(request))
 
     def _cache_create_body(self) -> dict[str, Any]:
         option = self.context_cache

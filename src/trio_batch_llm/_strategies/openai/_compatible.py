@@ -28,7 +28,7 @@ from ..._values._results import RetryState, TokenUsage
 from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
-from .._base import LLMCallStrategy
+from .._base import LLMCallStrategy, wire_key_material
 from .._clients import client_registry
 from .._keys import Secret, endpoint_api_key
 from ._batch_api import OpenAIBatchEndpoint
@@ -193,12 +193,14 @@ class _EndpointStrategy(LLMCallStrategy[str]):
             self.api, self.model, prompt, system_prompt=self.system_prompt,
             temperature=self.temperature, max_output_tokens=self.max_output_tokens,
             max_tokens_field=self._max_tokens_field, extra_body=self.extra_body, params=self.params,
-            response=self._response, include_extra=include_extra,
-        )
+            response=self._response, include_extra=include_extra)
 
     def batch_request_body(self, prompt: str | LLMRequest) -> dict[str, Any]:
         """The ``body`` of ``prompt``'s Batch API request line: what :meth:`execute_request` would send."""
         return self.request_body(prompt)
+
+    def cache_key_material(self, request: LLMRequest) -> dict[str, Any] | None:  # all execute_request sends
+        return wire_key_material(self._label, self.model, self.base_url, self.batch_request_body(request))
 
     async def execute(
         self, prompt: str, attempt: int, timeout: float | None, state: RetryState | None = None
