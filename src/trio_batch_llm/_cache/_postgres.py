@@ -1,4 +1,4 @@
-"""``PostgresCacheConnection``: the response cache in a PostgreSQL table (psycopg 3, synchronous, off the loop).
+"""``PostgresCacheConnection``: the response cache in a PostgreSQL table (psycopg 3, sync, off the loop).
 
 Like the PostgreSQL run repository (``_runs/repository/_postgres.py``, whose URL,
 password-redaction and outage helpers this reuses), the connection is psycopg's
@@ -98,7 +98,8 @@ class _Store:
 
         options = (f"-c statement_timeout={_STATEMENT_TIMEOUT_MS}"
                    f" -c idle_in_transaction_session_timeout={_IDLE_IN_TRANSACTION_MS}")
-        return psycopg.connect(self._url, autocommit=True, connect_timeout=max(1, round(self._connect_timeout)),
+        return psycopg.connect(self._url, autocommit=True,
+                               connect_timeout=max(1, round(self._connect_timeout)),
                                application_name="trio-batch-llm cache", options=options)
 
     def _drop(self) -> None:
@@ -157,7 +158,8 @@ class _Store:
         conn.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} (component TEXT PRIMARY KEY,"
                      " version INTEGER NOT NULL, updated_at TEXT NOT NULL)")
         component = _COMPONENT + self.table.lower()
-        row = conn.execute(f"SELECT version FROM {SCHEMA_TABLE} WHERE component = %s", (component,)).fetchone()
+        row = conn.execute(f"SELECT version FROM {SCHEMA_TABLE} WHERE component = %s",
+                           (component,)).fetchone()
         if row is None:
             taken = [name for name in (self.table, self.claims)
                      if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is not None]
@@ -170,15 +172,16 @@ class _Store:
             raise ArtifactStoreError(
                 f"{self.location}: the cache's schema version {row[0]} is newer than this library reads "
                 f"({CACHE_SCHEMA_VERSION}); upgrade trio-batch-llm")
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (digest TEXT PRIMARY KEY, answer JSON NOT NULL,"
-                     " request JSON, created_at DOUBLE PRECISION NOT NULL,"
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {self.table} (digest TEXT PRIMARY KEY,"
+                     " answer JSON NOT NULL, request JSON, created_at DOUBLE PRECISION NOT NULL,"
                      " last_used DOUBLE PRECISION NOT NULL)")
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {self.claims} (digest TEXT PRIMARY KEY, holder TEXT NOT NULL,"
-                     " expires_at TIMESTAMPTZ NOT NULL)")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {self.claims} (digest TEXT PRIMARY KEY,"
+                     " holder TEXT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)")
         if row is None:
             conn.execute(f"INSERT INTO {SCHEMA_TABLE} (component, version, updated_at) VALUES (%s, %s, %s)"
                          " ON CONFLICT (component) DO NOTHING",
-                         (component, CACHE_SCHEMA_VERSION, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
+                         (component, CACHE_SCHEMA_VERSION,
+                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
         # Claims of holders that died long ago: nobody asked for their keys again.
         conn.execute(f"DELETE FROM {self.claims} WHERE expires_at < clock_timestamp() - interval '1 hour'")
 
@@ -228,7 +231,8 @@ class _Store:
             row = conn.execute(
                 f"INSERT INTO {self.claims} AS c (digest, holder, expires_at)"
                 " VALUES (%s, %s, clock_timestamp() + make_interval(secs => %s))"
-                " ON CONFLICT (digest) DO UPDATE SET holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at"
+                " ON CONFLICT (digest) DO UPDATE SET holder = EXCLUDED.holder,"
+                " expires_at = EXCLUDED.expires_at"
                 " WHERE c.expires_at <= clock_timestamp() OR c.holder = EXCLUDED.holder RETURNING 1",
                 (digest, holder, float(seconds)),
             ).fetchone()
