@@ -20,10 +20,9 @@ one task, nested like a context manager; a connection's owner (a processor, a po
 run's driver) opens and closes it wherever its own structure says. So each connection
 runs its client in an event loop of its own, in a thread (an anyio blocking portal):
 :meth:`open` starts it and enters the client there, :meth:`aclose` leaves it and stops
-the loop, and each call goes there from a worker thread (at most
-``_THREADS`` at a time per connection). Any task, under Trio or asyncio, may call.
-A call that has started finishes (within the command timeout) even when its caller
-is cancelled, as a PostgreSQL call does.
+the loop, and each call is handed to that loop while the caller waits in its own (woken
+through its loop's thread-safe handle, no thread per call). Any task, under Trio or
+asyncio, may call; a caller cancelled mid-call cancels its round trip there too.
 
 **Errors**, as the PostgreSQL cache's: :class:`DatabaseUnavailableError` when Redis
 cannot be reached (refused, reset, a command past its timeout, a cluster slot without
@@ -49,6 +48,7 @@ import anyio.to_thread
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._admission._redis_link import _redis_errors, _refusals, _scrubbed, _seed_nodes
+from .._backends import capture_loop_handle
 from .._values._errors import ArtifactStoreError, DatabaseUnavailableError
 from .._values._response_cache import RedisResponseCache
 from ._answer_json import answer_from_json, answer_to_json
@@ -79,7 +79,6 @@ return 0
 """
 
 R = TypeVar("R")
-_THREADS: Final = 16  # worker threads one connection's calls may wait in at once
 
 
 def _ms(seconds: float) -> int:
@@ -147,7 +146,6 @@ class RedisCacheConnection(CacheConnection):
         self._stack = stack
         self._clock = clock
         self._namespace = config.namespace
-        self._limiter = anyio.CapacityLimiter(_THREADS)
         self.location = client.location
         self._closed = False
 
@@ -177,11 +175,21 @@ class RedisCacheConnection(CacheConnection):
         return cls(config, client, portal, stack, clock)
 
     async def _call(self, doing: str, trip: Callable[[], Awaitable[R]]) -> R:
+        """``trip`` in the connection's loop; this task waits without a thread (woken through its loop's
+        handle). Cancelled, it cancels the round trip there too (a ``SET`` is whole or not done)."""
         if self._closed:
             await anyio.lowlevel.checkpoint()
             raise ArtifactStoreError(f"{self.location}: the cache connection is closed")
-        return await anyio.to_thread.run_sync(self._portal.call, self._client.trip, doing, trip,
-                                              limiter=self._limiter)
+        handle = capture_loop_handle()
+        done = anyio.Event()
+        future = self._portal.start_task_soon(self._client.trip, doing, trip)
+        future.add_done_callback(lambda _: handle.run_sync_soon(done.set))
+        try:
+            await done.wait()
+        except BaseException:
+            future.cancel()
+            raise
+        return future.result()
 
     def _key(self, kind: str, digest: str) -> str:
         return f"{self._namespace}:{kind}:{digest}"
