@@ -1,7 +1,8 @@
 """What the item path works on: a :class:`Binding` per strategy, an :class:`ItemRun` per item.
 
 Plain state and the results built from it; no awaits. The stages that change it are in
-:mod:`._item`.
+:mod:`._item`. (Over 400 lines because an item's state and every result built from it share
+one class's slots: the response cache's claim and key joined them.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._classify import Classification, classify
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
+    from .._cache._flight import Claim
     from ._breaker_gate import BreakerGate
 
 __all__ = [
@@ -212,7 +214,9 @@ class ItemRun(Generic[TOutput]):
         "attempts",
         "backoff_owed",
         "binding",
+        "cache_key",
         "calling",
+        "claim",
         "failed",
         "gated",
         "held",
@@ -276,6 +280,8 @@ class ItemRun(Generic[TOutput]):
         self.throttled_since: float | None = None  # when the throttled wait under way began
         self.throttle_spent = False  # its scope gave its admission wait up: max_rate_limit_wait ran out
         self.refused_streak: float | None = None  # ... at once, behind refusals longer than its bound
+        self.cache_key: str | None = None  # the response-cache key it was looked up under (a miss: claimed)
+        self.claim: Claim | None = None  # held from a miss to the item's end; settled exactly once (._cached)
 
     def switch(self, phase: _Phase, now: float) -> None:
         """Book the time since the last switch to the current phase, then enter ``phase``."""
@@ -325,6 +331,7 @@ class ItemRun(Generic[TOutput]):
             timing=self.settle(now),
             context=item.context,
             metadata=_metadata(meta),
+            cache_key=self.cache_key,
         )
 
     def failed_with(self, exc: BaseException, category: ErrorCategory, now: float) -> WorkItemResult[TOutput]:
@@ -338,6 +345,7 @@ class ItemRun(Generic[TOutput]):
             token_usage=self.usage,
             timing=self.settle(now),
             context=self.item.context,
+            cache_key=self.cache_key,
         )
 
     def deadline_exceeded(self, reason: str, now: float) -> WorkItemResult[TOutput]:
@@ -379,6 +387,7 @@ class ItemRun(Generic[TOutput]):
             token_usage=self.usage,
             timing=self.settle(now),
             context=self.item.context,
+            cache_key=self.cache_key,
         )
 
 
