@@ -212,6 +212,7 @@ class ItemRun(Generic[TOutput]):
         "attempts",
         "backoff_owed",
         "binding",
+        "call_usage",
         "calling",
         "failed",
         "gated",
@@ -267,6 +268,7 @@ class ItemRun(Generic[TOutput]):
         self.held: Admission | None = None  # released exactly once; cut short -> release(None)
         self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
+        self.call_usage: tuple[Any, ...] | None = None  # the call's (usage, model, pricer): its record's
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)
         self.retries: Retries | None = None
@@ -281,8 +283,9 @@ class ItemRun(Generic[TOutput]):
         """Book the time since the last switch to the current phase, then enter ``phase``."""
         timing = self.timing
         setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
-        if self.phase == "execution":
-            timing.close_attempt(self.attempts)
+        if self.phase == "execution":  # the call ended: its record, with the usage it reported (if any)
+            used, self.call_usage = self.call_usage, None
+            timing.close_attempt(self.attempts, *(used or ()))
         elif phase == "execution" and self.throttled_since is not None:  # a call ends a throttled wait
             self.throttled += max(0.0, now - self.throttled_since)
             self.throttled_since = None
