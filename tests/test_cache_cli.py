@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from trio_batch_llm import (
+    BatchResult,
     PostgresResponseCache,
     RedisResponseCache,
     SqliteResponseCache,
-    TokenUsage,
     WorkItemResult,
 )
 from trio_batch_llm._cli import _run
@@ -211,12 +211,12 @@ async def test_the_run_adds_each_row_with_its_sample(anyio_backend: str, source:
 
 # --- the summary -------------------------------------------------------------------------------------
 
-USAGE: TokenUsage = {"input_tokens": 1_000_000, "output_tokens": 0, "total_tokens": 1_000_000}
+USAGE = {"input_tokens": 1_000_000, "output_tokens": 0, "total_tokens": 1_000_000}
 
 
 def _result(item_id: str, *, cached: bool = False, key: str | None = "k") -> WorkItemResult[Any]:
     return WorkItemResult(item_id=item_id, success=True, output="x", cached=cached, cache_key=key,
-                          token_usage={} if cached else dict(USAGE),  # type: ignore[typeddict-item]
+                          token_usage={} if cached else dict(USAGE),
                           saved_usage=dict(USAGE) if cached else {}, metadata={"model": MODEL})
 
 
@@ -229,7 +229,23 @@ def test_the_summary_counts_hits_misses_and_the_money_saved() -> None:
     cost = next(line for line in lines if line.startswith("  cost"))
     cache = next(line for line in lines if line.startswith("  cache"))
     assert cost == "  cost           $0.1500   estimated, built-in rates of 2025-08-07"  # the one miss
-    assert cache == "  cache                3 hits   misses 1   hit rate 75.0%   saved $0.4500"
+    assert cache == "  cache hits           3   misses 1   rate 75.0 %   saved $0.4500"
+
+
+def test_the_run_summary_with_a_cache_reads_like_batch_summary() -> None:
+    results = [_result("a", cached=True), _result("b"), _result("c", key=None),
+               WorkItemResult(item_id="d", success=True, output="y", cache_key="k2",
+                              metadata={"model": MODEL},
+                              token_usage={"input_tokens": 10, "output_tokens": 2, "total_tokens": 12,
+                                           "cached_input_tokens": 4})]
+    summary = RunSummary(len(results), model=MODEL)
+    for result in results:
+        summary.add(result)
+    termination = BatchTermination()
+    expected = BatchResult.from_results(results, termination=termination, wall_time=1.0).summary()
+    assert summary.text(termination, 1.0) == expected
+    assert "  cache hits           1   misses 2   rate 33.3 %   saved $0.1500" in expected
+    assert "   cached 4 (0.0 %)" in expected  # the prompt cache's tokens, on the tokens line
 
 
 def test_the_summary_has_no_cache_line_without_a_cache() -> None:

@@ -20,9 +20,10 @@ from array import array
 from typing import Any, Final, final
 
 from .._engine._item_run import THROTTLED_BY_429S
+from .._values._batch_result import _cached_note  # BatchResult.summary's own part of the tokens line
 from .._values._categories import ErrorCategory
 from .._values._cost import DEFAULT_MODEL_RATES
-from .._values._pricing import CostSum, cost_line
+from .._values._pricing import CostSum, cost_line, dollars
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from .._values._stop_reasons import stopped_line
 
@@ -166,7 +167,7 @@ class RunSummary:
             + (f"   not run {not_run:,}" if not_run else "") + f"   replayed {self.replayed:,}",
             f"  retries     {self.retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
-            f"   out {tokens.get('output_tokens', 0):,}",
+            f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
         ]
         if (cost := self.cost.total) is not None:
             lines.append(cost_line(cost, built_in=True))
@@ -194,10 +195,10 @@ class RunSummary:
                 for category, (item_id, error) in self.first_failures.items()]
 
 
+
 def cache_line(hits: int, misses: int, saved: float | None) -> str:
-    """The summary's cache line: hits, misses, the hit rate, and what the hits saved when priced."""
-    rate = hits / (hits + misses) if hits + misses else 0.0
-    line = f"  cache       {hits:>10,} hits   misses {misses:,}   hit rate {rate:.1%}"
-    if saved is not None:
-        line += f"   saved ${saved:,.2f}" if saved >= 100 else f"   saved ${saved:.4f}"
-    return line
+    """The summary's cache line, laid out as :meth:`BatchResult.summary` lays it out (a test holds
+    the two together): hits, misses, the hit rate in percent, and what the hits saved when priced."""
+    rate = 100.0 * hits / (hits + misses) if hits + misses else 0.0
+    return (f"  cache hits  {hits:>10,}   misses {misses:,}   rate {rate:.1f} %"
+            + (f"   saved {dollars(saved)}" if saved is not None else ""))
