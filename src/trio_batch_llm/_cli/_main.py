@@ -33,6 +33,7 @@ from ._args import (
     probability,
     wait_bound,
 )
+from ._cache_cmd import add_cache_parser
 from ._cache_flags import add_cache_arguments
 from ._command import EXIT_UNAVAILABLE
 from ._runs_parser import add_runs_parser
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(handler=_export)
 
     add_runs_parser(sub)
+    add_cache_parser(sub)
 
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
     demo.add_argument("--items", type=positive_int, default=200, help="prompts to run (default 200)")
