@@ -205,14 +205,12 @@ async def test_a_writer_killed_mid_write_leaves_no_half_entry(postgres_url: str)
         assert await cache.get(_key()) is not None
 
 
-# Until fix34-cache's cross-process single flight is merged, every racer calls on a miss (~1.9x).
-@pytest.mark.xfail(reason="needs the CacheGate's cross-process single flight (fix34-cache)", strict=False)
 async def test_two_processes_racing_over_the_same_prompts_call_each_about_once(
     postgres_url: str, anyio_backend: str
 ) -> None:
     # Single flight across processes: each prompt's first claimant calls; the other waits for its
     # answer. The mock (the provider) counts the calls; the racers run the engine on this backend.
-    prompts = 200
+    prompts = 100
     async with serve_mock(MockServerConfig(latency=0.05)) as server:
         race = functools.partial(run_race, postgres_url, server.base_url, prompts, mode="engine",
                                  backend=anyio_backend)
