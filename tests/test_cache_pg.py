@@ -2,7 +2,7 @@
 
 Against the session's server (``tests/_servers/postgres.py``, a password in its URL),
 a fresh database per test, on both anyio backends. The cross-process race over the
-same prompts is in ``test_cache_shared_race.py``.
+same prompts (single flight, calls counted at the mock) is the last test.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from trio_batch_llm._cache._open import open_cache
 from trio_batch_llm._cache._postgres import PostgresCacheConnection
 from trio_batch_llm._cache._records import CachedAnswer, CacheKey
 from trio_batch_llm._values._response_cache import PostgresResponseCache
+from trio_batch_llm.testing import MockServerConfig, serve_mock
 
-from ._cache_race_child import kill_writer_mid_write
+from ._cache_race_child import kill_writer_mid_write, run_race
 from ._servers.postgres import PASSWORD, PostgresServer
 
 pytestmark = pytest.mark.anyio
@@ -202,3 +203,19 @@ async def test_a_writer_killed_mid_write_leaves_no_half_entry(postgres_url: str)
     async with open_cache(config) as cache:  # the cache opens and works after the kills
         await cache.put(_key(), _answer())
         assert await cache.get(_key()) is not None
+
+
+async def test_two_processes_racing_over_the_same_prompts_call_each_about_once(
+    postgres_url: str, anyio_backend: str
+) -> None:
+    # Single flight across processes: each prompt's first claimant calls; the other waits for its
+    # answer. The mock (the provider) counts the calls; the racers run the engine on this backend.
+    prompts = 100
+    async with serve_mock(MockServerConfig(latency=0.05)) as server:
+        race = functools.partial(run_race, postgres_url, server.base_url, prompts, mode="engine",
+                                 backend=anyio_backend)
+        outs = await anyio.to_thread.run_sync(race)
+        calls = server.stats.requests
+    assert sum(out["failed"] for out in outs) == 0
+    assert sum(out["hits"] for out in outs) + calls == 2 * prompts  # every item a hit or a call
+    assert calls <= prompts * 1.01, outs

@@ -1,8 +1,8 @@
 """The response cache on a real Redis: entries, TTL (PX), claims, privacy, errors, a restart, kill -9.
 
 Against real ``redis-server`` processes with a password (``tests/_servers/redis.py``),
-on both anyio backends. The cross-process race over the same prompts is in
-``test_cache_shared_race.py``.
+on both anyio backends. The cross-process race over the same prompts (single flight,
+calls counted at the mock) is the last test.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from trio_batch_llm._cache._open import open_cache
 from trio_batch_llm._cache._records import CachedAnswer, CacheKey
 from trio_batch_llm._cache._redis import RedisCacheConnection
 from trio_batch_llm._values._response_cache import RedisResponseCache, as_response_cache
+from trio_batch_llm.testing import MockServerConfig, serve_mock
 
-from ._cache_race_child import ANSWER_BYTES, kill_writer_mid_write
+from ._cache_race_child import ANSWER_BYTES, kill_writer_mid_write, run_race
 from ._servers.redis import PASSWORD, start_redis
 
 pytestmark = pytest.mark.anyio
@@ -214,3 +215,19 @@ async def test_a_writer_killed_mid_write_leaves_no_half_entry(redis_url: str) ->
             body = decoded.output["body"]
             assert len(body) == ANSWER_BYTES
             assert decoded.output["sha"] == hashlib.sha256(body.encode()).hexdigest()
+
+
+async def test_two_processes_racing_over_the_same_prompts_call_each_about_once(
+    redis_url: str, anyio_backend: str
+) -> None:
+    # Single flight across processes: each prompt's first claimant calls; the other waits for its
+    # answer. The mock (the provider) counts the calls; the racers run the engine on this backend.
+    prompts = 100
+    async with serve_mock(MockServerConfig(latency=0.05)) as server:
+        race = functools.partial(run_race, redis_url, server.base_url, prompts, mode="engine",
+                                 backend=anyio_backend)
+        outs = await anyio.to_thread.run_sync(race)
+        calls = server.stats.requests
+    assert sum(out["failed"] for out in outs) == 0
+    assert sum(out["hits"] for out in outs) + calls == 2 * prompts  # every item a hit or a call
+    assert calls <= prompts * 1.01, outs

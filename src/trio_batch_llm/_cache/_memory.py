@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio.lowlevel
@@ -20,8 +21,10 @@ _CLAIMS = "\x00claims"
 class MemoryCacheConnection(CacheConnection):
     """Entries in ``config.entries`` (digest -> (answer, request)); claims beside them."""
 
-    def __init__(self, config: MemoryResponseCache) -> None:
+    def __init__(self, config: MemoryResponseCache, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: the seconds claims expire by (tests pass the event loop's virtual clock)."""
         self._config = config
+        self._clock = clock
         self._entries: dict[str, Any] = config.entries
 
     def _claims(self) -> dict[str, tuple[str, float]]:
@@ -47,7 +50,7 @@ class MemoryCacheConnection(CacheConnection):
     async def claim(self, key: CacheKey, holder: str, seconds: float) -> bool:
         await anyio.lowlevel.checkpoint()
         claims = self._claims()
-        now = time.monotonic()
+        now = self._clock()
         held = claims.get(key.digest)
         if held is not None and held[0] != holder and held[1] > now:
             return False
