@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
@@ -92,6 +93,7 @@ class ItemRunner(Generic[TOutput]):
         "_host",
         "_item_timeout",
         "_last",
+        "_price_attempt",
         "_retry",
         "cache",
         "start_by",
@@ -114,6 +116,9 @@ class ItemRunner(Generic[TOutput]):
         self._classifier = user_classifier(classifier)
         self._attempt_timeout = config.attempt_timeout
         self._item_timeout = config.guardrails.total_timeout_per_item
+        guard = config.guardrails
+        self._price_attempt = guard.item_cost if guard.cost_function is not None else None
+        """What prices each attempt's usage (AttemptTiming.cost) instead of the built-in table."""
         self._clock = anyio.current_time
         self._bindings: dict[int, Binding] = {}
         self._last: Binding | None = None
@@ -222,6 +227,7 @@ class ItemRunner(Generic[TOutput]):
                     try:
                         output = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
+                        run.switch("backoff", self._clock())  # its call ended here, as a raising call's
                         guard.set_deadline(run.start_limit)
                         outcome = Failure(exc, binding.classify(exc), parse_stage=True)
                     else:
@@ -329,16 +335,28 @@ class ItemRunner(Generic[TOutput]):
         run.calling = False
         if usage:
             add_usage(run.usage, usage)
+            self.used(run, usage, meta)
         release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
+
+    def used(self, run: ItemRun[TOutput], usage: Any, meta: Any) -> None:
+        """The call under way reported ``usage``: its AttemptTiming record carries a copy, priced when
+        read by the config's ``cost_function``, else by ``meta``'s model (else the strategy's)."""
+        if isinstance(usage, Mapping):
+            model = meta.get("model") if isinstance(meta, Mapping) else None
+            if not isinstance(model, str) and run.binding is not None:
+                model = run.binding.strategy.model_name
+            run.call_usage = (dict(usage), model, self._price_attempt)
 
     def attempt_failed(
         self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
     ) -> Failure:
         """Stage 2, the call raised (or answered nothing :func:`as_triple` can read): classify it."""
         run.calling = False
+        failed_usage = getattr(exc, "token_usage", None)
+        if failed_usage:  # a failed but billed call: its record carries what it used
+            self.used(run, failed_usage, None)
         run.switch("backoff", self._clock())
         guard.set_deadline(run.start_limit)
-        failed_usage = getattr(exc, "token_usage", None)
         add_usage(run.usage, failed_usage)
         verdict = binding.classify(exc)
         wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)

@@ -215,6 +215,7 @@ class ItemRun(Generic[TOutput]):
         "backoff_owed",
         "binding",
         "cache_key",
+        "call_usage",
         "calling",
         "claim",
         "failed",
@@ -271,6 +272,7 @@ class ItemRun(Generic[TOutput]):
         self.held: Admission | None = None  # released exactly once; cut short -> release(None)
         self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
+        self.call_usage: tuple[Any, ...] | None = None  # the call's (usage, model, pricer): its record's
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)
         self.retries: Retries | None = None
@@ -287,8 +289,9 @@ class ItemRun(Generic[TOutput]):
         """Book the time since the last switch to the current phase, then enter ``phase``."""
         timing = self.timing
         setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
-        if self.phase == "execution":
-            timing.close_attempt(self.attempts)
+        if self.phase == "execution":  # the call ended: its record, with the usage it reported (if any)
+            used, self.call_usage = self.call_usage, None
+            timing.close_attempt(self.attempts, *(used or ()))
         elif phase == "execution" and self.throttled_since is not None:  # a call ends a throttled wait
             self.throttled += max(0.0, now - self.throttled_since)
             self.throttled_since = None
