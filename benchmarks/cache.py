@@ -89,7 +89,7 @@ def race_section(args: argparse.Namespace, mock: MockServerProcess) -> list[dict
     redis = RedisServer()
     postgres = PostgresServer()
     try:
-        for name in ("redis", "postgresql"):
+        for name in args.caches.split(","):
             for backend in ("trio", "asyncio"):
                 if name == "redis":
                     redis.flush()
@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["engine", "gate"], default="engine",
                         help="racers through process_prompts (engine) or the cache gate directly")
     parser.add_argument("--sections", default="warm,race")
+    parser.add_argument("--caches", default="redis,postgresql", help="the race section's shared caches")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, scratch results folder")
     args = parser.parse_args()
     if args.quick:
