@@ -148,7 +148,7 @@ def main() -> None:
                 lines.append([backend, cold["calls"], f"{cold['seconds']:.2f}", warm["calls"],
                               f"{warm['seconds']:.2f}", f"{share:.1%}", "PASS" if ok else "MISS"])
             print(table(["backend", "cold calls", "cold s", "warm calls", "warm s", "warm/cold", "goal"], lines))
-            plot("Response cache: 10,000 items cold, then warm (SQLite)",
+            plot(f"Response cache: {args.items:,} items cold, then warm (SQLite)",
                       [f"{r['backend']} {r['run']}" for r in warm_rows], [r["seconds"] for r in warm_rows],
                       "wall seconds", "cache_warm.png")
         if "race" in sections:
