@@ -302,7 +302,7 @@ class PostgresCacheConnection(CacheConnection):
     async def release(self, key: CacheKey, holder: str) -> None:
         await self._run(lambda store: store.release(key.digest, holder))
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: ASYNC910 - every session has one (the loop is never empty)
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return
