@@ -89,7 +89,7 @@ def race_section(args: argparse.Namespace, mock: MockServerProcess) -> list[dict
     redis = RedisServer()
     postgres = PostgresServer()
     try:
-        for name in ("redis", "postgresql"):
+        for name in args.caches.split(","):
             for backend in ("trio", "asyncio"):
                 if name == "redis":
                     redis.flush()
@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["engine", "gate"], default="engine",
                         help="racers through process_prompts (engine) or the cache gate directly")
     parser.add_argument("--sections", default="warm,race")
+    parser.add_argument("--caches", default="redis,postgresql", help="the race section's shared caches")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes, scratch results folder")
     args = parser.parse_args()
     if args.quick:
@@ -147,7 +148,7 @@ def main() -> None:
                 lines.append([backend, cold["calls"], f"{cold['seconds']:.2f}", warm["calls"],
                               f"{warm['seconds']:.2f}", f"{share:.1%}", "PASS" if ok else "MISS"])
             print(table(["backend", "cold calls", "cold s", "warm calls", "warm s", "warm/cold", "goal"], lines))
-            plot("Response cache: 10,000 items cold, then warm (SQLite)",
+            plot(f"Response cache: {args.items:,} items cold, then warm (SQLite)",
                       [f"{r['backend']} {r['run']}" for r in warm_rows], [r["seconds"] for r in warm_rows],
                       "wall seconds", "cache_warm.png")
         if "race" in sections:

@@ -1,9 +1,10 @@
 """``PostgresCacheConnection``: the response cache in a PostgreSQL table (psycopg 3, sync, off the loop).
 
 Like the PostgreSQL run repository (``_runs/repository/_postgres.py``, whose URL,
-password-redaction and outage helpers this reuses), the connection is psycopg's
-synchronous one, used from a worker thread through a :class:`WorkerGate`
-(psycopg's async API is asyncio-only): one call at a time, and a call that has
+password-redaction and outage helpers this reuses), the sessions are psycopg's
+synchronous connections, each used from a worker thread through its own
+:class:`WorkerGate` (psycopg's async API is asyncio-only): one call at a time per
+session, up to ``SESSIONS`` sessions per owner's connection, and a call that has
 started finishes in its thread, so a statement is committed or not, never cut in half.
 
 **Tables.** ``config.table`` holds one row per entry: ``digest`` (primary key),
@@ -54,7 +55,7 @@ from ._answer_json import answer_from_json, answer_to_json
 from ._connection import CacheConnection
 from ._records import CachedAnswer, CacheKey
 
-__all__ = ["CACHE_SCHEMA_VERSION", "PostgresCacheConnection"]
+__all__ = ["CACHE_SCHEMA_VERSION", "SESSIONS", "PostgresCacheConnection"]
 
 CACHE_SCHEMA_VERSION: Final = 1
 _COMPONENT: Final = "response_cache:"
@@ -63,6 +64,8 @@ _TABLE_NAME: Final = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-
 _LAST_USED_GRAIN: Final = 60.0  # seconds: a hit rewrites last_used only when it is older than this
 _STATEMENT_TIMEOUT_MS: Final = 30_000
 _IDLE_IN_TRANSACTION_MS: Final = 5_000
+SESSIONS: Final = 4
+"""Database sessions one connection uses at most (each a worker thread while it works)."""
 
 R = TypeVar("R")
 
@@ -249,52 +252,62 @@ class _Store:
 
 @final
 class PostgresCacheConnection(CacheConnection):
-    """One owner's connection to a :class:`PostgresResponseCache` (see the module docstring)."""
+    """One owner's connection to a :class:`PostgresResponseCache` (see the module docstring): up to
+    ``SESSIONS`` database sessions, each in its own worker gate, so that a busy owner's calls (hundreds of
+    items looking up, claiming and writing at once) do not queue behind one round trip at a time."""
 
-    def __init__(self, store: _Store, gate: WorkerGate, config: PostgresResponseCache) -> None:
-        self._store = store
-        self._gate = gate
+    def __init__(self, stores: list[_Store], config: PostgresResponseCache) -> None:
+        self._location = stores[0].location
+        self._idle = [(store, WorkerGate()) for store in stores]
+        self._all = list(self._idle)
+        self._free = anyio.Semaphore(len(stores))
         self._config = config
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<PostgresCacheConnection {self._store.location}>"
+        return f"<PostgresCacheConnection {self._location}>"
 
     @classmethod
     async def open(cls, config: PostgresResponseCache, *, clock: Callable[[], float] = time.time,
                    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> PostgresCacheConnection:
         """Connect, create the tables if missing (or refuse a table that is not ours); ``clock`` (Unix
-        seconds) decides TTLs. Raises before any work starts if the server cannot be used."""
-        store = _Store(config, clock, connect_timeout)
-        gate = WorkerGate()
-        await gate.run(store.open)
-        return cls(store, gate, config)
+        seconds) decides TTLs. Raises before any work starts if the server cannot be used. The other
+        sessions connect when first needed."""
+        stores = [_Store(config, clock, connect_timeout) for _ in range(SESSIONS)]
+        await WorkerGate().run(stores[0].open)
+        return cls(stores, config)
 
-    async def _run(self, fn: Callable[..., R], *args: Any) -> R:
+    async def _run(self, call: Callable[[_Store], R]) -> R:
         if self._closed:
             await anyio.lowlevel.checkpoint()
-            raise ArtifactStoreError(f"{self._store.location}: the cache connection is closed")
-        return await self._gate.run(fn, *args)
+            raise ArtifactStoreError(f"{self._location}: the cache connection is closed")
+        async with self._free:
+            store, gate = self._idle.pop()
+            try:
+                return await gate.run(call, store)
+            finally:
+                self._idle.append((store, gate))
 
     async def get(self, key: CacheKey) -> CachedAnswer | None:
-        return await self._run(self._store.get, key.digest)
+        return await self._run(lambda store: store.get(key.digest))
 
     async def put(self, key: CacheKey, answer: CachedAnswer) -> None:
         request = (json.dumps(dict(key.request), separators=(",", ":"), ensure_ascii=False, default=str)
                    if self._config.store_request else None)
-        await self._run(self._store.put, key.digest, answer, request)
+        await self._run(lambda store: store.put(key.digest, answer, request))
 
     async def claim(self, key: CacheKey, holder: str, seconds: float) -> bool:
-        return await self._run(self._store.claim, key.digest, holder, seconds)
+        return await self._run(lambda store: store.claim(key.digest, holder, seconds))
 
     async def release(self, key: CacheKey, holder: str) -> None:
-        await self._run(self._store.release, key.digest, holder)
+        await self._run(lambda store: store.release(key.digest, holder))
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: ASYNC910 - every session has one (the loop is never empty)
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            # Bounded: waits for the one call in flight (statement_timeout), then a close.
-            await self._gate.run(self._store.close)
+            # Bounded: each gate waits for its one call in flight (statement_timeout), then a close.
+            for store, gate in self._all:
+                await gate.run(store.close)
