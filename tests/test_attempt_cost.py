@@ -99,3 +99,4 @@ async def test_an_attempt_without_usage_or_rates_has_no_cost(anyio_backend: Any)
     assert [r.cost for r in result.timing.attempts] == [None, None, None]  # not in the table: unknown
     bare = AttemptTiming(1, execution=0.5)
     assert (bare.token_usage, bare.input_tokens, bare.cost) == ({}, None, None)
+    assert hash(AttemptTiming(1, token_usage=_FIRST)) == hash(AttemptTiming(1))  # still hashable

@@ -209,6 +209,8 @@ def test_a_suspicious_config_warns_naming_the_fields(monkeypatch: pytest.MonkeyP
     with pytest.warns(UserWarning, match=r"max_provider_concurrency=9 > workers=3"):
         ProcessorConfig(concurrency=3, max_provider_concurrency=9)
     monkeypatch.setattr(_config_warnings, "open_file_limit", lambda: 256)
+    monkeypatch.setattr(_config_warnings, "open_files", lambda: 10)  # (capacity warnings: once a process)
+    monkeypatch.setattr(_config_warnings, "_WARNED", set())
     with pytest.warns(UserWarning, match=r"concurrency=200 .* 256 \(RLIMIT_NOFILE\)"):
         ProcessorConfig(concurrency=200)
     with warnings.catch_warnings():

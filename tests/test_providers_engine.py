@@ -287,6 +287,7 @@ async def test_leaving_the_stream_early_leaks_no_connection(
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.filterwarnings("ignore:concurrency=4 but:UserWarning")  # a 3-connection pool, on purpose
 async def test_cancelling_a_pool_submitter_leaks_no_connection(server: MockServer, kind: str) -> None:
     http = create_client(concurrency=3)
     strategy = build(kind, server, http=http)

@@ -41,6 +41,7 @@ import anyio.lowlevel
 from .._cache._flight import Claim
 from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
+from .._values._config_warnings import warn_if_pool_too_small
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage
 from .._values._stop_reasons import StopReason
@@ -157,6 +158,7 @@ class ItemRunner(Generic[TOutput]):
         """
         await self._host.ensure_prepared(strategy)
         config = self._config
+        warn_if_pool_too_small(strategy, config.provider_concurrency)  # once per owner and strategy
         if tokenizer_unloaded(strategy, config.token_estimator):
             await load_tokenizer(strategy)
         tokens = request_tokens(strategy, config.token_estimator)

@@ -106,6 +106,15 @@ class LLMCallStrategy(Generic[TOutput]):
         Strategies holding connection pools size them from it. The default ignores it.
         """
 
+    @property
+    def connection_limit(self) -> int | None:
+        """The most connections this strategy's HTTP pool opens at once, when it caps them (a pool
+        sized by :meth:`configure_concurrency` does not); ``None``: no cap, or unknown (the default).
+
+        A cap below the owner's concurrency is warned about once: calls past it would wait for a
+        connection inside their attempt."""
+        return None
+
     def quota_scope(self) -> object:
         """Strategies returning equal scopes share concurrency, RPM/TPM quotas and cooldowns."""
         return self

@@ -35,7 +35,7 @@ class AttemptTiming:
     admission_wait: float = 0.0
     cooldown: float = 0.0
     backoff: float = 0.0
-    token_usage: Mapping[str, int] = field(default_factory=lambda: _NO_USAGE)  # shared: no dict per record
+    token_usage: Mapping[str, int] = field(default_factory=lambda: _NO_USAGE, hash=False)  # shared empty
     model: str | None = None
     """The model that answered (its reported ``model``, else the strategy's ``model_name``)."""
     cost_function: Callable[[Any], float] | None = field(default=None, repr=False, compare=False)

@@ -171,6 +171,13 @@ class GeminiStrategy(LLMCallStrategy[str]):
         if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
             self._concurrency_hint = concurrency
 
+    @property
+    def connection_limit(self) -> int | None:
+        """``concurrency=`` (it caps the pool we open), or the pool limit of an httpx2 client passed in."""
+        if self._user_client is not None:
+            return self._http.pool_limit(self._user_client)
+        return self.concurrency if self._sdk_client is None else None
+
     def lease_identity(self) -> object:
         cache = self._cache_body["displayName"] if self._cache_body is not None else None
         return (type(self), self.model, self.base_url, self.api_version, self._fingerprint(),

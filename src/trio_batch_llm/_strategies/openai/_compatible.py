@@ -41,7 +41,7 @@ from ._wire import (
     decode_json,
     parse_response_body,
 )
-from ._wire_errors import decode_error_body, error_from_status, error_in_body
+from ._wire_errors import decode_error_body, error_from_status, error_in_body, schema_rejected
 
 __all__ = ["OpenAICompatibleStrategy"]
 
@@ -63,15 +63,6 @@ def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None,
         "naming the environment variable that holds this endpoint's key (command line: --api-key-env NAME)",
         category=ErrorCategory.AUTHENTICATION, retry_after=error.retry_after, status_code=error.status_code,
     )
-
-
-def schema_rejected(error: ProviderError) -> bool:
-    """Whether a 400 answer refuses the request's JSON schema (OpenAI: ``invalid_json_schema``, or a
-    message about the schema)."""
-    if error.category is not ErrorCategory.INVALID_REQUEST:
-        return False
-    text = str(error).lower()
-    return "invalid_json_schema" in text or "schema" in text
 
 
 class _EndpointStrategy(LLMCallStrategy[str]):
@@ -179,6 +170,15 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         """
         if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
             self._concurrency_hint = concurrency
+
+    @property
+    def connection_limit(self) -> int | None:
+        """``concurrency=`` (it caps the pool we open), or the pool limit of the client passed in."""
+        if self._user_client is None:
+            return self.concurrency
+        from . import _http
+
+        return _http.pool_limit(self._user_client)
 
     @property
     def pool_size(self) -> int | None:

@@ -29,6 +29,7 @@ __all__ = [
     "encode_json_body",
     "is_async_client",
     "is_transport_error",
+    "pool_limit",
     "pool_statistics",
     "post_json",
     "send_request",
@@ -39,6 +40,7 @@ DEFAULT_TIMEOUT = 600.0
 """Seconds for each phase of a request. Generous on purpose: the engine's cancel scopes bound attempts."""
 _CONNECT_TIMEOUT = 10.0
 _IDLE_WITHOUT_LIMIT = 100
+_UNBOUNDED = 1 << 62  # httpcore2 stores Limits(max_connections=None) as sys.maxsize
 
 
 @final
@@ -206,6 +208,17 @@ def transport_error(exc: BaseException, *, secret: Secret | None = None) -> Prov
 def is_transport_error(exc: BaseException) -> bool:
     """Whether ``exc`` is an ``httpx2`` failure that produced no HTTP response."""
     return isinstance(exc, httpx2.HTTPError) and not isinstance(exc, httpx2.HTTPStatusError)
+
+
+def pool_limit(client: Any) -> int | None:
+    """The most connections ``client``'s default transport opens (an ``httpx2`` or ``httpx`` client,
+    or an SDK client holding one as ``_client``); ``None`` when unbounded or not readable."""
+    for holder in (client, getattr(client, "_client", None)):
+        pool = getattr(getattr(holder, "_transport", None), "_pool", None)
+        limit = getattr(pool, "_max_connections", None)
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            return limit if limit < _UNBOUNDED else None
+    return None
 
 
 def pool_statistics(client: Any) -> PoolStatistics:

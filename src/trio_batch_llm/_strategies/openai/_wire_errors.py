@@ -21,7 +21,7 @@ from ..._values._errors import ProviderError
 from ..._values._retry_after import retry_after_from_headers
 from .._keys import Secret
 
-__all__ = ["decode_error_body", "error_from_status", "error_in_body", "status_category"]
+__all__ = ["decode_error_body", "error_from_status", "error_in_body", "schema_rejected", "status_category"]
 
 CONTEXT_LENGTH_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 CONTENT_POLICY_CODES = frozenset(
@@ -153,3 +153,12 @@ def _category(status: int, code: str, kind: str, text: str) -> ErrorCategory:
             return ErrorCategory.CONTENT_POLICY
         return ErrorCategory.INVALID_REQUEST
     return ErrorCategory.UNKNOWN
+
+
+def schema_rejected(error: ProviderError) -> bool:
+    """Whether a 400 answer refuses the request's JSON schema (OpenAI: ``invalid_json_schema``, or a
+    message about the schema)."""
+    if error.category is not ErrorCategory.INVALID_REQUEST:
+        return False
+    text = str(error).lower()
+    return "invalid_json_schema" in text or "schema" in text
