@@ -282,3 +282,33 @@ async def test_an_entry_that_does_not_decode_is_a_miss(anyio_backend: str, tmp_p
         await cache.put(key(1), answer(1))
         await anyio.to_thread.run_sync(rows, config.path, "UPDATE entries SET answer = '{\"no\": 1}'")
         assert await cache.get(key(1)) is None
+
+
+async def test_concurrent_gets_share_calls_and_survive_cancelled_callers(
+        anyio_backend: str, tmp_path: Path) -> None:
+    async with open_cache(SqliteResponseCache(tmp_path / "c.sqlite3")) as cache:
+        for i in range(0, 40, 2):
+            await cache.put(key(i), answer(i))
+        got: dict[int, Any] = {}
+        cancelled: list[int] = []
+
+        async def one(i: int) -> None:
+            with anyio.CancelScope() as scope:
+                if i % 5 == 0:
+                    scope.cancel()  # cancelled as it starts: a leader before its call, or a waiter
+                got[i] = await cache.get(key(i))
+            if scope.cancelled_caught:
+                cancelled.append(i)
+
+        for _ in range(3):
+            got.clear()
+            cancelled.clear()
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(one, i)
+            assert sorted(cancelled) == list(range(0, 40, 5))
+            assert sorted(got) == [i for i in range(40) if i % 5]
+            for i, found in got.items():
+                assert (found.output if found else None) == (f"answer {i}" if i % 2 == 0 else None), i
+        assert isinstance(cache, SqliteCacheConnection)
+        assert await cache.get(key(2)) == answer(2)  # the queue is empty and the lead free again

@@ -23,6 +23,10 @@ it. Deleted pages are reused by later writes, so the file stays near
 *Recently used*: a hit's time is kept in memory and written with the next write
 (or every 64 hits, or on close), so that hits do not each take the write lock.
 
+**Reads share calls.** A worker-thread hop costs far more than a read by key, so
+gets made at once are queued and read in one call (one read snapshot): a warm
+run's thousands of concurrent lookups take a few calls, not one each.
+
 **Claims** (cross-process single flight) are rows of the ``claims`` table on the
 wall clock: a claim is taken when absent, held by the same holder, or expired,
 in one transaction, so two processes never both get it.
@@ -30,6 +34,7 @@ in one transaction, so two processes never both get it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sqlite3
@@ -38,6 +43,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final, TypeVar, final
+
+import anyio
 
 from .._artifacts._sqlite_file import busy_message, is_busy, retry_busy, set_busy_timeout
 from .._artifacts._worker_gate import WorkerGate
@@ -66,6 +73,26 @@ _MAX_EVICT_ROUNDS: Final = 50
 
 
 @final
+class _Read:
+    """One queued get: its answer (or error) is set in the worker thread, then ``done`` on the loop."""
+
+    __slots__ = ("answer", "answered", "digest", "done", "error", "lead")
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+        self.done = anyio.Event()
+        self.answer: CachedAnswer | None = None
+        self.error: ArtifactStoreError | None = None
+        self.lead = False  # woken to lead the next call, not with an answer
+        self.answered = False  # set in the worker thread with answer or error
+
+    def outcome(self) -> CachedAnswer | None:
+        if self.error is not None:
+            raise ArtifactStoreError(str(self.error)) from self.error  # each caller its own exception
+        return self.answer
+
+
+@final
 class SqliteCacheConnection(CacheConnection):
     """One owner's connection to a SQLite response cache; see the module docstring."""
 
@@ -77,6 +104,8 @@ class SqliteCacheConnection(CacheConnection):
         self._gate = gate
         self._clock = clock
         self._touched: dict[str, float] = {}  # digest -> when a hit last used it; only in the thread
+        self._reads: list[_Read] = []  # gets queued for the next worker-thread call
+        self._reading = False  # a get leads (its call is running, or the lead is being handed on)
 
     @classmethod
     async def open(cls, config: SqliteResponseCache, *, clock: Callable[[], float] = time.time
@@ -97,7 +126,45 @@ class SqliteCacheConnection(CacheConnection):
     # -- the protocol ---------------------------------------------------------------------
 
     async def get(self, key: CacheKey) -> CachedAnswer | None:
-        return await self._run("reading an entry", self._get, key.digest)
+        """Concurrent gets share one worker-thread call: the first leads and reads every get queued
+        by then (a thread hop costs far more than a read), then hands the lead to the next one queued."""
+        read = _Read(key.digest)
+        self._reads.append(read)
+        if self._reading:
+            try:
+                await read.done.wait()
+            except BaseException:
+                self._withdraw(read)
+                raise
+            if not read.lead:
+                return read.outcome()
+        self._reading = True
+        batch, self._reads = self._reads, []
+        try:
+            await self._gate.run(self._get_many, batch)  # started, it finishes: the answers land in batch
+        finally:
+            # Cancelled before the call started: the others' reads go back to the queue's head.
+            self._reads = [other for other in batch if other is not read and not other.answered] + self._reads
+            for other in batch:
+                if other is not read and other.answered:
+                    other.done.set()
+            self._pass_lead()
+        return read.outcome()
+
+    def _withdraw(self, read: _Read) -> None:
+        """A queued get was cancelled: it leaves the queue, and hands on the lead if it had it."""
+        if any(queued is read for queued in self._reads):
+            self._reads = [queued for queued in self._reads if queued is not read]
+        if read.lead:
+            self._pass_lead()
+
+    def _pass_lead(self) -> None:
+        if self._reads:
+            following = self._reads[0]
+            following.lead = True
+            following.done.set()
+        else:
+            self._reading = False
 
     async def put(self, key: CacheKey, answer: CachedAnswer) -> None:
         text = answer_to_json(answer)
@@ -144,26 +211,49 @@ class SqliteCacheConnection(CacheConnection):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    def _get(self, digest: str) -> CachedAnswer | None:
+    def _get_many(self, batch: list[_Read]) -> None:
+        """Every read of ``batch`` in one snapshot; then, in one write, stale entries deleted and hit
+        times written (when enough are pending). Errors land on the reads they concern."""
+        try:
+            stale = self._errors("reading entries", functools.partial(self._read_all, batch))
+        except ArtifactStoreError as exc:
+            for read in batch:
+                read.answer, read.error, read.answered = None, exc, True
+            return
+        for read in batch:
+            read.answered = True
+        if stale or len(self._touched) >= _TOUCH_BATCH:
+            with contextlib.suppress(ArtifactStoreError):  # best effort: the reads are answered already
+                self._errors("updating entries", functools.partial(self._tidy, stale))
+
+    def _read_all(self, batch: list[_Read]) -> list[tuple[str, float]]:
         conn = self._conn
         assert conn is not None
-        row = conn.execute("SELECT answer, created_at FROM entries WHERE digest = ?", (digest,)).fetchone()
-        if row is None:
-            return None
         now = self._clock()
         ttl = self._config.ttl
-        if ttl is not None and row[1] + ttl <= now:
-            with self._transaction() as tx:  # lazily: only the one just found stale
-                tx.execute("DELETE FROM entries WHERE digest = ? AND created_at = ?", (digest, row[1]))
-            return None
-        answer = answer_from_json(row[0])
-        if answer is None:
-            return None  # not an answer this version reads: a miss, overwritten by the call's answer
-        self._touched[digest] = now
-        if len(self._touched) >= _TOUCH_BATCH:
-            with self._transaction() as tx:
-                self._write_touches(tx)
-        return answer
+        stale: list[tuple[str, float]] = []
+        conn.execute("BEGIN")  # deferred: one read snapshot for the whole batch
+        try:
+            for read in batch:
+                row = conn.execute("SELECT answer, created_at FROM entries WHERE digest = ?",
+                                   (read.digest,)).fetchone()
+                if row is None:
+                    continue
+                if ttl is not None and row[1] + ttl <= now:
+                    stale.append((read.digest, row[1]))  # lazily deleted: only those found stale
+                    continue
+                # An answer this version cannot read is a miss, overwritten by the call's answer.
+                read.answer = answer_from_json(row[0])
+                if read.answer is not None:
+                    self._touched[read.digest] = now
+        finally:
+            conn.execute("COMMIT")
+        return stale
+
+    def _tidy(self, stale: list[tuple[str, float]]) -> None:
+        with self._transaction() as tx:
+            tx.executemany("DELETE FROM entries WHERE digest = ? AND created_at = ?", stale)
+            self._write_touches(tx)
 
     def _put(self, digest: str, text: str, request: str | None, created_at: float) -> None:
         now = self._clock()
