@@ -312,3 +312,27 @@ async def test_concurrent_gets_share_calls_and_survive_cancelled_callers(
                 assert (found.output if found else None) == (f"answer {i}" if i % 2 == 0 else None), i
         assert isinstance(cache, SqliteCacheConnection)
         assert await cache.get(key(2)) == answer(2)  # the queue is empty and the lead free again
+
+
+async def test_writes_and_claims_made_at_once_share_calls_and_keep_their_order(
+        anyio_backend: str, tmp_path: Path) -> None:
+    async with open_cache(SqliteResponseCache(tmp_path / "c.sqlite3")) as cache:
+        taken: list[str] = []
+        read_back: dict[int, Any] = {}
+
+        async def writer(i: int) -> None:
+            await cache.put(key(i), answer(i))
+            read_back[i] = await cache.get(key(i))
+
+        async def claimer(holder: str) -> None:
+            if await cache.claim(key(99), holder, 60):
+                taken.append(holder)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(30):
+                tg.start_soon(writer, i)
+                tg.start_soon(claimer, f"h{i}")
+        assert len(taken) == 1  # one claim among thirty at once
+        assert {i: a.output for i, a in read_back.items()} == {i: f"answer {i}" for i in range(30)}
+        await cache.release(key(99), taken[0])
+        assert await cache.claim(key(99), "later", 60)
