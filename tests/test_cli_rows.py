@@ -120,7 +120,7 @@ def test_the_fast_path_accepts_exactly_what_the_full_check_accepts(
 
 def test_a_good_row_with_item_id_is_read_as_the_api_reads_it(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
-    assert classify_line(path, '{"item_id": "a", "prompt": "x"}', 1) == ("a", "x", None)
+    assert classify_line(path, '{"item_id": "a", "prompt": "x"}', 1) == ("a", "x", None, 0)
 
 
 # --- a key given twice (a JSON reader keeps only the last) --------------------------------------
@@ -165,10 +165,10 @@ async def test_a_runs_jsonl_source_refuses_a_key_given_twice(
 def test_a_key_repeated_inside_a_value_or_used_as_a_value_is_not_a_repeated_key(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     # A value that reads like a key sends the line down the full check, which accepts it.
-    assert classify_line(path, '{"id": "id", "prompt": "prompt"}', 1) == ("id", "prompt", None)
+    assert classify_line(path, '{"id": "id", "prompt": "prompt"}', 1) == ("id", "prompt", None, 0)
     assert classify_line(path, '{"id": "a", "prompt": "x", "context": {"id": 1, "id": 2}}', 1) == (
-        "a", "x", {"id": 2})
-    assert classify_line(path, '{"id": "a", "prompt": "say \\"id\\""}', 1) == ("a", 'say "id"', None)
+        "a", "x", {"id": 2}, 0)
+    assert classify_line(path, '{"id": "a", "prompt": "say \\"id\\""}', 1) == ("a", 'say "id"', None, 0)
 
 
 _pair_keys = st.sampled_from(["id", "prompt", "context", "\\u0069d", "messages"])

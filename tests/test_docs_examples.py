@@ -118,6 +118,7 @@ EXAMPLES = [
         "token budget: budget_exhausted;", "cost budget: budget_exhausted;",
     )),
     Example("checkpoint_resume", BOTH),
+    Example("caching", BOTH, needs=SERVER),
     Example("cost_identity", BOTH, needs=SERVER),
     Example("output_codec", BOTH),
     Example("structured_output", BOTH, needs=(*SERVER, "pydantic")),

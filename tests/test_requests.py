@@ -225,13 +225,13 @@ def test_cli_jsonl_rows_with_messages_and_params(tmp_path: Path) -> None:
 
     path = tmp_path / "in.jsonl"
     line = json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}], "params": {"seed": 1}})
-    item_id, text, _ = classify_line(path, line, 1)  # type: ignore[misc]
+    item_id, text, _, _ = classify_line(path, line, 1)  # type: ignore[misc]
     assert item_id == "a" and request_of_text(text) == ([{"role": "user", "content": "hi"}], {"seed": 1})
     problem = classify_line(path, json.dumps({"id": "a", "prompt": "x", "params": {"tempo": 1}}), 3)
     assert 'line 3, field "params"' in str(problem) and "unknown key 'tempo'" in str(problem)
     problem = classify_line(path, json.dumps({"id": "a", "messages": "hi"}), 4)
     assert 'line 4, field "messages"' in str(problem)
-    assert classify_line(path, json.dumps({"id": "a", "prompt": "x"}), 5) == ("a", "x", None)
+    assert classify_line(path, json.dumps({"id": "a", "prompt": "x"}), 5) == ("a", "x", None, 0)
 
 
 class TextOnlyCounting(LLMCallStrategy[str]):

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import final
+
+import anyio.lowlevel
 
 from ._records import CachedAnswer, CacheKey
 
-__all__ = ["CacheConnection"]
+__all__ = ["CacheConnection", "CacheStats"]
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """What a cache holds (``trio-batch-llm cache stats``): entries live or expired but not yet
+    deleted, their approximate size in bytes (``None``: the backend cannot tell), and when the
+    oldest and the newest were written (Unix seconds; ``None`` when empty)."""
+
+    entries: int
+    bytes: int | None = None
+    oldest: float | None = None
+    newest: float | None = None
 
 
 class CacheConnection(ABC):
@@ -36,3 +53,17 @@ class CacheConnection(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Close the connection. Idempotent."""
+
+    # The operator's two questions (``trio-batch-llm cache stats|clear``); a backend that cannot
+    # answer them yet keeps these defaults, and the command says so.
+
+    async def stats(self) -> CacheStats:
+        """How many entries the cache holds, their size and age."""
+        await anyio.lowlevel.checkpoint()
+        raise NotImplementedError(f"{type(self).__name__} cannot count its entries yet")
+
+    async def clear(self, *, older_than: float | None = None) -> int:
+        """Delete every entry (claims untouched), or those written more than ``older_than``
+        seconds ago; the number deleted."""
+        await anyio.lowlevel.checkpoint()
+        raise NotImplementedError(f"{type(self).__name__} cannot clear its entries yet")

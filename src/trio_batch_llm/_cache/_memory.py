@@ -9,7 +9,7 @@ from typing import Any
 import anyio.lowlevel
 
 from .._values._response_cache import MemoryResponseCache
-from ._connection import CacheConnection
+from ._connection import CacheConnection, CacheStats
 from ._records import CachedAnswer, CacheKey
 
 __all__ = ["MemoryCacheConnection"]
@@ -66,3 +66,20 @@ class MemoryCacheConnection(CacheConnection):
 
     async def aclose(self) -> None:
         await anyio.lowlevel.checkpoint()
+
+    def _answers(self) -> dict[str, CachedAnswer]:
+        return {digest: found[0] for digest, found in self._entries.items() if digest != _CLAIMS}
+
+    async def stats(self) -> CacheStats:
+        await anyio.lowlevel.checkpoint()
+        written = [answer.created_at for answer in self._answers().values()]
+        return CacheStats(len(written), None, min(written, default=None), max(written, default=None))
+
+    async def clear(self, *, older_than: float | None = None) -> int:
+        await anyio.lowlevel.checkpoint()
+        cutoff = None if older_than is None else time.time() - older_than
+        gone = [digest for digest, answer in self._answers().items()
+                if cutoff is None or answer.created_at < cutoff]
+        for digest in gone:
+            del self._entries[digest]
+        return len(gone)

@@ -1,5 +1,8 @@
 """The command line's CSV input: a header row with ``id`` and ``prompt``, other columns the context.
 
+An optional ``sample`` column (a whole number >= 0, empty for 0) says which sample of its request
+each row is, as JSONL's ``"sample"`` does.
+
 A column named like a request key or parameter (``messages``, ``params``, ``temperature``, ...)
 is refused: as context it would never be sent.
 
@@ -26,7 +29,7 @@ from typing import Any, Final
 
 from .._values._prompts import PARAM_KEYS, ROW_KEYS
 from ._input_jsonl import prompt_problem
-from ._input_records import InputError, InputRecord
+from ._input_records import InputError, InputRecord, sample_problem
 
 __all__ = ["CSV_FIELD_LIMIT", "csv_entries", "decoded_lines"]
 
@@ -147,7 +150,10 @@ def _record(path: Path, header: list[str], row: list[str], line: int) -> InputRe
     problem = prompt_problem(prompt)
     if problem is not None:
         return InputError(path, problem, line=line, field="prompt")
-    return InputRecord(item_id, prompt, fields or None, line)
+    sample = fields.pop("sample", "").strip()
+    if sample and not (sample.isascii() and sample.isdigit()):
+        return InputError(path, str(sample_problem(sample)), line=line, field="sample")
+    return InputRecord(item_id, prompt, fields or None, line, int(sample or 0))
 
 
 def _csv_header(path: Path, row: list[str], line: int) -> list[str]:

@@ -5,10 +5,12 @@ A line is an object ``{"id": ..., "prompt": ..., "context": ...}``
 ``"item_id"`` may stand for ``"id"``), or ``{"id": ..., "messages": [...], "params": {...}}``
 (chat messages instead of ``prompt``, and request parameters, both checked
 here; such a record's ``prompt`` is the request as one text, ``request_text``,
-which the run unpacks), or a string, the prompt, whose id is ``item-N`` (N
-counts the items from 0, as ``process_prompts`` does). Blank lines are skipped.
+which the run unpacks), either with an optional ``"sample"`` (a whole number >= 0:
+which sample of its request the item is, part of its response-cache key), or a
+string, the prompt, whose id is ``item-N`` (N counts the items from 0, as
+``process_prompts`` does). Blank lines are skipped.
 The keys of an object follow the rule of every reader, :func:`row_problem`
-(the API's and a run's source's): any other key, both ``prompt`` and
+(the API's and a run's source's), plus ``"sample"``: any other key, both ``prompt`` and
 ``messages``, or a key given twice (:func:`repeated_row_key`), is refused,
 naming the line and the field.
 
@@ -34,7 +36,7 @@ from typing import Any, Final, final
 from .._values._item_checks import json_line_nesting_column, nesting_problem, surrogate_problem
 from .._values._prompts import REPEATED_KEY_PROBLEM, repeated_row_key, row_problem
 from .._values._requests import check_params, check_prompt, item_id_problem, prompt_text, request_text
-from ._input_records import MAX_REPORTED, InputError, InputRecord
+from ._input_records import MAX_REPORTED, InputError, InputRecord, sample_problem
 
 __all__ = [
     "JsonlPart",
@@ -125,9 +127,11 @@ def _no_bom(text: str | InputError) -> str | InputError:
     return text[1:] if isinstance(text, str) and text.startswith("\ufeff") else text
 
 
-def classify_line(path: Path, text: str, number: int) -> tuple[str | None, str, Any] | InputError | None:
-    """``(id, prompt, context)`` of one line (id ``None``: a bare prompt, whose id is generated),
-    its problem, or ``None`` for a blank line."""
+Row = tuple[str | None, str, Any, int]  # (id, prompt, context, sample); id None: generated (item-N)
+
+
+def classify_line(path: Path, text: str, number: int) -> Row | InputError | None:
+    """The :data:`Row` of one line, its problem, or ``None`` for a blank line."""
     stripped = text.strip()
     if not stripped:
         return None
@@ -140,7 +144,7 @@ def classify_line(path: Path, text: str, number: int) -> tuple[str | None, str, 
             item_id, prompt = value.get("id"), value.get("prompt")
             if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
                     and value.keys() <= _FAST_KEYS and _keys_once(stripped, value)):
-                return item_id, prompt, value.get("context")
+                return item_id, prompt, value.get("context"), 0
     return _full_check(path, text, stripped, number)
 
 
@@ -151,9 +155,7 @@ def _keys_once(text: str, value: dict[str, Any]) -> bool:
             and ("context" not in value or text.count('"context"') == 1))
 
 
-def _full_check(
-    path: Path, text: str, stripped: str, number: int
-) -> tuple[str | None, str, Any] | InputError:
+def _full_check(path: Path, text: str, stripped: str, number: int) -> Row | InputError:
     # Nesting is measured before parsing, which recurses per level.
     if len(stripped) > _NESTING_CHECK_AT and stripped.count("[") + stripped.count("{") >= _NESTING_CHECK_AT:
         column = json_line_nesting_column(text)
@@ -170,11 +172,12 @@ def _full_check(
         problem = _prompt_problem(value, escaped)
         if problem is not None:
             return InputError(path, problem, line=number, field="prompt")
-        return None, value, None
+        return None, value, None, 0
     if not isinstance(value, dict):
         return InputError(path, f'expected an object with "id" and "prompt", or a string; '
                                 f"found {_json_type(value)}", line=number)
-    keys = row_problem(value)
+    # "sample" is the command line's own key (a run's source and process_prompts rows have none yet).
+    keys = row_problem({key: item for key, item in value.items() if key != "sample"})
     if keys is not None:
         return InputError(path, keys[1], line=number, field=keys[0])
     repeated = repeated_row_key(stripped, value)
@@ -185,17 +188,21 @@ def _full_check(
         problem = f"{item_id!r} {found}"
     if problem is not None:
         return InputError(path, problem, line=number, field="id")
+    sample = value.get("sample", 0)
+    problem = sample_problem(sample)
+    if problem is not None:
+        return InputError(path, problem, line=number, field="sample")
     if "messages" in value or "params" in value:
-        return _request_line(path, value, item_id, number)
+        return _request_line(path, value, item_id, number, sample)
     prompt = value.get("prompt")
     problem = _prompt_problem(prompt, escaped)
     if problem is not None or not isinstance(prompt, str):
         return InputError(path, problem or "missing", line=number, field="prompt")
-    return item_id, prompt, value.get("context")
+    return item_id, prompt, value.get("context"), sample
 
 
 def _request_line(path: Path, value: dict[str, Any], item_id: str | None,
-                  number: int) -> tuple[str | None, str, Any] | InputError:
+                  number: int, sample: int) -> Row | InputError:
     """A line with ``messages`` and/or ``params``: checked, and kept as one request text."""
     field = "messages" if "messages" in value else "prompt"
     prompt = value[field]
@@ -217,7 +224,7 @@ def _request_line(path: Path, value: dict[str, Any], item_id: str | None,
         params = check_params(value.get("params"), "params")
     except (TypeError, ValueError) as exc:
         return InputError(path, str(exc).removeprefix("params: "), line=number, field="params")
-    return item_id, request_text(prompt, params), value.get("context")
+    return item_id, request_text(prompt, params), value.get("context"), sample
 
 
 def jsonl_entries(path: Path) -> Iterator[InputRecord | InputError]:
@@ -230,8 +237,8 @@ def jsonl_entries(path: Path) -> Iterator[InputRecord | InputError]:
         if isinstance(entry, InputError):
             yield entry
         else:
-            item_id, prompt, context = entry
-            yield InputRecord(f"item-{index}" if item_id is None else item_id, prompt, context, number)
+            item_id, prompt, context, sample = entry
+            yield InputRecord(item_id or f"item-{index}", prompt, context, number, sample)
         index += 1
 
 

@@ -33,6 +33,8 @@ from ._args import (
     probability,
     wait_bound,
 )
+from ._cache_cmd import add_cache_parser
+from ._cache_flags import add_cache_arguments
 from ._command import EXIT_UNAVAILABLE
 from ._runs_parser import add_runs_parser
 
@@ -144,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what --resume keeps (implies --resume): successes (the default), or all, "
                           "which also keeps failures that would fail again (invalid request, context "
                           "length, content policy)")
+    add_cache_arguments(run)
     run.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
     run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="a progress bar on stderr (default: when stderr is a terminal; "
@@ -171,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(handler=_export)
 
     add_runs_parser(sub)
+    add_cache_parser(sub)
 
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
     demo.add_argument("--items", type=positive_int, default=200, help="prompts to run (default 200)")

@@ -92,9 +92,12 @@ def redaction_note(command: str) -> str:
         words = shlex.split(command)
     except ValueError:
         words = []
-    database = any(REDACTED in word and is_postgres_store(word) for word in words)
-    flags = [flag for flag, value in itertools.pairwise(words)
-             if flag.startswith("--") and REDACTED in value and not is_postgres_store(value)]
+    # --cache's postgresql:// URL is a cache's, not the run database's (which is a positional DB).
+    cached = {index + 1 for index, word in enumerate(words) if word == "--cache"}
+    database = any(REDACTED in word and is_postgres_store(word) and index not in cached
+                   for index, word in enumerate(words))
+    flags = [flag for flag, value in itertools.pairwise(words) if flag.startswith("--") and REDACTED in value
+             and (flag == "--cache" or not is_postgres_store(value))]
     flags += [word.partition("=")[0] for word in words if word.startswith("--") and "=" in word
               and REDACTED in word.partition("=")[2]]
     keyed = "--base-url" in flags or not (database or flags)  # unparsable: as before, the usual place

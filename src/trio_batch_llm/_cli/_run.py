@@ -57,6 +57,7 @@ from .._values._requests import LLMWorkItem, request_of_text
 from .._values._results import BatchTermination
 from .._values._stop_reasons import StopReason
 from ._args import quota_backend
+from ._cache_flags import CacheCheckError, cache_mode_of, cache_of, check_cache, check_cache_path
 from ._command import (
     EXIT_FAILED,
     EXIT_OK,
@@ -137,7 +138,9 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
     resume_policy = getattr(args, "resume_policy", None)
     resume = bool(args.resume or resume_policy)  # a policy says how to resume: it implies --resume
     quota = quota_backend(getattr(args, "quota", None), getattr(args, "quota_max_in_flight", None))
+    cache = cache_of(args)
     _check_out(out, source, resume=resume)
+    check_cache_path(cache, source=source, out=out)
     scan = scan_input(source)
     provider, model = args.model
     # With --api-key-env the key is that variable's, for any endpoint; without it the strategy's own
@@ -158,6 +161,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
             retry=RetryConfig(max_attempts=getattr(args, "max_attempts", None) or 3,
                               max_rate_limit_wait=getattr(args, "max_rate_limit_wait", 600.0)),
             circuit_breaker=circuit_breaker_of(getattr(args, "circuit_breaker", 10)),
+            cache=cache, cache_mode=cache_mode_of(args),
         )
     except (ConfigurationError, ImportError) as exc:
         raise UsageError(str(exc)) from None
@@ -198,6 +202,9 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return EXIT_USAGE
         say(f"error: the run failed: {type(exc).__name__}: {exc}")
         return EXIT_FAILED
+    except CacheCheckError as exc:  # refused by check_cache, before the checkpoint was made
+        say(f"error: {exc}")
+        return EXIT_USAGE
     except (BatchLLMError, OSError) as exc:
         if not outcome.opened:
             say(f"error: cannot use --out {plan.out}: {exc}")
@@ -287,7 +294,7 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
             prompt, params = request_of_text(record.prompt)  # a row with messages/params: unpacked
             await processor.add_work(
                 LLMWorkItem(item_id=record.item_id, strategy=plan.strategy, prompt=prompt,
-                            context=record.context, params=params)
+                            context=record.context, params=params, sample=record.sample)
             )
     except AdmissionClosedError:
         pass  # a stop (a signal, a guardrail) closed admission; the rest is for --resume
@@ -313,6 +320,7 @@ async def check_quota(backend: RedisQuotaBackend | None) -> None:
 
 async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:
     await check_quota(plan.config.quota_backend)
+    await check_cache(plan.config.response_cache)
     store = JsonlArtifactStore(plan.out, identity=plan.identity)
     started = anyio.current_time()
     with unwrap_group(), signal_receiver() as signals:

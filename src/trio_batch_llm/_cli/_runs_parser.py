@@ -34,6 +34,7 @@ from ._args import (
     positive_float,
     positive_int,
 )
+from ._cache_flags import add_cache_arguments
 
 __all__ = ["add_runs_parser"]
 
@@ -119,6 +120,7 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                            "does): lease drivers of one run then share one quota")
     live.add_argument("--quota-max-in-flight", type=positive_int, metavar="N",
                       help="with --quota: at most N calls in flight in all processes together")
+    add_cache_arguments(start)
     batch = start.add_argument_group("provider-batch mode")
     batch.add_argument("--batch-size", type=batch_size, metavar="N",
                        help=f"requests per batch file (default and maximum {MAX_BATCH_REQUESTS})")

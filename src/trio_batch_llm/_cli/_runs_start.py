@@ -51,6 +51,7 @@ from .._values._errors import (
     RunSourceError,
     RunStateError,
 )
+from ._cache_flags import CACHE_FLAGS, CacheCheckError, check_cache
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, UsageError, signal_receiver
 from ._input import InputError, iter_input
 from ._render import (
@@ -79,7 +80,8 @@ _PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is
 _LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
                       "lease_seconds": "--lease-seconds",
                       "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts",
-                      "quota": "--quota", "quota_max_in_flight": "--quota-max-in-flight"}
+                      "quota": "--quota", "quota_max_in_flight": "--quota-max-in-flight",
+                      "cache": "--cache", **CACHE_FLAGS}  # provider batches are not looked up in a cache
 _BATCH_FLAGS: Final = {"batch_size": "--batch-size", "enqueued_token_limit": "--enqueued-token-limit",
                        "poll_interval": "--poll-interval", "request_timeout": "--request-timeout"}
 
@@ -156,7 +158,8 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
         attempt_timeout=args.attempt_timeout or 120.0, batch_timeout=None, backend=args.backend,
         progress=False, max_attempts=args.max_attempts, system=args.system, temperature=args.temperature,
         max_tokens=args.max_tokens, response_schema=args.response_schema, quota=args.quota,
-        quota_max_in_flight=args.quota_max_in_flight,
+        quota_max_in_flight=args.quota_max_in_flight, cache=args.cache, cache_mode=args.cache_mode,
+        cache_ttl=args.cache_ttl, cache_no_request=args.cache_no_request,
     ), argv)
     identity = checked.identity
     existing = _existing(db, args.run_id)
@@ -170,9 +173,14 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
             batch = ProviderBatchConfig(**{name: value for name, value in given.items() if value is not None})
         except ConfigurationError as exc:  # the argparse types check each flag; this is a backstop
             raise UsageError(str(exc)) from None
+    rows: list[tuple[str, str, Any]] = []
+    for record in iter_input(checked.source):
+        if record.sample:  # a run stores no sample yet: refused, rather than run as sample 0
+            raise InputError(checked.source, "durable runs do not carry a sample yet; run sampled rows "
+                             "with `trio-batch-llm run`", line=record.line, field="sample")
+        rows.append((record.item_id, record.prompt, record.context))
     return StartPlan(
-        db=db, run_id=args.run_id,
-        source=[(record.item_id, record.prompt, record.context) for record in iter_input(checked.source)],
+        db=db, run_id=args.run_id, source=rows,
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
         timeout=args.timeout, lease_seconds=args.lease_seconds, unreachable_timeout=args.unreachable_timeout,
         backend=args.backend, existing=existing, command=shown_command(_shown_argv(argv, args.db, db)),
@@ -213,6 +221,7 @@ async def _report_progress(run: Run) -> None:
 
 async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
     await check_quota(plan.config.quota_backend)  # as `run`: a refused --quota is bad usage, exit 2
+    await check_cache(plan.config.response_cache)  # and so is a --cache that cannot be opened
     drive = anyio.CancelScope()  # cancelled by a signal, before or during wait()
     with unwrap_group(), signal_receiver() as signals:
         async with anyio.create_task_group() as group:
@@ -291,6 +300,9 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         anyio.run(_drive, plan, outcome, backend=plan.backend)
     except RunSourceError as exc:  # the input is not the one the run started with
+        say(f"error: {exc}")
+        return EXIT_USAGE
+    except CacheCheckError as exc:  # refused by check_cache, before the run was opened
         say(f"error: {exc}")
         return EXIT_USAGE
     except QuotaBackendError as exc:

@@ -7,7 +7,10 @@ execution times as a :class:`LatencySketch`: exact values up to
 within 1 % of the true value, in constant memory. Its text has the layout of
 :meth:`BatchResult.summary` (a test holds the two together), plus the items
 of the input that were never read because a stop came first: they are
-*not run*, like the ones the stop left in the queue.
+*not run*, like the ones the stop left in the queue. With a response cache
+(``--cache``) a ``cache`` line counts the hits (results answered from the
+cache), the misses (results looked up and called) and what the hits saved:
+the cost of their ``saved_usage`` by the rates of the cost line.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from array import array
 from typing import Any, Final, final
 
 from .._engine._item_run import THROTTLED_BY_429S
+from .._values._batch_result import _cached_note  # BatchResult.summary's own part of the tokens line
 from .._values._categories import ErrorCategory
 from .._values._cost import DEFAULT_MODEL_RATES
-from .._values._pricing import CostSum, cost_line
+from .._values._pricing import CostSum, cost_line, dollars
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from .._values._stop_reasons import stopped_line
 
-__all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary"]
+__all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary", "cache_line"]
 
 EXACT_VALUES: Final = 50_000
 _GROWTH: Final = 1.01  # bucket i holds (GROWTH**(i-1), GROWTH**i]: 1 % wide
@@ -105,6 +109,10 @@ class RunSummary:
         """Results a deadline or a stop cut short while 429s throttled them (their error says so)."""
         self.admission = LatencySketch()
         self.execution = LatencySketch()
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.saved = CostSum(None, table=DEFAULT_MODEL_RATES, default_model=model)
+        """What the cache hits would have cost: their ``saved_usage``, priced as :attr:`cost` prices."""
 
     def add(self, result: WorkItemResult[Any]) -> None:
         self.results += 1
@@ -124,6 +132,11 @@ class RunSummary:
         add_usage(self.tokens, result.token_usage)
         model = result.metadata.get("model") if isinstance(result.metadata, dict) else None
         self.cost.add(result.token_usage, model)
+        if result.cached:
+            self.cache_hits += 1
+            self.saved.add(result.saved_usage, model)
+        elif result.cache_key is not None:
+            self.cache_misses += 1
         if result.replayed:
             self.replayed += 1
             return
@@ -154,10 +167,12 @@ class RunSummary:
             + (f"   not run {not_run:,}" if not_run else "") + f"   replayed {self.replayed:,}",
             f"  retries     {self.retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
-            f"   out {tokens.get('output_tokens', 0):,}",
+            f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
         ]
         if (cost := self.cost.total) is not None:
             lines.append(cost_line(cost, built_in=True))
+        if self.cache_hits or self.cache_misses:
+            lines.append(cache_line(self.cache_hits, self.cache_misses, self.saved.total))
         lines.append(f"  wall time   {wall_time:>10.3f} s   {rate:,.0f} items/s")
         if self.categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(self.categories.items()))
@@ -178,3 +193,12 @@ class RunSummary:
         how to fix it."""
         return [f"first {category.value} failure: item {item_id!r}: {error}"
                 for category, (item_id, error) in self.first_failures.items()]
+
+
+
+def cache_line(hits: int, misses: int, saved: float | None) -> str:
+    """The summary's cache line, laid out as :meth:`BatchResult.summary` lays it out (a test holds
+    the two together): hits, misses, the hit rate in percent, and what the hits saved when priced."""
+    rate = 100.0 * hits / (hits + misses) if hits + misses else 0.0
+    return (f"  cache hits  {hits:>10,}   misses {misses:,}   rate {rate:.1f} %"
+            + (f"   saved {dollars(saved)}" if saved is not None else ""))

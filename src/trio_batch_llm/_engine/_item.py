@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
 
+from .._cache._flight import Claim
 from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._requests import LLMWorkItem
@@ -44,6 +46,7 @@ from .._values._results import RetryState, WorkItemResult, add_usage
 from .._values._stop_reasons import StopReason
 from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
+from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
 from ._throttled import admit_within_budget, over_budget, spent
@@ -81,7 +84,8 @@ class ItemRunner(Generic[TOutput]):
 
     __slots__ = (
         "_attempt_timeout",
-        "_bindings", "_breakers",
+        "_bindings",
+        "_breakers",
         "_classifier",
         "_clock",
         "_config",
@@ -89,7 +93,9 @@ class ItemRunner(Generic[TOutput]):
         "_host",
         "_item_timeout",
         "_last",
+        "_price_attempt",
         "_retry",
+        "cache",
         "start_by",
     )
 
@@ -110,11 +116,16 @@ class ItemRunner(Generic[TOutput]):
         self._classifier = user_classifier(classifier)
         self._attempt_timeout = config.attempt_timeout
         self._item_timeout = config.guardrails.total_timeout_per_item
+        guard = config.guardrails
+        self._price_attempt = guard.item_cost if guard.cost_function is not None else None
+        """What prices each attempt's usage (AttemptTiming.cost) instead of the built-in table."""
         self._clock = anyio.current_time
         self._bindings: dict[int, Binding] = {}
         self._last: Binding | None = None
         self.start_by = start_by
         """No call starts at or after this time (``call_start_deadline``)."""
+        self.cache: ItemCache | None = None
+        """The owner's response cache, set while it is open (``None``: none; the hot path tests only that)."""
 
     @property
     def has_deadlines(self) -> bool:
@@ -184,6 +195,11 @@ class ItemRunner(Generic[TOutput]):
                     binding = await self.bind(strategy)
                 self._last = binding
             run.binding = binding
+            cache = self.cache
+            # Before admission: a hit takes no slot, no RPM/TPM unit, no breaker turn, no call.
+            if (cache is not None and run.attempts == 0 and run.cache_key is None
+                    and (hit := await self.look_up(cache, run)) is not None):
+                return hit  # noqa: ASYNC910 - a hit awaited the cache's lookup
             tokens = binding.tokens(run.item.prompt, run.item.params)
             while True:
                 held = run.held = await self.admit(binding, run, tokens)
@@ -210,10 +226,14 @@ class ItemRunner(Generic[TOutput]):
                     try:
                         output = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
+                        run.switch("backoff", self._clock())  # its call ended here, as a raising call's
                         guard.set_deadline(run.start_limit)
                         outcome = Failure(exc, binding.classify(exc), parse_stage=True)
                     else:
-                        return run.succeeded(output, meta, self._clock())
+                        result = run.succeeded(output, meta, self._clock())
+                        if run.claim is not None:  # a cache miss's validated answer: kept for the next asker
+                            await self.keep_answer(run, output, usage, meta)
+                        return result
                 if (result := await self.back_off(run, outcome)) is not None:
                     return result
         finally:
@@ -224,6 +244,41 @@ class ItemRunner(Generic[TOutput]):
             if run.gated is not None and run.binding is not None:  # let go by the breaker, cut short
                 tell_gate(run.binding.breaker, run.gated, cut=True)  # (or its admission refused)
                 run.gated = None
+
+    async def look_up(self, cache: ItemCache, run: ItemRun[TOutput]) -> WorkItemResult[TOutput] | None:
+        """Stage 0 (:mod:`._cached`): the cache's answer as ``run``'s result, or ``None``: make the call
+        (a miss holds ``run.claim`` until the item ends; an item not cacheable, a failed cache: none)."""
+        key = cache.key(run.item)
+        if key is None:
+            return None  # noqa: ASYNC910 - drive() goes on to the call, which checkpoints
+        found = await cache.lookup(key)
+        if found is None:
+            return None  # the cache failed (said once): the item runs as without one
+        run.cache_key = key.digest
+        if isinstance(found, Claim):
+            run.claim = found
+            return None
+        try:
+            return cache.hit(run, key, found, self._clock())
+        except Exception as exc:  # noqa: BLE001 - the strategy's decode_output: ask the provider instead
+            cache.undecodable(run.item.item_id, exc)
+            return None
+
+    async def keep_answer(self, run: ItemRun[TOutput], output: Any, usage: Any, meta: Any) -> None:
+        """A miss ended in a validated success: settle its claim with the answer the cache keeps."""
+        claim, run.claim = run.claim, None
+        cache = self.cache
+        assert claim is not None and cache is not None
+        await cache.settle(claim, cache.answer(run.item.strategy, output, usage or {}, meta))
+
+    async def let_go(self, run: ItemRun[TOutput]) -> None:
+        """``run`` ended other than in a success (a failure, a stop, a cancellation): its claim, if it
+        holds one, is settled with nothing written. Its owner calls it, shielded within a bound."""
+        claim, run.claim = run.claim, None
+        if claim is not None and self.cache is not None:
+            await self.cache.settle(claim, None)
+        else:
+            await anyio.lowlevel.checkpoint()
 
     async def admit(self, binding: Binding, run: ItemRun[TOutput], tokens: int) -> Admission | None:
         """Stage 1: the quota scope's admission, or ``None`` at or past the run's start limit."""
@@ -279,16 +334,28 @@ class ItemRunner(Generic[TOutput]):
         run.calling = False
         if usage:
             add_usage(run.usage, usage)
+            self.used(run, usage, meta)
         release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
+
+    def used(self, run: ItemRun[TOutput], usage: Any, meta: Any) -> None:
+        """The call under way reported ``usage``: its AttemptTiming record carries a copy, priced when
+        read by the config's ``cost_function``, else by ``meta``'s model (else the strategy's)."""
+        if isinstance(usage, Mapping):
+            model = meta.get("model") if isinstance(meta, Mapping) else None
+            if not isinstance(model, str) and run.binding is not None:
+                model = run.binding.strategy.model_name
+            run.call_usage = (dict(usage), model, self._price_attempt)
 
     def attempt_failed(
         self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
     ) -> Failure:
         """Stage 2, the call raised (or answered nothing :func:`as_triple` can read): classify it."""
         run.calling = False
+        failed_usage = getattr(exc, "token_usage", None)
+        if failed_usage:  # a failed but billed call: its record carries what it used
+            self.used(run, failed_usage, None)
         run.switch("backoff", self._clock())
         guard.set_deadline(run.start_limit)
-        failed_usage = getattr(exc, "token_usage", None)
         add_usage(run.usage, failed_usage)
         verdict = binding.classify(exc)
         wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)

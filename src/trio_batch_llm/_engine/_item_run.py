@@ -1,7 +1,8 @@
 """What the item path works on: a :class:`Binding` per strategy, an :class:`ItemRun` per item.
 
 Plain state and the results built from it; no awaits. The stages that change it are in
-:mod:`._item`.
+:mod:`._item`. (Over 400 lines because an item's state and every result built from it share
+one class's slots: the response cache's claim and key joined them.)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._classify import Classification, classify
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
+    from .._cache._flight import Claim
     from ._breaker_gate import BreakerGate
 
 __all__ = [
@@ -212,7 +214,10 @@ class ItemRun(Generic[TOutput]):
         "attempts",
         "backoff_owed",
         "binding",
+        "cache_key",
+        "call_usage",
         "calling",
+        "claim",
         "failed",
         "gated",
         "held",
@@ -267,6 +272,7 @@ class ItemRun(Generic[TOutput]):
         self.held: Admission | None = None  # released exactly once; cut short -> release(None)
         self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
+        self.call_usage: tuple[Any, ...] | None = None  # the call's (usage, model, pricer): its record's
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)
         self.retries: Retries | None = None
@@ -276,13 +282,16 @@ class ItemRun(Generic[TOutput]):
         self.throttled_since: float | None = None  # when the throttled wait under way began
         self.throttle_spent = False  # its scope gave its admission wait up: max_rate_limit_wait ran out
         self.refused_streak: float | None = None  # ... at once, behind refusals longer than its bound
+        self.cache_key: str | None = None  # the response-cache key it was looked up under (a miss: claimed)
+        self.claim: Claim | None = None  # held from a miss to the item's end; settled exactly once (._cached)
 
     def switch(self, phase: _Phase, now: float) -> None:
         """Book the time since the last switch to the current phase, then enter ``phase``."""
         timing = self.timing
         setattr(timing, self.phase, getattr(timing, self.phase) + (now - self.mark))
-        if self.phase == "execution":
-            timing.close_attempt(self.attempts)
+        if self.phase == "execution":  # the call ended: its record, with the usage it reported (if any)
+            used, self.call_usage = self.call_usage, None
+            timing.close_attempt(self.attempts, *(used or ()))
         elif phase == "execution" and self.throttled_since is not None:  # a call ends a throttled wait
             self.throttled += max(0.0, now - self.throttled_since)
             self.throttled_since = None
@@ -325,6 +334,7 @@ class ItemRun(Generic[TOutput]):
             timing=self.settle(now),
             context=item.context,
             metadata=_metadata(meta),
+            cache_key=self.cache_key,
         )
 
     def failed_with(self, exc: BaseException, category: ErrorCategory, now: float) -> WorkItemResult[TOutput]:
@@ -338,6 +348,7 @@ class ItemRun(Generic[TOutput]):
             token_usage=self.usage,
             timing=self.settle(now),
             context=self.item.context,
+            cache_key=self.cache_key,
         )
 
     def deadline_exceeded(self, reason: str, now: float) -> WorkItemResult[TOutput]:
@@ -379,6 +390,7 @@ class ItemRun(Generic[TOutput]):
             token_usage=self.usage,
             timing=self.settle(now),
             context=self.item.context,
+            cache_key=self.cache_key,
         )
 
 

@@ -26,6 +26,7 @@ from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import WorkItemResult
 from .._values._stop_reasons import StopReason
+from ._cached import open_item_cache
 from ._classifier_objects import ClassifierArg
 from ._guards import Guard
 from ._inputs import check_request
@@ -87,6 +88,14 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             await self._host.__aenter__()
         else:
             await anyio.lowlevel.checkpoint()
+        try:
+            cache = await open_item_cache(self.config)  # for the pool's lifetime; closed by its ledger
+        except BaseException as exc:
+            await self.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        if cache is not None:
+            self._runner.cache = cache
+            self._ledger.add_step("store", "response cache", cache.aclose)
         self._accepting = True
         return self
 
@@ -183,12 +192,16 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         run = runner.begin(item, timeout=timeout, timeout_name="submit timeout")
         guard = Guard()
         fired = False
-        while True:
-            with guard.renew():
-                result = await (runner.resume(run, guard) if fired else runner.drive(run, guard))
-                assert result is not None, "only a batch's stop cuts an item short without a result"
-                return result
-            fired = True  # the scope caught its own deadline
+        try:
+            while True:
+                with guard.renew():
+                    result = await (runner.resume(run, guard) if fired else runner.drive(run, guard))
+                    assert result is not None, "only a batch's stop cuts an item short without a result"
+                    return result
+                fired = True  # the scope caught its own deadline
+        finally:
+            if run.claim is not None:  # a cache miss that did not succeed (or was cancelled)
+                await runner.let_go(run)  # (shielded within a bound: ._cached)
 
     async def _drain(self) -> None:
         # CONTRACT C2.5: admitted requests run to completion; new ones are refused.

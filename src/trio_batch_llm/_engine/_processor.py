@@ -37,6 +37,7 @@ from .._values._results import BatchTermination, WorkItemResult
 from .._values._stats import ProcessorStatistics, RunCounters
 from .._values._stop_reasons import StopReason
 from ._breaker_gate import Retirement
+from ._cached import open_item_cache
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
 from ._classifier_objects import ClassifierArg
 from ._inputs import aiter_items, feed_items
@@ -98,6 +99,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         runner = ItemRunner[TOutput](self._host, cfg, classifier=error_classifier, hooks=hooks,
                                      start_by=start_deadline(call_start_deadline),  # ahead of the streams
                                      on_retire=self._provider_retired)
+        self._runner = runner
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
             store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply)
@@ -133,6 +135,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             await anyio.lowlevel.checkpoint()
         self._runtime = self._host.new_runtime_group()
         try:
+            await self._open_cache()
             if self._publisher.store is not None:
                 self._intake.plan = await prepare_resume(self._publisher.store, self._resume)
             for item in self._pending.drain():
@@ -151,6 +154,13 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             self._crash_reported = True
             raise self._crash
         return None
+
+    async def _open_cache(self) -> None:
+        """The response cache's connection, for this processor's run: closed in its ledger's store phase."""
+        cache = await open_item_cache(self.config)
+        if cache is not None:
+            self._runner.cache = cache
+            self._ledger.add_step("store", "response cache", cache.aclose)
 
     # --- input ---------------------------------------------------------
 

@@ -148,6 +148,8 @@ class Publisher(Generic[TOutput]):
         counters.finished += 1
         if result.success:
             counters.succeeded += 1
+            if result.cached:
+                counters.cached += 1
         else:
             counters.failed += 1
             if not result.replayed:

@@ -140,6 +140,9 @@ class Crew(Generic[TOutput]):
                 self.interrupted = True
             raise
         finally:
+            run = guard.run
+            if run is not None and run.claim is not None:  # cancelled with a cache miss in hand
+                await self._runner.let_go(run)  # (shielded within a bound: ._cached)
             self.live -= 1
             if self.live == 0:
                 self.done.set()
@@ -211,6 +214,8 @@ class Crew(Generic[TOutput]):
                 # scope from one callback on asyncio): leave this scope before awaiting anything.
                 run.result = result
                 return False  # noqa: ASYNC910 - drive() checkpointed
+            if run.claim is not None:  # a cache miss that did not succeed: its claim goes, nothing written
+                await runner.let_go(run)
             if hooks is not None:
                 result = await hooks.after_item(run.item, result)
             # Checkpoint under the item as added: resume fingerprints what was added.
@@ -228,6 +233,8 @@ class Crew(Generic[TOutput]):
         run: ItemRun[TOutput] | None = guard.run
         if run is not None:
             result = run.result if run.result is not None else self._cut_short(run)
+            if run.claim is not None:
+                await self._runner.let_go(run)
             if self._hooks is not None:
                 result = await self._hooks.after_item(run.item, result)
             await self._publisher.publish(result, run.added)

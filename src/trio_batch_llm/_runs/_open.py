@@ -23,6 +23,7 @@ from .._artifacts._sqlite import SqliteArtifactStore
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ArtifactIdentity, ProcessorConfig
 from .._values._errors import ConfigurationError
+from .._values._response_cache import CacheMode, ResponseCache, as_response_cache
 from ._batch_config import ProviderBatchConfig
 from ._batch_drive import BatchSegmentDriver
 from ._drive import SegmentDriver
@@ -38,6 +39,23 @@ __all__ = ["open_run"]
 
 def _config_summary(config: ProcessorConfig) -> dict[str, Any]:
     return {field.name: jsonable_or_repr(getattr(config, field.name)) for field in dataclasses.fields(config)}
+
+
+def _with_cache(config: ProcessorConfig, cache: object, cache_mode: CacheMode | None,
+                mode: str) -> ProcessorConfig:
+    """``config`` with ``open_run``'s ``cache=`` and ``cache_mode=`` (checked as the config checks them)."""
+    if cache is not None:
+        given = as_response_cache(cache)
+        if config.response_cache is not None and given is not None:
+            raise ConfigurationError("cache", given.display,
+                                     "is given twice: pass it to open_run or in config, not both")
+        config = dataclasses.replace(config, cache=cache)  # type: ignore[arg-type]
+    if cache_mode is not None:
+        config = dataclasses.replace(config, cache_mode=cache_mode)
+    if config.response_cache is not None and mode == "provider-batch":
+        raise ConfigurationError("cache", config.response_cache.display,
+                                 'is for live runs: mode="provider-batch" sends every item to the Batch API')
+    return config
 
 
 def _positive(name: str, value: float, *, whole: bool = False) -> None:
@@ -61,6 +79,8 @@ async def open_run(
     batch: ProviderBatchConfig | None = None,
     lease_seconds: float | None = None,
     unreachable_timeout: float = DEFAULT_UNREACHABLE_TIMEOUT,
+    cache: ResponseCache | str | os.PathLike[str] | None = None,
+    cache_mode: CacheMode | None = None,
 ) -> Run:
     """Create the run ``run_id`` in ``store``, or reattach to it (from any process).
 
@@ -102,6 +122,11 @@ async def open_run(
     failed: the run continues at the next ``wait()``. Opening is not retried: a
     database unreachable when the handle opens raises it at once.
 
+    ``cache`` (a :class:`ResponseCache`, a SQLite path or a ``postgresql://``/``redis://`` URL;
+    or ``config.cache``) is the response cache the run's live calls go through, with
+    ``cache_mode`` (default ``config.cache_mode``): a hit is recorded as the item's result
+    (``cached=True``, no call, no cost); each drive segment opens its own connection.
+
     ``mode="provider-batch"`` sends the items through the provider's Batch API
     (OpenAI ``/v1/batches``, Anthropic's Message Batches, Gemini's batch mode) instead of
     live calls; ``strategy`` must then offer one (``strategy.batch_endpoint()``, as the
@@ -132,6 +157,7 @@ async def open_run(
     config = config if config is not None else ProcessorConfig()
     if not isinstance(config, ProcessorConfig):
         raise TypeError(f"config={config!r}: must be a ProcessorConfig")
+    config = _with_cache(config, cache, cache_mode, mode)
     if config.guardrails.batch_timeout is not None:
         raise ConfigurationError(
             "guardrails.batch_timeout", config.guardrails.batch_timeout,

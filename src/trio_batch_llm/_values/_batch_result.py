@@ -11,7 +11,7 @@ from typing import Any, Final, Generic, TypeVar, final
 
 from ._export_json import export_dict, json_default
 from ._models import is_pydantic_model_class
-from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line
+from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line, dollars
 from ._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from ._stop_reasons import stopped_line
 
@@ -27,6 +27,18 @@ def _percentile(sorted_values: list[float], fraction: float) -> float:
         return 0.0
     index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
     return sorted_values[index]
+
+
+def _percent(part: int, whole: int) -> float:
+    return 100.0 * part / whole if whole > 0 else 0.0
+
+
+def _cached_note(tokens: Mapping[str, int]) -> str:
+    """The tokens line's prompt-cache part: cached input tokens and their share, when there are any."""
+    cached = tokens.get("cached_input_tokens", 0)
+    if cached <= 0:
+        return ""
+    return f"   cached {cached:,} ({_percent(cached, tokens.get('input_tokens', 0)):.1f} %)"
 
 
 @final
@@ -109,6 +121,61 @@ class BatchResult(Generic[TOutput]):
             add_usage(total, r.token_usage)
         return total
 
+    # --- token totals and cache figures (async-batch-llm's names; every result counts, as in
+    # total_tokens(): replayed ones and failed attempts included) ---------------------------------
+
+    @property
+    def total_input_tokens(self) -> int:
+        """Input tokens of every result (prompt-cache reads included: they are part of the input)."""
+        return sum(r.token_usage.get("input_tokens", 0) for r in self.results)
+
+    @property
+    def total_output_tokens(self) -> int:
+        return sum(r.token_usage.get("output_tokens", 0) for r in self.results)
+
+    @property
+    def total_cached_tokens(self) -> int:
+        """Input tokens read from the provider's prompt cache (``cached_input_tokens``), of every result."""
+        return sum(r.token_usage.get("cached_input_tokens", 0) for r in self.results)
+
+    @property
+    def prompt_cache_hit_rate(self) -> float:
+        """Percent (0-100) of the input tokens the provider read from its prompt cache; 0.0 with no input."""
+        return _percent(self.total_cached_tokens, self.total_input_tokens)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """async-batch-llm's name of :attr:`prompt_cache_hit_rate` (a percent of input tokens, a property).
+
+        The response cache's rate is :attr:`response_cache_hit_rate`."""
+        return self.prompt_cache_hit_rate
+
+    @property
+    def cache_hits(self) -> int:
+        """Results answered from the response cache (``cached``): no provider call, no cost."""
+        return sum(1 for r in self.results if r.cached)
+
+    @property
+    def cache_misses(self) -> int:
+        """Results looked up in the response cache and not found there (a ``cache_key``, not ``cached``)."""
+        return sum(1 for r in self.results if r.cache_key is not None and not r.cached)
+
+    @property
+    def response_cache_hit_rate(self) -> float:
+        """Percent (0-100) of response-cache lookups that hit: hits / (hits + misses); 0.0 with none."""
+        hits = self.cache_hits
+        return _percent(hits, hits + self.cache_misses)
+
+    def cache_savings(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
+        """Dollars the response cache saved: the cached results' original usage (``saved_usage``),
+        priced as :meth:`estimated_cost` prices ``token_usage`` (``rates`` alike). ``None`` when no
+        cached result has token counts, or one that has them cannot be priced."""
+        costs = CostSum(rates, table=_BUILT_IN)
+        for r in self.results:
+            if r.cached:
+                costs.add(r.saved_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
+        return costs.total
+
     def estimated_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
         """Estimated dollars for the tokens of every result (replayed ones and failed attempts included,
         as in :meth:`total_tokens`).
@@ -152,11 +219,17 @@ class BatchResult(Generic[TOutput]):
             + f"   replayed {replayed:,}",
             f"  retries     {retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
-            f"   out {tokens.get('output_tokens', 0):,}",
+            f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
         ]
         cost = self.estimated_cost(rates)
         if cost is not None:
             lines.append(cost_line(cost, built_in=rates is None))
+        if any(r.cache_key is not None for r in self.results):  # a response cache was used
+            hits, misses = self.cache_hits, self.cache_misses
+            saved = self.cache_savings(rates)
+            hit_rate = _percent(hits, hits + misses)
+            lines.append(f"  cache hits  {hits:>10,}   misses {misses:,}   rate {hit_rate:.1f} %"
+                         + (f"   saved {dollars(saved)}" if saved is not None else ""))
         lines += [
             f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s",
         ]

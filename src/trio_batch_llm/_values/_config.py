@@ -321,6 +321,8 @@ class ProcessorConfig:
     :class:`RedisResponseCache`, or a SQLite path / ``postgresql://`` / ``redis://`` URL); ``None``: none."""
     cache_mode: CacheMode = "read-write"
     """How the cache is used: ``read-write``, ``read-only``, ``write-only`` or ``refresh``."""
+    cache_refusals: bool = False
+    """Cache answers that are refusals (``details.refusal``) too; by default a refusal is asked again."""
 
     def __post_init__(self) -> None:
         if self.quota_backend is not None and not isinstance(self.quota_backend, RedisQuotaBackend):
@@ -357,6 +359,8 @@ class ProcessorConfig:
         check_circuit_breaker(self.circuit_breaker)
         object.__setattr__(self, "cache", as_response_cache(self.cache))
         check_cache_mode(self.cache_mode)
+        if not isinstance(self.cache_refusals, bool):
+            raise ConfigurationError("cache_refusals", self.cache_refusals, "must be True or False")
         warn_if_suspicious(self)
 
     @property

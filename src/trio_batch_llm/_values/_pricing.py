@@ -31,6 +31,7 @@ __all__ = [
     "CostSum",
     "Rates",
     "cost_line",
+    "dollars",
     "price",
     "rates_for",
 ]
@@ -178,8 +179,12 @@ def rates_for(model: object, table: Mapping[str, Rates]) -> Rates | None:
 def cost_line(cost: float, *, built_in: bool) -> str:
     """The summary's cost line (``BatchResult.summary`` and the command line's lay it out alike)."""
     basis = f"built-in rates of {RATES_AS_OF}" if built_in else "given rates"
-    shown = f"${cost:,.2f}" if cost >= 100 else f"${cost:.4f}"  # small test batches keep their cents
-    return f"  cost        {shown:>10}   estimated, {basis}"
+    return f"  cost        {dollars(cost):>10}   estimated, {basis}"
+
+
+def dollars(cost: float) -> str:
+    """A cost as the summaries show it: cents above $100, else four decimals (small batches keep theirs)."""
+    return f"${cost:,.2f}" if cost >= 100 else f"${cost:.4f}"
 
 
 _RATE_FIELDS: Final = ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok")

@@ -159,11 +159,13 @@ class PostgresResponseCache(_URLCache):
 
 @dataclass(frozen=True, slots=True, repr=False)
 class RedisResponseCache(_URLCache):
-    """A cache in Redis (one key per entry, expiring by ``ttl``), shared by processes on any machine."""
+    """A cache in Redis (one key per entry, expiring by ``ttl``), shared by processes on any machine.
+    ``cluster=True``: a Redis Cluster, the URL naming one seed node."""
 
     _SCHEMES: ClassVar[tuple[str, ...]] = ("redis://", "rediss://", "unix://")
     _: KW_ONLY
     namespace: str = "trio-batch-llm:cache"
+    cluster: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

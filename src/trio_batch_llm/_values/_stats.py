@@ -21,6 +21,8 @@ class CounterSnapshot:
     output_tokens: int
     total_tokens: int
     cost: float
+    cached: int = 0
+    """Results answered by the response cache (counted in ``succeeded`` too)."""
 
 
 class RunCounters:
@@ -28,6 +30,7 @@ class RunCounters:
 
     __slots__ = (
         "accepted",
+        "cached",
         "cost",
         "failed",
         "finished",
@@ -44,6 +47,7 @@ class RunCounters:
         self.succeeded = 0
         self.failed = 0
         self.replayed = 0
+        self.cached = 0
         self.input_tokens = 0
         self.output_tokens = 0
         self.total_tokens = 0
@@ -67,6 +71,7 @@ class RunCounters:
             output_tokens=self.output_tokens,
             total_tokens=self.total_tokens,
             cost=self.cost,
+            cached=self.cached,
         )
 
 
