@@ -336,3 +336,25 @@ async def test_writes_and_claims_made_at_once_share_calls_and_keep_their_order(
         assert {i: a.output for i, a in read_back.items()} == {i: f"answer {i}" for i in range(30)}
         await cache.release(key(99), taken[0])
         assert await cache.claim(key(99), "later", 60)
+
+
+async def test_stats_and_clear(anyio_backend: str, tmp_path: Path) -> None:
+    clock = Clock()
+    cache = await SqliteCacheConnection.open(SqliteResponseCache(tmp_path / "c.sqlite3"), clock=clock)
+    try:
+        empty = await cache.stats()
+        assert (empty.entries, empty.oldest, empty.newest) == (0, None, None)
+        for i in range(5):
+            await cache.put(key(i), answer(i, created_at=clock.now + i * 100))
+        stats = await cache.stats()
+        assert (stats.entries, stats.oldest, stats.newest) == (5, clock.now, clock.now + 400)
+        assert stats.bytes is not None and stats.bytes > 0
+        clock.now += 450
+        assert await cache.claim(key(0), "A", 60)
+        assert await cache.clear(older_than=200) == 3  # written 450, 350 and 250 s ago
+        assert [i for i in range(5) if await cache.get(key(i)) is not None] == [3, 4]
+        assert await cache.clear() == 2
+        assert (await cache.stats()).entries == 0
+        assert not await cache.claim(key(0), "B", 60)  # claims untouched
+    finally:
+        await cache.aclose()

@@ -49,7 +49,7 @@ from .._values._errors import ArtifactStoreError
 from .._values._response_cache import SqliteResponseCache
 from ._answer_json import answer_from_json, answer_to_json
 from ._batched import Batched, Operation
-from ._connection import CacheConnection
+from ._connection import CacheConnection, CacheStats
 from ._records import CachedAnswer, CacheKey
 from ._sqlite_schema import (
     classify_cache_file,
@@ -118,6 +118,17 @@ class SqliteCacheConnection(CacheConnection):
     async def release(self, key: CacheKey, holder: str) -> None:
         await self._batched.submit("release", key.digest, holder)
 
+    async def stats(self) -> CacheStats:
+        """Entries (expired ones not yet deleted included), the file's pages in use in bytes, and
+        when the oldest and newest entries were written."""
+        found: CacheStats = await self._batched.submit("stats")
+        return found
+
+    async def clear(self, *, older_than: float | None = None) -> int:
+        """Delete every entry, or those written more than ``older_than`` seconds ago (claims stay)."""
+        deleted: int = await self._batched.submit("clear", older_than)
+        return deleted
+
     async def aclose(self) -> None:
         """Write the pending hit times, fold the WAL if no one else uses the file, close. Idempotent."""
         await self._gate.run(self._close)
@@ -132,7 +143,7 @@ class SqliteCacheConnection(CacheConnection):
         try:
             if conn is None:
                 raise ArtifactStoreError(f"{self._path}: the cache connection is closed")
-            writes = any(op.kind != "get" for op in batch)
+            writes = any(op.kind not in _READS for op in batch)
             with self._transaction(conn, immediate=writes):
                 now = self._clock()
                 for op in batch:
@@ -212,6 +223,17 @@ class SqliteCacheConnection(CacheConnection):
                  digest: str, holder: str) -> None:
         conn.execute("DELETE FROM claims WHERE digest = ? AND holder = ?", (digest, holder))
 
+    def _stats(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]]) -> CacheStats:
+        entries, oldest, newest = conn.execute(
+            "SELECT count(*), min(created_at), max(created_at) FROM entries").fetchone()
+        return CacheStats(entries, self._used_bytes(conn), oldest, newest)
+
+    def _clear(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
+               older_than: float | None) -> int:
+        cursor = (conn.execute("DELETE FROM entries") if older_than is None else
+                  conn.execute("DELETE FROM entries WHERE created_at < ?", (now - older_than,)))
+        return int(cursor.rowcount)
+
     def _delete_stale(self, conn: sqlite3.Connection, stale: list[tuple[str, float]]) -> None:
         conn.executemany("DELETE FROM entries WHERE digest = ? AND created_at = ?", stale)
 
@@ -265,7 +287,8 @@ class SqliteCacheConnection(CacheConnection):
 
 
 _DOING: Final = {"get": "reading an entry", "put": "writing an entry", "claim": "claiming a key",
-                 "release": "releasing a claim"}
+                 "release": "releasing a claim", "stats": "counting entries", "clear": "clearing entries"}
+_READS: Final = frozenset({"get", "stats"})
 
 
 def _connect(path: Path, *, default_location: bool) -> sqlite3.Connection:
