@@ -282,3 +282,79 @@ async def test_an_entry_that_does_not_decode_is_a_miss(anyio_backend: str, tmp_p
         await cache.put(key(1), answer(1))
         await anyio.to_thread.run_sync(rows, config.path, "UPDATE entries SET answer = '{\"no\": 1}'")
         assert await cache.get(key(1)) is None
+
+
+async def test_concurrent_gets_share_calls_and_survive_cancelled_callers(
+        anyio_backend: str, tmp_path: Path) -> None:
+    async with open_cache(SqliteResponseCache(tmp_path / "c.sqlite3")) as cache:
+        for i in range(0, 40, 2):
+            await cache.put(key(i), answer(i))
+        got: dict[int, Any] = {}
+        cancelled: list[int] = []
+
+        async def one(i: int) -> None:
+            with anyio.CancelScope() as scope:
+                if i % 5 == 0:
+                    scope.cancel()  # cancelled as it starts: a leader before its call, or a waiter
+                got[i] = await cache.get(key(i))
+            if scope.cancelled_caught:
+                cancelled.append(i)
+
+        for _ in range(3):
+            got.clear()
+            cancelled.clear()
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(one, i)
+            assert sorted(cancelled) == list(range(0, 40, 5))
+            assert sorted(got) == [i for i in range(40) if i % 5]
+            for i, found in got.items():
+                assert (found.output if found else None) == (f"answer {i}" if i % 2 == 0 else None), i
+        assert isinstance(cache, SqliteCacheConnection)
+        assert await cache.get(key(2)) == answer(2)  # the queue is empty and the lead free again
+
+
+async def test_writes_and_claims_made_at_once_share_calls_and_keep_their_order(
+        anyio_backend: str, tmp_path: Path) -> None:
+    async with open_cache(SqliteResponseCache(tmp_path / "c.sqlite3")) as cache:
+        taken: list[str] = []
+        read_back: dict[int, Any] = {}
+
+        async def writer(i: int) -> None:
+            await cache.put(key(i), answer(i))
+            read_back[i] = await cache.get(key(i))
+
+        async def claimer(holder: str) -> None:
+            if await cache.claim(key(99), holder, 60):
+                taken.append(holder)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(30):
+                tg.start_soon(writer, i)
+                tg.start_soon(claimer, f"h{i}")
+        assert len(taken) == 1  # one claim among thirty at once
+        assert {i: a.output for i, a in read_back.items()} == {i: f"answer {i}" for i in range(30)}
+        await cache.release(key(99), taken[0])
+        assert await cache.claim(key(99), "later", 60)
+
+
+async def test_stats_and_clear(anyio_backend: str, tmp_path: Path) -> None:
+    clock = Clock()
+    cache = await SqliteCacheConnection.open(SqliteResponseCache(tmp_path / "c.sqlite3"), clock=clock)
+    try:
+        empty = await cache.stats()
+        assert (empty.entries, empty.oldest, empty.newest) == (0, None, None)
+        for i in range(5):
+            await cache.put(key(i), answer(i, created_at=clock.now + i * 100))
+        stats = await cache.stats()
+        assert (stats.entries, stats.oldest, stats.newest) == (5, clock.now, clock.now + 400)
+        assert stats.bytes is not None and stats.bytes > 0
+        clock.now += 450
+        assert await cache.claim(key(0), "A", 60)
+        assert await cache.clear(older_than=200) == 3  # written 450, 350 and 250 s ago
+        assert [i for i in range(5) if await cache.get(key(i)) is not None] == [3, 4]
+        assert await cache.clear() == 2
+        assert (await cache.stats()).entries == 0
+        assert not await cache.claim(key(0), "B", 60)  # claims untouched
+    finally:
+        await cache.aclose()

@@ -23,6 +23,11 @@ it. Deleted pages are reused by later writes, so the file stays near
 *Recently used*: a hit's time is kept in memory and written with the next write
 (or every 64 hits, or on close), so that hits do not each take the write lock.
 
+**Calls made at once share a worker-thread call** (:mod:`._batched`): a thread hop
+costs far more than a read or write by key, so gets, puts, claims and releases
+queued while a call runs go into the next one, in order, in one transaction (a
+read snapshot when they only read). Each put is still all or nothing: a batch is.
+
 **Claims** (cross-process single flight) are rows of the ``claims`` table on the
 wall clock: a claim is taken when absent, held by the same holder, or expired,
 in one transaction, so two processes never both get it.
@@ -30,21 +35,21 @@ in one transaction, so two processes never both get it.
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Final, TypeVar, final
+from typing import Final, final
 
 from .._artifacts._sqlite_file import busy_message, is_busy, retry_busy, set_busy_timeout
 from .._artifacts._worker_gate import WorkerGate
 from .._values._errors import ArtifactStoreError
 from .._values._response_cache import SqliteResponseCache
 from ._answer_json import answer_from_json, answer_to_json
-from ._connection import CacheConnection
+from ._batched import Batched, Operation
+from ._connection import CacheConnection, CacheStats
 from ._records import CachedAnswer, CacheKey
 from ._sqlite_schema import (
     classify_cache_file,
@@ -56,7 +61,6 @@ from ._sqlite_schema import (
 
 __all__ = ["SqliteCacheConnection"]
 
-T = TypeVar("T")
 
 BUSY_TIMEOUT: Final = 30.0
 """Seconds a call waits for another process's write lock before it fails (naming the file)."""
@@ -77,6 +81,7 @@ class SqliteCacheConnection(CacheConnection):
         self._gate = gate
         self._clock = clock
         self._touched: dict[str, float] = {}  # digest -> when a hit last used it; only in the thread
+        self._batched = Batched(gate, self._execute)
 
     @classmethod
     async def open(cls, config: SqliteResponseCache, *, clock: Callable[[], float] = time.time
@@ -94,88 +99,143 @@ class SqliteCacheConnection(CacheConnection):
     def path(self) -> Path:
         return self._path
 
-    # -- the protocol ---------------------------------------------------------------------
+    # -- the protocol: every call joins the next batch (see _batched) -----------------------
 
     async def get(self, key: CacheKey) -> CachedAnswer | None:
-        return await self._run("reading an entry", self._get, key.digest)
+        found: CachedAnswer | None = await self._batched.submit("get", key.digest)
+        return found
 
     async def put(self, key: CacheKey, answer: CachedAnswer) -> None:
         text = answer_to_json(answer)
         request = (json.dumps(dict(key.request), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                               default=str) if self._config.store_request else None)
-        await self._run("writing an entry", self._put, key.digest, text, request, answer.created_at)
+        await self._batched.submit("put", key.digest, text, request, answer.created_at)
 
     async def claim(self, key: CacheKey, holder: str, seconds: float) -> bool:
-        return await self._run("claiming a key", self._claim, key.digest, holder, seconds)
+        taken: bool = await self._batched.submit("claim", key.digest, holder, seconds)
+        return taken
 
     async def release(self, key: CacheKey, holder: str) -> None:
-        await self._run("releasing a claim", self._release, key.digest, holder)
+        await self._batched.submit("release", key.digest, holder)
+
+    async def stats(self) -> CacheStats:
+        """Entries (expired ones not yet deleted included), the file's pages in use in bytes, and
+        when the oldest and newest entries were written."""
+        found: CacheStats = await self._batched.submit("stats")
+        return found
+
+    async def clear(self, *, older_than: float | None = None) -> int:
+        """Delete every entry, or those written more than ``older_than`` seconds ago (claims stay)."""
+        deleted: int = await self._batched.submit("clear", older_than)
+        return deleted
 
     async def aclose(self) -> None:
         """Write the pending hit times, fold the WAL if no one else uses the file, close. Idempotent."""
-        if self._conn is None:
-            await self._gate.run(lambda: None)  # checkpoints like every other path
-            return
         await self._gate.run(self._close)
 
     # -- in the worker thread -------------------------------------------------------------
 
-    async def _run(self, doing: str, fn: Callable[..., T], *args: object) -> T:
-        return await self._gate.run(self._errors, doing, functools.partial(fn, *args))
-
-    def _errors(self, doing: str, call: Callable[[], T]) -> T:
-        if self._conn is None:
-            raise ArtifactStoreError(f"{self._path}: {doing} failed: the cache connection is closed")
+    def _execute(self, batch: list[Operation]) -> None:
+        """``batch`` in one transaction (a read snapshot when it only reads), in order; an error
+        answers every operation of it. Then, for reads only, stale entries and hit times tidied."""
+        conn = self._conn
+        stale: list[tuple[str, float]] = []
         try:
-            return call()
-        except (sqlite3.Error, OSError) as exc:
-            problem = busy_message(BUSY_TIMEOUT) if is_busy(exc) else str(exc)
-            raise ArtifactStoreError(f"{self._path}: {doing} failed: {problem}") from exc
+            if conn is None:
+                raise ArtifactStoreError(f"{self._path}: the cache connection is closed")
+            writes = any(op.kind not in _READS for op in batch)
+            with self._transaction(conn, immediate=writes):
+                now = self._clock()
+                for op in batch:
+                    op.result = getattr(self, "_" + op.kind)(conn, now, stale, *op.args)
+                if writes:
+                    self._delete_stale(conn, stale)
+                    self._write_touches(conn)
+                    if any(op.kind == "put" for op in batch):
+                        self._evict(conn, now)
+        except (sqlite3.Error, OSError, ArtifactStoreError) as exc:
+            if isinstance(exc, ArtifactStoreError):
+                error = exc
+            else:
+                problem = busy_message(BUSY_TIMEOUT) if is_busy(exc) else str(exc)
+                error = ArtifactStoreError(f"{self._path}: {_DOING[batch[0].kind]} failed: {problem}")
+                error.__cause__ = exc
+            for op in batch:
+                op.result, op.error, op.answered = None, error, True
+            return
+        for op in batch:
+            op.answered = True
+        if conn is not None and not writes and (stale or len(self._touched) >= _TOUCH_BATCH):
+            try:  # best effort: the reads are answered already
+                with self._transaction(conn, immediate=True):
+                    self._delete_stale(conn, stale)
+                    self._write_touches(conn)
+            except sqlite3.Error:
+                pass
 
     @contextmanager
-    def _transaction(self, conn: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
-        conn = conn if conn is not None else self._conn
-        assert conn is not None
-        retry_busy(conn, BUSY_TIMEOUT, lambda: conn.execute("BEGIN IMMEDIATE"))
+    def _transaction(self, conn: sqlite3.Connection, *, immediate: bool) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` (the write lock first, so no read lock ever needs upgrading) or a
+        deferred read snapshot; committed, or rolled back if the body raises."""
+        begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+        retry_busy(conn, BUSY_TIMEOUT, lambda: conn.execute(begin))
         try:
-            yield conn
+            yield
             conn.execute("COMMIT")
         finally:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
 
-    def _get(self, digest: str) -> CachedAnswer | None:
-        conn = self._conn
-        assert conn is not None
+    def _get(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
+             digest: str) -> CachedAnswer | None:
         row = conn.execute("SELECT answer, created_at FROM entries WHERE digest = ?", (digest,)).fetchone()
         if row is None:
             return None
-        now = self._clock()
         ttl = self._config.ttl
         if ttl is not None and row[1] + ttl <= now:
-            with self._transaction() as tx:  # lazily: only the one just found stale
-                tx.execute("DELETE FROM entries WHERE digest = ? AND created_at = ?", (digest, row[1]))
+            stale.append((digest, row[1]))  # lazily deleted: only those found stale
             return None
+        # An answer this version cannot read is a miss, overwritten by the call's answer.
         answer = answer_from_json(row[0])
-        if answer is None:
-            return None  # not an answer this version reads: a miss, overwritten by the call's answer
-        self._touched[digest] = now
-        if len(self._touched) >= _TOUCH_BATCH:
-            with self._transaction() as tx:
-                self._write_touches(tx)
+        if answer is not None:
+            self._touched[digest] = now
         return answer
 
-    def _put(self, digest: str, text: str, request: str | None, created_at: float) -> None:
-        now = self._clock()
-        written = created_at if created_at > 0 else now
-        with self._transaction() as tx:
-            tx.execute(
-                "INSERT INTO entries (digest, answer, request, created_at, last_used) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT (digest) DO UPDATE SET answer = excluded.answer, request = excluded.request, "
-                "created_at = excluded.created_at, last_used = excluded.last_used",
-                (digest, text, request, written, now))
-            self._write_touches(tx)
-            self._evict(tx, now)
+    def _put(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
+             digest: str, text: str, request: str | None, created_at: float) -> None:
+        conn.execute(
+            "INSERT INTO entries (digest, answer, request, created_at, last_used) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (digest) DO UPDATE SET answer = excluded.answer, request = excluded.request, "
+            "created_at = excluded.created_at, last_used = excluded.last_used",
+            (digest, text, request, created_at if created_at > 0 else now, now))
+        self._touched.pop(digest, None)
+
+    def _claim(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
+               digest: str, holder: str, seconds: float) -> bool:
+        row = conn.execute("SELECT holder, until FROM claims WHERE digest = ?", (digest,)).fetchone()
+        if row is not None and row[0] != holder and row[1] > now:
+            return False
+        conn.execute("INSERT OR REPLACE INTO claims (digest, holder, until) VALUES (?, ?, ?)",
+                     (digest, holder, now + seconds))
+        return True
+
+    def _release(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
+                 digest: str, holder: str) -> None:
+        conn.execute("DELETE FROM claims WHERE digest = ? AND holder = ?", (digest, holder))
+
+    def _stats(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]]) -> CacheStats:
+        entries, oldest, newest = conn.execute(
+            "SELECT count(*), min(created_at), max(created_at) FROM entries").fetchone()
+        return CacheStats(entries, self._used_bytes(conn), oldest, newest)
+
+    def _clear(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
+               older_than: float | None) -> int:
+        cursor = (conn.execute("DELETE FROM entries") if older_than is None else
+                  conn.execute("DELETE FROM entries WHERE created_at < ?", (now - older_than,)))
+        return int(cursor.rowcount)
+
+    def _delete_stale(self, conn: sqlite3.Connection, stale: list[tuple[str, float]]) -> None:
+        conn.executemany("DELETE FROM entries WHERE digest = ? AND created_at = ?", stale)
 
     def _write_touches(self, conn: sqlite3.Connection) -> None:
         if self._touched:
@@ -209,28 +269,14 @@ class SqliteCacheConnection(CacheConnection):
             if deleted <= 0:
                 return
 
-    def _claim(self, digest: str, holder: str, seconds: float) -> bool:
-        with self._transaction() as tx:
-            now = self._clock()
-            row = tx.execute("SELECT holder, until FROM claims WHERE digest = ?", (digest,)).fetchone()
-            if row is not None and row[0] != holder and row[1] > now:
-                return False
-            tx.execute("INSERT OR REPLACE INTO claims (digest, holder, until) VALUES (?, ?, ?)",
-                       (digest, holder, now + seconds))
-            return True
-
-    def _release(self, digest: str, holder: str) -> None:
-        with self._transaction() as tx:
-            tx.execute("DELETE FROM claims WHERE digest = ? AND holder = ?", (digest, holder))
-
     def _close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
         try:
             if self._touched:
-                with self._transaction(conn) as tx:
-                    self._write_touches(tx)
+                with self._transaction(conn, immediate=True):
+                    self._write_touches(conn)
             # Without waiting: another process's connection keeps the WAL; the last one folds it.
             set_busy_timeout(conn, 0)
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -238,6 +284,11 @@ class SqliteCacheConnection(CacheConnection):
             pass  # best effort: every commit is durable already, and the next open replays the WAL
         finally:
             conn.close()
+
+
+_DOING: Final = {"get": "reading an entry", "put": "writing an entry", "claim": "claiming a key",
+                 "release": "releasing a claim", "stats": "counting entries", "clear": "clearing entries"}
+_READS: Final = frozenset({"get", "stats"})
 
 
 def _connect(path: Path, *, default_location: bool) -> sqlite3.Connection:

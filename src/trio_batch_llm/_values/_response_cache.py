@@ -102,8 +102,9 @@ class SqliteResponseCache(ResponseCache):
 
     ``path=None``: ``response-cache.sqlite3`` in the platform's cache folder
     (``$XDG_CACHE_HOME/trio-batch-llm``, ``~/Library/Caches/trio-batch-llm``, ``%LOCALAPPDATA%``).
-    ``max_bytes``: the size the file is kept under, least recently used entries evicted first
-    (``None``: no bound).
+    ``max_bytes``: the size the file is kept near, least recently used entries evicted first
+    after a write takes its pages in use past it, down to 90 % (approximate: the last entry
+    written and the ``-wal`` file come on top; ``None``: no bound).
     """
 
     path: str | os.PathLike[str] | None = None
