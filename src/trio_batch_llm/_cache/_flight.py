@@ -221,7 +221,7 @@ class CacheGate:
         try:
             if answer is not None and self.writes:
                 await self.connection.put(claim.key, answer)
-            elif claim.holder is None:
+            else:  # nothing to write: still a checkpoint on every path (the release below may not run)
                 await anyio.lowlevel.checkpoint()
         finally:
             if claim.flight is not None:
