@@ -24,7 +24,7 @@ from trio_batch_llm import (
     ResumePolicy,
     process_prompts,
 )
-from trio_batch_llm._artifacts import fingerprint, request_fingerprint
+from trio_batch_llm._artifacts import fingerprint, item_fingerprint, request_fingerprint
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
 from trio_batch_llm._strategies.openai._sdk import OpenAIStrategy
 from trio_batch_llm._values._errors import ConfigurationError
@@ -189,6 +189,15 @@ def test_fingerprints_and_request_text() -> None:
     for prompt, params in (("plain", None), (MESSAGES, {"seed": 1}), ("\x00trio-batch-llm-request:x", None)):
         assert request_of_text(request_text(prompt, params)) == (prompt, params)
     assert request_text("plain") == "plain"
+
+
+def test_a_sample_is_part_of_the_checkpoint_fingerprint() -> None:
+    # A resume must not replay sample 0's answer for an item whose row now asks for sample 1;
+    # sample 0 keeps the fingerprint items had before samples existed (old checkpoints match).
+    strategy = Recording()
+    prints = [item_fingerprint(LLMWorkItem("a", strategy, "p", sample=k)) for k in (0, 1, 2)]
+    assert prints[0] == request_fingerprint("p", None, None) == fingerprint("p", None)
+    assert len(set(prints)) == 3
 
 
 class Recording(LLMCallStrategy[str]):

@@ -149,9 +149,19 @@ def request_fingerprint(prompt: Prompt, params: Mapping[str, Any] | None, contex
     return digest.hexdigest()
 
 
+_SAMPLE_TAG: Final = b"trio-batch-llm sample\x00"
+
+
 def item_fingerprint(item: LLMWorkItem[Any]) -> str:
-    """:func:`request_fingerprint` of ``item``: what its checkpoint record is keyed by."""
-    return request_fingerprint(item.prompt, item.params, item.context)
+    """:func:`request_fingerprint` of ``item``: what its checkpoint record is keyed by.
+
+    A non-zero ``sample`` is part of it (sample 0 keeps the fingerprint items had before samples
+    existed): an item whose sample changed asks for another answer, so it is not replayed."""
+    base = request_fingerprint(item.prompt, item.params, item.context)
+    if not item.sample:
+        return base
+    sample = f"{base}\x00{item.sample}".encode("ascii")
+    return hashlib.sha256(_SAMPLE_TAG + sample).hexdigest()
 
 
 def identity_fingerprint(identity: ArtifactIdentity) -> str:
