@@ -87,3 +87,24 @@ def test_a_storm_of_probes_refused_at_random_does_not_pin_the_pace() -> None:
     assert stats.cooldown_remaining == 0.0
     paced = stats.paced_requests_per_minute
     assert paced is None or paced >= 0.7 * served / (stop / 60.0)
+
+
+async def _cut_short_after_a_429() -> tuple[int, bool]:
+    from trio_batch_llm._admission import QuotaScope
+
+    scope = QuotaScope(concurrency=4, rate_limit=NO_RAMP)
+    first = scope.try_admit_nowait()
+    first.release_rate_limited()  # the first 429 (no Retry-After): discovery starts, one call at a time
+    probe = scope.try_admit_nowait()
+    probe.release(None, answered=False)  # cut short (cancelled, timed out): no answer came
+    core = scope._core
+    assert core.pacing is not None
+    return core.refusals.evidence.run, core.pacing.discovery._storm
+
+
+@pytest.mark.anyio
+async def test_a_call_cut_short_is_no_answer_to_the_refusal_rule_nor_to_discovery() -> None:
+    # Admission.release(answered=False) said "no answer" to the stall watch only: the refusal rule
+    # ended the run of 429s there and discovery ended its storm, as if the provider had answered.
+    run, storm = await _cut_short_after_a_429()
+    assert (run, storm) == (1, True)
