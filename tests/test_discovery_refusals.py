@@ -185,9 +185,10 @@ async def test_thirty_percent_random_429s_do_not_collapse_the_scope() -> None:
     # 15,000 virtual seconds).
     clean = await _virtual_seconds(0.0, 600)
     noisy = await _virtual_seconds(0.3, 600)
-    # Measured 2.6-3.05x on the merged engine (the first lone 429s' cooldowns run their whole
-    # Retry-After before the rule lifts them, and the circuit breaker's start limit holds the first
-    # wave). One clean CI run in five (issue 33) took 14.4x (272.8 against 19.0 virtual seconds): a
-    # stall that real sockets' answer order sometimes produces, not yet explained (see issue 33's
-    # closing note). 16x keeps CI from failing on it and still fails the old collapse (800x).
-    assert noisy <= 16 * clean, (noisy, clean)
+    # The first lone 429s' cooldowns run their whole Retry-After before the rule lifts them, and the
+    # circuit breaker's start limit holds the first wave. One run in five or six took 13-33x (issue
+    # 33's 14.4x): a storm's probes refused a few times in a row before noise was confirmed stood
+    # for a limit for good (tests/test_stall_refusals.py). Since that run is doubted again (issue
+    # 34), 91 of 92 runs on Trio took 2.63-3.34x and one 4.04x; 4.5x leaves that room and still
+    # fails the stall (13x) and the old collapse (800x).
+    assert noisy <= 4.5 * clean, (noisy, clean)

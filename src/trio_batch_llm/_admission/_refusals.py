@@ -22,6 +22,13 @@ at random (one lone 429 says nothing either way, and a real limit must not
 wait for a second). Runs at least ``k`` long never count as noise, so a real
 limit's storms do not raise ``k``.
 
+A run that acted is doubted again as the share grows: once ``k`` (or the ``k`` of
+the share counted with the refusals near a limit it taught, which
+:meth:`RefusalEvidence.at_limit` keeps out of the share the rule acts by) is longer
+than it, chance explains it, and what it did is undone (issue 34: a storm's probes
+refused five times in a row before noise was confirmed, at 30 % random refusals,
+otherwise stood for a limit for good and paced the scope lower and lower).
+
 The rule counts outcomes in the order the answers come; it reads no clock.
 """
 
@@ -59,7 +66,7 @@ def run_needed(noise: float) -> int:
 class RefusalEvidence:
     """The refusals a scope has seen, in answer order: the current run and the learnt noise share."""
 
-    __slots__ = ("_at_limit", "_pending", "_seen", "lone", "needed", "noise", "run")
+    __slots__ = ("_at_limit", "_pending", "_seen", "_seen_all", "lone", "needed", "noise", "noise_all", "run")
 
     def __init__(self) -> None:
         self.run = 0  # refusals since the last answer
@@ -69,11 +76,25 @@ class RefusalEvidence:
         self._at_limit = False  # the current run came while pacing at a limit (see at_limit)
         self._pending = 0  # answers not yet folded into the noise share
         self._seen = 0  # outcomes folded in (the share is their plain mean until there are 1 / _WEIGHT)
+        self.noise_all = 0.0  # the same share with the runs near a limit counted too (see explained)
+        self._seen_all = 0
 
     @property
     def confirmed(self) -> bool:
         """Whether random refusals have been seen often enough to hold lone 429s to a longer run."""
         return self.needed > 1
+
+    @property
+    def explained(self) -> int:
+        """The run that refusals at random explain, judged with every run near a limit counted too.
+
+        :meth:`at_limit` keeps those runs out of :attr:`noise`, which is right only if the run that
+        taught the limit was one: a run that acted before noise was confirmed (every 429 acted
+        then) or against a share learnt from a few dozen outcomes may be chance. Its refusals go
+        on at their share whatever the pace, and this share, left free, shows it (see
+        :meth:`RefusalRule.doubted`).
+        """
+        return run_needed(self.noise_all) if self.confirmed else 1
 
     def answered(self) -> None:
         """An answer that was not a 429: a run of refusals (if any) ends here."""
@@ -110,22 +131,31 @@ class RefusalEvidence:
 
     def _end_run(self) -> None:
         run, self.run = self.run, 0
-        if self._at_limit:
-            self._at_limit = False
-            if self.lone >= CONFIRM:  # (until noise is confirmed, a lone 429 still counts)
-                self._pending = 0
-                return
         short = run < max(2, self.needed)
         outcomes = self._pending + run
         self._pending = 0
-        seen = self._seen = self._seen + outcomes
-        # A plain mean of the first outcomes (an average from nothing would start far too low),
-        # then an exponential one over about the last 1 / _WEIGHT.
-        kept = (1.0 - _WEIGHT) ** outcomes if seen * _WEIGHT > 1.0 else (seen - outcomes) / seen
-        self.noise = self.noise * kept + (1.0 - kept) * ((run if short else 0) / outcomes)
+        share = (run if short else 0) / outcomes
+        self._seen_all += outcomes
+        self.noise_all = _fold(self.noise_all, self._seen_all, outcomes, share)
+        if self._at_limit:
+            self._at_limit = False
+            if self.lone >= CONFIRM:  # (until noise is confirmed, a lone 429 still counts)
+                return
+        self._seen += outcomes
+        self.noise = _fold(self.noise, self._seen, outcomes, share)
         if short:
             self.lone += 1
         self.needed = run_needed(self.noise) if self.lone >= CONFIRM else 1
+
+
+def _fold(mean: float, seen: int, outcomes: int, share: float) -> float:
+    """``mean`` with ``outcomes`` more at ``share`` (``seen``: all outcomes, these included).
+
+    A plain mean of the first outcomes (an average from nothing would start far too low),
+    then an exponential one over about the last 1 / _WEIGHT.
+    """
+    kept = (1.0 - _WEIGHT) ** outcomes if seen * _WEIGHT > 1.0 else (seen - outcomes) / seen
+    return mean * kept + (1.0 - kept) * share
 
 
 @final
@@ -164,7 +194,17 @@ class RefusalRule:
         self.evidence.answered()
         if generation is not None:
             self._count(generation, 0)
-        return 0 < self._fed_run < self.evidence.needed
+        return self.doubted()
+
+    def doubted(self) -> bool:
+        """Whether the longest run that acted is one that refusals at random make: shorter than the
+        rule asks for now, or than it would ask for had no run near a limit been set aside
+        (:attr:`RefusalEvidence.explained`). Without the second, a run that happened to be as
+        long as a share learnt from the first few dozen outcomes asked for would stand for a
+        limit for good: near it no refusal counts (:meth:`RefusalEvidence.at_limit`), so the
+        share could never grow to show it was chance, and the scope paced lower and lower."""
+        evidence = self.evidence
+        return 0 < self._fed_run < max(evidence.needed, evidence.explained)
 
     def refused(self, discovery: Discovery) -> bool:
         """A 429 that reported no budget; return whether it acts on the scope.
@@ -176,7 +216,7 @@ class RefusalRule:
         evidence = self.evidence
         follows = evidence.refused()
         paced = discovery.shared or discovery.rate is not None
-        if paced and self._fed_run >= max(2, evidence.needed):
+        if paced and self._fed_run >= max(2, evidence.needed) and not self.doubted():
             evidence.at_limit()
             _, outcomes, refused = self._count(discovery.generation, 1)
             follows = follows or evidence.beyond_noise(refused, outcomes)
@@ -198,7 +238,7 @@ class RefusalRule:
         """Once random refusals are confirmed and no run as long as the rule now asks for ever
         acted, undo what lone 429s did: the discovered rate (it measured nothing but chance)
         and the cooldown they began."""
-        if 0 < self._fed_run < self.evidence.needed:
+        if self.doubted():
             self._fed_run = 0
             self._lift_pending = True
         if not self._lift_pending or now < self._noise_until:

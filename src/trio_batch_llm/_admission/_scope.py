@@ -119,7 +119,8 @@ class Admission:
 
         ``observation`` is what the answer said about the provider's limits
         (:func:`parse_rate_limit_headers`); the scope paces by it. ``answered=False``:
-        the call was cut short, so it says nothing about whether the provider refuses calls.
+        the call was cut short, so it says nothing about whether the provider refuses calls
+        (implies ``evidence=False``).
         ``evidence=False``: the call failed in a way that says nothing about the rate this scope
         may call at (an overload, a 5xx, a per-day quota): discovery and the refusal rule do not
         count it (neither a 429 nor an answer); reported budgets are still read.
@@ -129,6 +130,7 @@ class Admission:
             self._grant = None
             scope = self._scope
             core = scope._core
+            evidence = evidence and answered  # no answer came: none for the refusal rule nor discovery
             if answered and scope.throttle.refusing_since is not None:
                 scope.throttle.answered()  # an answer other than a 429: calls flow again
             if observation is not None or not evidence or not core.release_uncontended(grant):
