@@ -105,7 +105,8 @@ _KNOWN_SLOW: Final = frozenset({(0.02, 1, 1200), (0.02, 7, 600)})
 _SLOW_REASON: Final = """Cases where a decrease measured over a window that held a storm leaves the pace
 under the limit for minutes (seed 1 at 1,200: 459 a minute; the window 23.7-83.7 s held the storm of
 23-61 s, so the provider's 431 served became the peak, climbed from at 5 % a window). Measuring over
-the flowing span only fixes them but slows finding a halved limit (test_pacing.py); an open defect (issue 34's note)."""
+the flowing span only fixes them but slows finding a halved limit (test_pacing.py); an open defect
+(issue 34's note)."""
 
 
 
