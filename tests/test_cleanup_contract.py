@@ -997,6 +997,12 @@ async def test_c6_3_busy_queue_cannot_postpone_a_failure_for_concurrent_readers(
                 break
             added += 1
         assert added > 6  # items were queued behind the one that crashes
+        # Until the crash has decided the terminal: counted in checkpoints, not seconds (run alone on
+        # asyncio, 30 were not enough for five items to be published; the full suite hid it).
+        for _ in range(10_000):
+            if proc.results_statistics().queued >= 5:
+                break
+            await anyio.lowlevel.checkpoint()
         await settle()
         queued = proc.results_statistics().queued
         assert queued == 5  # i0..i4 were published before the crash decided the terminal
