@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings

@@ -531,7 +531,7 @@ def test_within_the_climb_back_a_429_lowers_the_rate_only_after_the_recovery_tim
     assert refused() == pytest.approx(0.8 * 308 / 25.5)
 
 
-def test_a_decrease_over_a_window_that_held_a_storm_climbs_back_to_the_rate_served_while_calls_flowed() -> None:
+def test_a_decrease_over_a_window_with_a_storm_climbs_back_to_the_rate_served_while_calls_flowed() -> None:
     # A 40 s storm, then 20 s at 20 a second, all answered: the window served 400, a third of what
     # flowed. A 429 then (random refusals make a run now and then) comes down from those 400 (the
     # limit may have dropped), but climbs back to the 20 a second that flowed, not to 400 a minute.

@@ -61,7 +61,7 @@ _MIN_FIRST_ESTIMATE: Final = 60
 """Calls that must have got through before the first 429 for it to set the pace: fewer say little
 (an isolated 429 after a few calls would otherwise pace the scope at a few calls a minute)."""
 _STORM_SHARE: Final = 0.1
-"""A window that lost less than this share of its time to a storm still measures the limit by what it served."""
+"""A window that lost less than this share of its time to a storm measures the limit by what it served."""
 _MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
 
 
