@@ -529,3 +529,29 @@ def test_within_the_climb_back_a_429_lowers_the_rate_only_after_the_recovery_tim
     calls(15.5, 10)  # past discovery_recovery_seconds since the decrease
     # Lowered again: 0.8 of the rate admitted since calls flowed (308 calls in 25.5 s, below the rate).
     assert refused() == pytest.approx(0.8 * 308 / 25.5)
+
+
+def test_a_decrease_over_a_window_with_a_storm_climbs_back_to_the_rate_served_while_calls_flowed() -> None:
+    # A 40 s storm, then 20 s at 20 a second, all answered: the window served 400, a third of what
+    # flowed. A 429 then (random refusals make a run now and then) comes down from those 400 (the
+    # limit may have dropped), but climbs back to the 20 a second that flowed, not to 400 a minute.
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05)
+    discovery = Discovery(config, None)
+    discovery.rate_limited(0, True, 0.0, served_before=1200)  # 20 per second, then a storm ...
+    discovery.commit(40.0)
+    discovery.answered(discovery.generation, 40.0)  # ... that ends 40 s later
+    for k in range(1, 400):
+        discovery.commit(40.0 + 0.05 * k)
+        discovery.answered(discovery.generation, 40.0 + 0.05 * k + 0.01)
+    now = 60.5
+    discovery.rate_limited(discovery.generation, True, now)
+    assert discovery.rate == pytest.approx(0.8 * 400 / 60, rel=0.02)
+    end = now + 30.0
+    while now < end:  # 30 s more: calls wait for the pace, and every one is answered
+        now = max(now, discovery.ready_at(0, now))
+        discovery.commit(now)
+        discovery.answered(discovery.generation, now + 0.01)
+        now += 0.01
+    flowed = 400 / 20.5
+    assert discovery.rate == pytest.approx(flowed * (1 + 0.05 * 10 / 60), rel=0.02)  # 20 s back, 10 probing

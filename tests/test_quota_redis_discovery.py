@@ -508,6 +508,47 @@ async def test_within_the_climb_back_a_shared_429_lowers_the_rate_only_after_the
     assert third == pytest.approx(0.8 * 308 / 25.5)
 
 
+
+async def test_a_shared_decrease_over_a_window_with_a_storm_climbs_back_to_what_flowed(
+    redis_url: str,
+) -> None:
+    # As test_pacing's test of that name: a 40 s storm, then 20 s at 20 a second, answered; a 429 then
+    # comes down from the 401 the window served but climbs back to the 20 a second that flowed.
+    clock = Clock()
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        await served_before(b, 1200)
+        assert await refuse(a, (await grant(a))[0]) == pytest.approx(20.0)  # the first 429, then a storm
+        start = clock.now
+        clock.now = start + 40.0
+        await answer(a, await grant(a))  # the storm's probe got through 40 s later
+        for k in range(20):  # 20 s at 20 a second (a second's worth per round trip), answered
+            clock.now = start + 40.1 + k
+            scope = (a, b)[k % 2]
+            admissions = await grant(scope, 20)
+            clock.now += 0.01
+            await answer(scope, admissions)
+        clock.now = start + 60.5
+        rate = await refuse(a, (await grant(a))[0])
+        assert rate == pytest.approx(0.8 * 401 / 60, rel=0.02)  # down from what the window served
+        end = clock.now + 30.0
+        k = 0
+        while clock.now < end:  # 30 s more: calls wait for the pace, and every one is answered
+            scope = (a, b)[k % 2]
+            admission, ready = await attempt(scope)
+            if admission is None:
+                assert ready is not None
+                clock.now = max(ready, clock.now + 0.001)
+                continue
+            clock.now += 0.01
+            await answer(scope, [admission])
+            clock.now += 0.01
+            k += 1
+        rate = shared_of(a).discovery.rate
+    assert rate == pytest.approx(401 / 20.5 * (1 + 0.05 * 10 / 60), rel=0.03)  # back to what flowed
+
+
 CLIENTS, MIN_RPM, CAP_RPM = 3, 30.0, 60.0  # a pace of 0.5 to 1 a second: 1.5 to 3 calls of credit
 PROPERTY = RateLimitConfig(slow_start_seconds=0.0, discovery_min_rpm=MIN_RPM, cooldown_seconds=1.0)
 ADMIT = st.tuples(st.just("admit"), st.integers(0, CLIENTS - 1), st.integers(1, 4))  # waiters in one trip

@@ -17,6 +17,8 @@ last decrease belongs to a storm already answered):
   whole window of answers is counted, no more than what the provider served
   over the last window, which is about its limit (it refuses once its window
   is full and never serves more in one); never below ``discovery_min_rpm``;
+  if a storm took part of that window, the climb back (below) goes to the rate
+  served while calls flowed, not to the window's count;
 - **additive increase**: each answer that is not a 429, if the rate held a
   call back since the previous answer, grows it for the time elapsed: back to
   where the decrease started (after a whole window: what was served over it)
@@ -58,6 +60,8 @@ MINUTE_SLACK: Final = 0.5
 _MIN_FIRST_ESTIMATE: Final = 60
 """Calls that must have got through before the first 429 for it to set the pace: fewer say little
 (an isolated 429 after a few calls would otherwise pace the scope at a few calls a minute)."""
+_STORM_SHARE: Final = 0.1
+"""A window that lost less than this share of its time to a storm measures the limit by what it served."""
 _MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
 
 
@@ -79,6 +83,7 @@ class Discovery:
         "_probed_at",
         "_resumed_at",
         "_served",
+        "_served_flowing",
         "_slope",
         "_storm",
         "_storm_gap",
@@ -101,6 +106,7 @@ class Discovery:
         self._resumed_at = NOW  # the end of the last storm: calls flow again from here
         self._decreased_at = NOW
         self._flowed = 0  # calls admitted since _resumed_at
+        self._served_flowing = 0  # answers (not 429s) since _resumed_at
         self._answered = False  # an answer other than a 429 since the last decrease
         self._storm = False  # nothing gets through: one probe at a time, ...
         self._storm_gap = 0.0  # ... this far apart
@@ -152,8 +158,9 @@ class Discovery:
         if generation >= self.generation:
             self._answered = True
             if self._storm:
-                self._resumed_at, self._flowed = now, 0
+                self._resumed_at, self._flowed, self._served_flowing = now, 0, 0
             self._storm, self._storm_gap = False, 0.0
+        self._served_flowing += 1
         rate = self.rate
         if rate is None:
             return
@@ -190,7 +197,7 @@ class Discovery:
             # What got through before it is the first guess at a window's worth: pacing at it
             # from now on keeps the next window from taking the same burst again.
             self._activated_at = now
-            self._flowed = 0
+            self._flowed = self._served_flowing = 0
             self.generation += 1
             self._storm = True
             if served_before >= _MIN_FIRST_ESTIMATE:
@@ -238,6 +245,13 @@ class Discovery:
             served = max(floor, self._served.count(now) / WINDOW_SECONDS)
             current = min(current, served)
             peak = min(self.cap, served)
+            if flowing < (1.0 - _STORM_SHARE) * WINDOW_SECONDS:
+                # The window held a storm that served nothing: what it served is less than the
+                # limit by the storm's share. Come down to it (the provider may truly have lowered
+                # its limit), but climb back to the rate served while calls flowed: a 429 that the
+                # refusal rule took for the limit's (chance makes a run of random refusals now and
+                # then) would otherwise leave the peak, and so the pace, far under the limit.
+                peak = min(self.cap, max(peak, self._served_flowing / max(_MIN_MEASURE_SPAN, flowing)))
         self.rate = max(floor, decrease * current)
         self._peak = peak = max(peak, self.rate)
         self._slope = (peak - self.rate) / config.discovery_recovery_seconds

@@ -20,7 +20,8 @@ requests per second, times on the script's clock):
     ``dans``    1: an answer that was not a 429 came since the last decrease
     ``dstorm``  1: nothing gets through, one probe at a time; ``dgap`` between probes when
                 nobody said when to come back, ``dprobed`` when the last grant went
-    ``dres``    when the last storm ended; ``dflow`` grants since then (or since ``dact``)
+    ``dres``    when the last storm ended; ``dflow`` grants since then (or since ``dact``),
+                ``dsvf`` answers that were not 429s since then
     ``ddec``    when the rate was last lowered
 
 and two tallies, hashes of whole second -> count over the last 60 s (pruned by
@@ -64,7 +65,7 @@ from collections.abc import Callable
 from typing import Final, final
 
 from .._values._config import RateLimitConfig
-from ._discovery import _MIN_FIRST_ESTIMATE, _MIN_MEASURE_SPAN
+from ._discovery import _MIN_FIRST_ESTIMATE, _MIN_MEASURE_SPAN, _STORM_SHARE
 from ._limits import PACE_CREDIT, WINDOW_SECONDS
 
 __all__ = ["DISCOVERY_LUA", "HEAR_EVERY", "SharedDiscovery"]
@@ -72,7 +73,7 @@ __all__ = ["DISCOVERY_LUA", "HEAR_EVERY", "SharedDiscovery"]
 HEAR_EVERY: Final = 1.0
 """Seconds: before discovery is active, an answer asks for a round trip if none came back for this long."""
 
-DISCOVERY_LUA: Final = r"""
+_DISCOVERY_TEMPLATE: Final = r"""
 -- discovery: the rate learnt from 429s alone, for every process (see _redis_discovery)
 local ga, sv = KEYS[5], KEYS[6]
 local d_on = ARGV[i] == '1'
@@ -80,16 +81,17 @@ local d_dec, d_floor, d_rec = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]) / 60,
 local d_probe, d_cap, d_first = tonumber(ARGV[i + 4]), math.huge, tonumber(ARGV[i + 6])
 if ARGV[i + 5] ~= '' then d_cap = tonumber(ARGV[i + 5]) end
 local d_credit, d_span = tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8])
+local d_flowing_full = @FLOWING_FULL@  -- seconds of a window that must have flowed to measure by its count
 i = i + 9
 local NEVER = -1e300
 local d_names = {'dact', 'dgen', 'drate', 'dpeak', 'dslope', 'dpslope', 'dgrown', 'dlim', 'dtat', 'dans',
-  'dstorm', 'dgap', 'dprobed', 'dres', 'dflow', 'ddec'}
+  'dstorm', 'dgap', 'dprobed', 'dres', 'dflow', 'ddec', 'dsvf'}
 local D = {}
 if d_on then
   local got = redis.call('HMGET', st, unpack(d_names))
   for k = 1, #d_names do D[d_names[k]] = tonumber(got[k]) end
 end
-for _, name in ipairs({'dgen', 'dpeak', 'dslope', 'dpslope', 'dans', 'dstorm', 'dgap', 'dflow'}) do
+for _, name in ipairs({'dgen', 'dpeak', 'dslope', 'dpslope', 'dans', 'dstorm', 'dgap', 'dflow', 'dsvf'}) do
   D[name] = D[name] or 0
 end
 for _, name in ipairs({'dgrown', 'dlim', 'dtat', 'dprobed', 'dres', 'ddec'}) do D[name] = D[name] or NEVER end
@@ -110,9 +112,10 @@ local function d_answered(count, gen)
   d_add(sv, count)
   if not D.dact then return end
   if gen >= D.dgen then
-    if D.dstorm == 1 then D.dres, D.dflow = now, 0 end  -- calls flow again: measure from here
+    if D.dstorm == 1 then D.dres, D.dflow, D.dsvf = now, 0, 0 end  -- calls flow again: measure from here
     D.dans, D.dstorm, D.dgap = 1, 0, 0
   end
+  D.dsvf = D.dsvf + count
   local rate = D.drate
   if rate == nil then return end
   if D.dlim >= D.dgrown then
@@ -134,7 +137,7 @@ end
 local function d_limited(gen, asked)
   if not D.dact then
     -- the first: measuring begins, one call at a time goes; what got through sets the first pace
-    D.dact, D.dgen, D.dstorm, D.dflow = now, D.dgen + 1, 1, 0
+    D.dact, D.dgen, D.dstorm, D.dflow, D.dsvf = now, D.dgen + 1, 1, 0, 0
     local served = d_count(sv)
     if served >= d_first then
       D.drate = math.max(d_floor, math.min(d_cap, served / 60))
@@ -170,6 +173,9 @@ local function d_limited(gen, asked)
     local served = math.max(d_floor, d_count(sv) / 60)
     current = math.min(current, served)
     peak = math.min(d_cap, served)
+    if flowing < d_flowing_full then  -- a storm took part of the window: back up to what flowed
+      peak = math.min(d_cap, math.max(peak, D.dsvf / math.max(d_span, flowing)))
+    end
   end
   D.drate = math.max(d_floor, d_dec * current)
   D.dpeak = math.max(peak, D.drate)
@@ -230,6 +236,8 @@ local function d_finish()  -- saves the state; returns the generation and the ra
   return tostring(D.dgen), rate
 end
 """
+DISCOVERY_LUA: Final = _DISCOVERY_TEMPLATE.replace(
+    "@FLOWING_FULL@", repr((1.0 - _STORM_SHARE) * WINDOW_SECONDS))  # one constant for both rule books
 
 Event = tuple[str, int, int]  # ("a", answers, highest generation) or ("r", generation, asked: 0/1)
 
