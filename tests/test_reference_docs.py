@@ -9,6 +9,7 @@ here directly, through griffe with the same extensions as ``mkdocs.yml``
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import sys
@@ -163,3 +164,13 @@ def test_private_bases_give_way_to_their_public_ancestry_and_members() -> None:
     store = _object(package, "trio_batch_llm.JsonlArtifactStore", griffe)
     assert "ThreadedStore" not in " ".join(str(base) for base in store.bases)
     assert {"load", "append", "statistics", "aclose"} <= set(store.members)
+
+
+@pytest.mark.parametrize("package", ["trio_batch_llm", "trio_batch_llm.mock"])
+def test_every_exported_name_has_a_reference_entry(package: str) -> None:
+    """A name a signature shows is one a reader can look up (issue 35: 22 were exported nowhere)."""
+    module = importlib.import_module(package)
+    pages = "\n".join(page.read_text() for page in (ROOT / "docs" / "reference").glob("*.md"))
+    documented = set(re.findall(rf"^::: {re.escape(package)}\.(\w+)\s*$", pages, re.M))
+    missing = sorted(set(module.__all__) - documented - {"__version__"})
+    assert missing == []
