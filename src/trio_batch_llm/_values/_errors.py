@@ -137,8 +137,8 @@ class ItemDeadlineExceeded(BatchLLMError, TimeoutError):
 class AttemptTimedOut(BatchLLMError, TimeoutError):
     """An attempt ran past ``attempt_timeout``; classified TIMEOUT and retried.
 
-    The exception a timed-out item's result carries (``result.exception``). A
-    :class:`TimeoutError`, as before it joined the :class:`BatchLLMError` tree.
+    What a timed-out item's result carries (``result.exception``). Also a
+    :class:`TimeoutError`, so ``except TimeoutError`` catches it.
     """
 
 
