@@ -59,8 +59,8 @@ def find_private_modules(page_html: str) -> list[str]:
     """Each distinct ``trio_batch_llm._...`` path the finished page shows, with what surrounds it."""
     problems: dict[str, str] = {}
     for match in _PRIVATE_MODULE.finditer(page_html):
-        around = page_html[max(0, match.start() - 80):match.end() + 20]
-        problems.setdefault(match.group(), " ".join(_text(around).split())[-160:])
+        before = _text(page_html[max(0, match.start() - 400):match.start()].rpartition(">")[0] + ">")
+        problems.setdefault(match.group(), before[-100:])
     return [f"names private module path {path}: ...{around}" for path, around in sorted(problems.items())]
 
 
