@@ -34,6 +34,8 @@ from typing import Any
 import anyio
 import pytest
 
+from .test_exports import NOT_FOR_USERS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 EXAMPLES_DIR = DOCS / "examples"
@@ -279,6 +281,19 @@ def test_code_fits_the_content_column() -> None:
     assert wide == []
 
 
+def test_no_example_or_page_uses_a_private_module() -> None:
+    """What a reader copies imports public names only: ``trio_batch_llm._x`` is ours to change."""
+    readme = ROOT / "README.md"
+    lines = [*_code_lines(), *((str(readme.name), n, line) for n, line in
+                               enumerate(readme.read_text(encoding="utf-8").splitlines(), start=1))]
+    private = [f"{where}:{number}: {line.strip()}" for where, number, line in lines
+               if PRIVATE_MODULE.search(line)]
+    assert private == []
+
+
+PRIVATE_MODULE = re.compile(r"\btrio_batch_llm\._[\w.]*")
+
+
 def _main_source(name: str) -> str:
     tree = ast.parse((EXAMPLES_DIR / f"{name}.py").read_text(encoding="utf-8"))
     mains = [node for node in tree.body if isinstance(node, ast.AsyncFunctionDef) and node.name == "main"]
@@ -357,6 +372,7 @@ def test_cli_options_in_the_docs_exist() -> None:
     assert mentioned <= known, f"the CLI page mentions unknown options: {sorted(mentioned - known)}"
 
 
+@pytest.mark.timeout(300)  # the build's own limit below; on a busy machine it passes the default 60 s
 def test_the_site_builds_strict(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
@@ -373,3 +389,13 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert "calls started per second" in limits  # the example output was included
     reference = (site / "reference" / "entry-points" / "index.html").read_text(encoding="utf-8")
     assert "process_stream" in reference and ":class:" not in reference
+    # No page names a private module, not even in a tooltip (the build hook refuses it too).
+    private = sorted({f"{page.relative_to(site)}: {m}" for page in site.rglob("*.html")
+                      for m in PRIVATE_MODULE.findall(page.read_text(encoding="utf-8"))})
+    assert private == []
+    owners = (site / "reference" / "owners" / "index.html").read_text(encoding="utf-8")
+    assert 'id="trio_batch_llm.ParallelBatchProcessor.aclose"' in owners  # inherited from a private base
+    assert "HostedOwner" not in owners
+    rendered = "".join(p.read_text(encoding="utf-8") for p in (site / "reference").rglob("*.html"))
+    assert [name for name in NOT_FOR_USERS if f'id="trio_batch_llm.{name}"' in rendered
+            or f'id="trio_batch_llm.mock.{name}"' in rendered] == []

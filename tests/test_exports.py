@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import collections.abc
+import importlib
+import inspect
+import os
+import pkgutil
 import re
+import sys
+import typing
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
 
 import trio_batch_llm
 
@@ -77,3 +89,122 @@ def test_public_classes_and_functions_report_the_public_module() -> None:
     }
     assert private == {}
     assert trio_batch_llm.ParallelBatchProcessor.add_work.__module__ == "trio_batch_llm"
+
+
+# --- every class a public signature names is public (issue 35, point 7) -------------------------
+
+PUBLIC_PACKAGES = ("trio_batch_llm", "trio_batch_llm.mock", "trio_batch_llm.testing")
+
+# Public methods that are the engine's plumbing, not the user's: what they name stays private.
+# Each entry says why; the reference pages do not show them (tests/test_reference_docs.py).
+NOT_FOR_USERS = {
+    # open_run() builds a Run; the reference says "do not construct one" and shows no constructor.
+    "Run.__init__",
+    # The processors that share a host run their tasks and admit their calls through these.
+    "ExecutorHost.runtime", "ExecutorHost.new_runtime_group",
+    "ExecutorHost.quota_scope", "ExecutorHost.adopt_quota_scope",
+    # The mock's provider-batch modules answer each batch line through it; a test talks HTTP.
+    "MockOpenAIApp.execute_route",
+}
+
+
+def _universe() -> dict[str, Any]:
+    """Every name some module of the package binds: what its ``TYPE_CHECKING`` imports would see."""
+    for info in pkgutil.walk_packages(trio_batch_llm.__path__, "trio_batch_llm."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    names: dict[str, Any] = {}
+    for source in (typing, collections.abc, os):
+        names.update({k: v for k, v in vars(source).items() if not k.startswith("_")})
+    names["os"] = os
+    for module_name, module in sorted(sys.modules.items()):
+        if module_name.startswith("trio_batch_llm"):
+            for key, value in vars(module).items():
+                names.setdefault(key, value)
+    return names
+
+
+def _hints(obj: Any, universe: dict[str, Any]) -> dict[str, Any]:
+    """``typing.get_type_hints`` of ``obj``, lending it the names its module imports only for mypy."""
+    borrowed: dict[str, Any] = {}
+    while True:
+        try:
+            return typing.get_type_hints(obj, localns=borrowed)
+        except NameError as exc:
+            if exc.name is None or exc.name not in universe or exc.name in borrowed:
+                raise
+            borrowed[exc.name] = universe[exc.name]
+
+
+def _classes_in(annotation: Any) -> Iterator[type]:
+    if isinstance(annotation, type):
+        yield annotation
+    origin = typing.get_origin(annotation)
+    if isinstance(origin, type):
+        yield origin
+    for arg in typing.get_args(annotation):
+        for inner in arg if isinstance(arg, (list, tuple)) else (arg,):
+            yield from _classes_in(inner)
+
+
+def _typed_members(name: str, obj: Any) -> Iterator[tuple[str, Any]]:
+    """(where, object) for a public name and, for a class, its public methods, properties and fields."""
+    yield name, obj
+    if not inspect.isclass(obj):
+        return
+    for attr_name, attr in inspect.getmembers(obj):
+        if attr_name.startswith("_") and attr_name != "__init__":
+            continue
+        attr = attr.fget if isinstance(attr, property) else attr
+        if inspect.isfunction(attr) or inspect.ismethod(attr):
+            yield f"{name}.{attr_name}", attr
+
+
+def _private_module(module: str) -> bool:
+    return module.startswith("trio_batch_llm") and any(p.startswith("_") for p in module.split(".")[1:])
+
+
+def test_public_signatures_name_only_public_classes() -> None:
+    """Every class named by a public function's, method's or field's annotation can be imported."""
+    universe = _universe()
+    exported: set[int] = set()
+    public: list[tuple[str, Any]] = []
+    for package in PUBLIC_PACKAGES:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            exported.add(id(getattr(module, name)))
+            public.append((name, getattr(module, name)))
+    unexported: dict[str, set[str]] = {}
+    for name, obj in public:
+        if not (inspect.isclass(obj) or callable(obj)):
+            continue
+        for where, target in _typed_members(name, obj):
+            if where in NOT_FOR_USERS:
+                continue
+            for field, annotation in _hints(target, universe).items():
+                if field.startswith("_"):
+                    continue  # a private attribute's annotation
+                for cls in _classes_in(annotation):
+                    if _private_module(cls.__module__) and id(cls) not in exported:
+                        unexported.setdefault(f"{cls.__module__}.{cls.__qualname__}", set()).add(
+                            f"{where} ({field})")
+    assert not unexported, "private classes in public signatures:\n" + "\n".join(
+        f"{name}: {', '.join(sorted(where)[:3])}" for name, where in sorted(unexported.items()))
+
+
+@pytest.mark.anyio
+async def test_an_attempt_timeout_reaches_the_result_as_a_public_batch_llm_error(anyio_backend: Any) -> None:
+    """What an item's result carries is importable and in the BatchLLMError tree (a TimeoutError still)."""
+    async def hang(prompt: str) -> str:
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    config = trio_batch_llm.ProcessorConfig(
+        attempt_timeout=0.01, retry=trio_batch_llm.RetryConfig(max_attempts=1))
+    (result,) = (await trio_batch_llm.process_prompts(trio_batch_llm.CallableStrategy(hang), ["p"],
+                                                      config=config)).results
+    assert result.error_category is trio_batch_llm.ErrorCategory.TIMEOUT
+    assert type(result.exception) is trio_batch_llm.AttemptTimedOut
+    assert isinstance(result.exception, trio_batch_llm.BatchLLMError)
+    assert isinstance(result.exception, TimeoutError)  # what code catching timeouts relies on
+    assert type(result.exception).__module__ == "trio_batch_llm"

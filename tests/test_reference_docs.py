@@ -9,6 +9,7 @@ here directly, through griffe with the same extensions as ``mkdocs.yml``
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import sys
@@ -17,6 +18,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from .test_exports import NOT_FOR_USERS
 
 ROOT = Path(__file__).resolve().parent.parent
 PRIVATE = re.compile(r"(?<![A-Za-z0-9_.])_[A-Za-z][A-Za-z0-9_]*")
@@ -57,41 +60,71 @@ def _documented() -> list[str]:
     return names
 
 
-def _shown(obj: Any, griffe: Any) -> list[tuple[str, str]]:
-    """(where, text) for what a reference page renders of ``obj``: bases and signatures."""
-    shown: list[tuple[str, str]] = []
+def _final(obj: Any, griffe: Any) -> Any:
+    return obj.final_target if isinstance(obj, griffe.Alias) else obj
+
+
+def _rendered(obj: Any, griffe: Any) -> list[tuple[str, Any]]:
+    """(where, expression) for what a reference page renders of ``obj``: bases and signatures."""
+    shown: list[tuple[str, Any]] = []
     functions: list[Any] = []
     if isinstance(obj, griffe.Class):
-        shown += [(f"{obj.path} bases", str(base)) for base in obj.bases]
-        functions += [m for name, m in obj.members.items() if isinstance(m, griffe.Function)
+        shown += [(f"{obj.path} bases", base) for base in obj.bases]
+        # Members listed on the class include those griffe_public moves up from a private base.
+        functions += [_final(m, griffe) for name, m in obj.members.items()
+                      if isinstance(_final(m, griffe), griffe.Function)
                       and (name == "__init__" or not name.startswith("_"))]
     elif isinstance(obj, griffe.Function):
         functions.append(obj)
     for function in functions:
+        if f"{obj.name}.{function.name}" in NOT_FOR_USERS:
+            continue  # not on the page (the test below checks)
         for parameter in function.parameters:
             where = f"{function.path}({parameter.name})"
-            shown.append((where, f"{parameter.annotation}"))
-            shown.append((where, f"{parameter.default}"))
+            shown.append((where, parameter.annotation))
+            shown.append((where, parameter.default))
             if parameter.kind is griffe.ParameterKind.var_keyword and str(parameter.annotation) == "Any":
                 shown.append((where, "**: Any"))
-        shown.append((f"{function.path} returns", str(function.returns)))
+        shown.append((f"{function.path} returns", function.returns))
     return shown
 
 
-def test_reference_signatures_show_no_private_names() -> None:
-    griffe = pytest.importorskip("griffe", reason="the docs tools (python3 dev.py docs installs them)")
+def _shown(obj: Any, griffe: Any) -> list[tuple[str, str]]:
+    """(where, text) for what a reference page renders of ``obj``: bases and signatures."""
+    return [(where, str(expr)) for where, expr in _rendered(obj, griffe)]
+
+
+def _private_paths(expr: Any, griffe: Any) -> list[str]:
+    """The private module paths behind the names of ``expr``: what a link or tooltip would show."""
+    if not isinstance(expr, griffe.Expr):
+        return []
+    names = [part for part in expr.iterate(flat=True) if isinstance(part, griffe.ExprName)]
+    return [path for name in names if (path := name.canonical_path).startswith("trio_batch_llm._")]
+
+
+def _load_documented(griffe: Any) -> tuple[Any, list[str]]:
     public_names = str(ROOT / "docs/_hooks/griffe_public.py:PublicNames")
     extensions = griffe.load_extensions("unpack_typeddict", public_names)  # as in mkdocs.yml
     loader = griffe.GriffeLoader(search_paths=[str(ROOT / "src")], extensions=extensions)
     package = loader.load("trio_batch_llm")
     loader.resolve_aliases(implicit=False, external=False)
-    documented = _documented()
+    return package, _documented()
+
+
+def _object(package: Any, path: str, griffe: Any) -> Any:
+    obj = package[path.removeprefix("trio_batch_llm.")] if path != "trio_batch_llm" else package
+    return _final(obj, griffe)
+
+
+def test_reference_signatures_show_no_private_names() -> None:
+    griffe = pytest.importorskip("griffe", reason="the docs tools (python3 dev.py docs installs them)")
+    package, documented = _load_documented(griffe)
     assert len(documented) > 40 and "trio_batch_llm.OpenAIStrategy" in documented
     problems: list[str] = []
     for path in documented:
-        obj = package[path.removeprefix("trio_batch_llm.")] if path != "trio_batch_llm" else package
-        if isinstance(obj, griffe.Alias):
-            obj = obj.final_target
+        obj = _object(package, path, griffe)
+        problems += [f"{where}: {expr} names {private}" for where, expr in _rendered(obj, griffe)
+                     for private in _private_paths(expr, griffe)]
         for where, text in _shown(obj, griffe):
             # A TypedDict's keys show "..." as their default: optional keys (total=False).
             unset = text == "..." and "typed-dict" not in obj.labels
@@ -99,4 +132,45 @@ def test_reference_signatures_show_no_private_names() -> None:
                 problems.append(f"{where}: {text}")
     # llm() forwards its keywords to the strategy its spec names (documented on those classes).
     problems = [p for p in problems if not p.startswith("trio_batch_llm._strategies._factory.llm(kwargs)")]
-    assert problems == []
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_build_hook_finds_private_module_paths_anywhere_on_a_page() -> None:
+    find = _hook("private_names").find_private_modules
+    page = (
+        '<p>Bases: <code><span title="trio_batch_llm._core._owner.HostedOwner">HostedOwner</span></code></p>'
+        '<a title="BatchLLMError (trio_batch_llm._values._errors.BatchLLMError)" href="#x">BatchLLMError</a>'
+        '<code>from trio_batch_llm._runs._reader import read_lease_report</code>'
+        '<a title="WorkItemResult (trio_batch_llm.WorkItemResult)" href="#y">WorkItemResult</a>'
+    )
+    problems = find(page)
+    assert [p.split(":")[0] for p in problems] == [
+        "names private module path trio_batch_llm._core._owner.HostedOwner",
+        "names private module path trio_batch_llm._runs._reader",
+        "names private module path trio_batch_llm._values._errors.BatchLLMError",
+    ], problems
+    assert find('<a title="WorkItemResult (trio_batch_llm.WorkItemResult)">trio_batch_llm.mock</a>') == []
+
+
+def test_private_bases_give_way_to_their_public_ancestry_and_members() -> None:
+    """``Bases: HostedOwner`` named a class nobody can import, and hid ``aclose()`` from the page."""
+    griffe = pytest.importorskip("griffe", reason="the docs tools (python3 dev.py docs installs them)")
+    package, _ = _load_documented(griffe)
+    processor = _object(package, "trio_batch_llm.ParallelBatchProcessor", griffe)
+    assert [str(base) for base in processor.bases] == ["Generic[TOutput]"]
+    for name in ("aclose", "force_close", "shutdown", "cleanup", "state"):
+        member = processor.members[name]
+        assert member.is_public and member.docstring is not None, name
+    store = _object(package, "trio_batch_llm.JsonlArtifactStore", griffe)
+    assert "ThreadedStore" not in " ".join(str(base) for base in store.bases)
+    assert {"load", "append", "statistics", "aclose"} <= set(store.members)
+
+
+@pytest.mark.parametrize("package", ["trio_batch_llm", "trio_batch_llm.mock"])
+def test_every_exported_name_has_a_reference_entry(package: str) -> None:
+    """A name a signature shows is one a reader can look up (issue 35: 22 were exported nowhere)."""
+    module = importlib.import_module(package)
+    pages = "\n".join(page.read_text() for page in (ROOT / "docs" / "reference").glob("*.md"))
+    documented = set(re.findall(rf"^::: {re.escape(package)}\.(\w+)\s*$", pages, re.M))
+    missing = sorted(set(module.__all__) - documented - {"__version__"})
+    assert missing == []

@@ -13,8 +13,12 @@ from pathlib import Path
 import anyio
 import trio
 
-from trio_batch_llm import OpenAICompatibleStrategy, ProcessorConfig, open_run
-from trio_batch_llm._runs._reader import read_lease_report
+from trio_batch_llm import (
+    OpenAICompatibleStrategy,
+    ProcessorConfig,
+    open_run,
+    read_lease_report,
+)
 from trio_batch_llm.mock import MockServerConfig, serve_mock
 
 PROMPTS = [(f"doc-{i:02d}", f"Summarise document {i}.") for i in range(60)]

@@ -1,9 +1,12 @@
 """trio-batch-llm: run thousands of LLM calls concurrently and correctly, on Trio or asyncio."""
 
+from ._admission._records import QuotaScopeStatistics as QuotaScopeStatistics
 from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
 from ._artifacts._identity import infer_artifact_identity as infer_artifact_identity
+from ._artifacts._protocol import StoredRecord as StoredRecord
+from ._artifacts._protocol import StoreStatistics as StoreStatistics
 from ._compat._classifiers import AnthropicErrorClassifier as AnthropicErrorClassifier
 from ._compat._classifiers import DefaultErrorClassifier as DefaultErrorClassifier
 from ._compat._classifiers import ErrorClassifier as ErrorClassifier
@@ -22,7 +25,11 @@ from ._core._host import HostStatistics as HostStatistics
 from ._core._ledger import CLEANUP_SLOW_WARNING_SECONDS as CLEANUP_SLOW_WARNING_SECONDS
 from ._core._ledger import PROGRESS_TASK_CANCELLATION_TIMEOUT as PROGRESS_TASK_CANCELLATION_TIMEOUT
 from ._core._ledger import WORKER_CANCELLATION_TIMEOUT as WORKER_CANCELLATION_TIMEOUT
+from ._core._ledger import LedgerState as LedgerState
+from ._core._ledger import LedgerStatistics as LedgerStatistics
 from ._engine._channel import ResultChannelStatistics as ResultChannelStatistics
+from ._engine._classifier_objects import SupportsClassify as SupportsClassify
+from ._engine._entrypoints import ProcessorOptions as ProcessorOptions
 from ._engine._entrypoints import ResultStream as ResultStream
 from ._engine._entrypoints import call as call
 from ._engine._entrypoints import call_result as call_result
@@ -31,8 +38,11 @@ from ._engine._entrypoints import process_stream as process_stream
 from ._engine._pool import LLMCallPool as LLMCallPool
 from ._engine._pool import PoolStatistics as PoolStatistics
 from ._engine._processor import ParallelBatchProcessor as ParallelBatchProcessor
+from ._engine._unowned import StreamBlock as StreamBlock
 from ._observe._event_names import ProcessingEvent as ProcessingEvent
 from ._observe._events import AttemptFailed as AttemptFailed
+from ._observe._events import AttemptStarted as AttemptStarted
+from ._observe._events import AttemptSucceeded as AttemptSucceeded
 from ._observe._events import BatchFinished as BatchFinished
 from ._observe._events import BatchStarted as BatchStarted
 from ._observe._events import ItemCompleted as ItemCompleted
@@ -46,6 +56,8 @@ from ._observe._metrics import DEFAULT_LATENCY_BUCKETS as DEFAULT_LATENCY_BUCKET
 from ._observe._metrics import MetricsObserver as MetricsObserver
 from ._observe._otel import OpenTelemetryObserver as OpenTelemetryObserver
 from ._observe._prometheus import PrometheusCollector as PrometheusCollector
+from ._observe._snapshot import Progress as Progress
+from ._observe._snapshot import ProgressSnapshot as ProgressSnapshot
 from ._runs import PostgresRunRepository as PostgresRunRepository
 from ._runs import ProviderBatchConfig as ProviderBatchConfig
 from ._runs import Run as Run
@@ -59,11 +71,28 @@ from ._runs import iter_run_results as iter_run_results
 from ._runs import list_runs as list_runs
 from ._runs import open_run as open_run
 from ._runs import read_run_snapshot as read_run_snapshot
+from ._runs._reader import read_lease_report as read_lease_report
+from ._runs._schema import NewItem as NewItem
+from ._runs._schema import NewResult as NewResult
+from ._runs._schema import NewSubmission as NewSubmission
+from ._runs._schema import PendingItem as PendingItem
+from ._runs._schema import RunSpec as RunSpec
+from ._runs._schema import StoredResult as StoredResult
+from ._runs._schema import SubmissionRecord as SubmissionRecord
+from ._runs.repository._leases import DriverRecord as DriverRecord
+from ._runs.repository._leases import LeaseReport as LeaseReport
 from ._strategies._base import LLMCallStrategy as LLMCallStrategy
+from ._strategies._batch import BatchConnection as BatchConnection
+from ._strategies._batch import BatchEndpoint as BatchEndpoint
+from ._strategies._batch import BatchInfo as BatchInfo
+from ._strategies._batch import BatchItemOutcome as BatchItemOutcome
+from ._strategies._batch import BatchRequest as BatchRequest
+from ._strategies._batch import SendMark as SendMark
 from ._strategies._callable import CallableStrategy as CallableStrategy
 from ._strategies._callable import CallOutcome as CallOutcome
 from ._strategies._factory import llm as llm
 from ._strategies._fake import FakeStrategy as FakeStrategy
+from ._strategies._keys import Secret as Secret
 from ._strategies.anthropic._strategy import AnthropicStrategy as AnthropicStrategy
 from ._strategies.gemini._cache import GeminiContextCache as GeminiContextCache
 from ._strategies.gemini._strategy import GeminiStrategy as GeminiStrategy
@@ -75,6 +104,7 @@ from ._values._batch_result import BatchResult as BatchResult
 from ._values._breaker_config import CircuitBreakerConfig as CircuitBreakerConfig
 from ._values._categories import ErrorCategory as ErrorCategory
 from ._values._config import AbortMode as AbortMode
+from ._values._config import FromConfig as FromConfig
 from ._values._config import GuardrailConfig as GuardrailConfig
 from ._values._config import ProcessorConfig as ProcessorConfig
 from ._values._config import RateLimitConfig as RateLimitConfig
@@ -90,6 +120,7 @@ from ._values._errors import ArtifactEncodeError as ArtifactEncodeError
 from ._values._errors import ArtifactMismatchError as ArtifactMismatchError
 from ._values._errors import ArtifactStoreError as ArtifactStoreError
 from ._values._errors import AsyncBatchLLMError as AsyncBatchLLMError
+from ._values._errors import AttemptTimedOut as AttemptTimedOut
 from ._values._errors import BatchInterruptedError as BatchInterruptedError
 from ._values._errors import BatchLLMError as BatchLLMError
 from ._values._errors import CleanupInterruptedError as CleanupInterruptedError
@@ -103,6 +134,7 @@ from ._values._errors import QuotaBackendError as QuotaBackendError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
+from ._values._pricing import Rates as Rates
 from ._values._prompts import LLMRequest as LLMRequest
 from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._ramp import StartupRampConfig as StartupRampConfig
@@ -137,12 +169,20 @@ __all__ = [
     "ArtifactStoreError",
     "AsyncBatchLLMError",
     "AttemptFailed",
+    "AttemptStarted",
+    "AttemptSucceeded",
+    "AttemptTimedOut",
     "AttemptTiming",
     "BaseMiddleware",
     "BaseObserver",
+    "BatchConnection",
+    "BatchEndpoint",
     "BatchFinished",
+    "BatchInfo",
     "BatchInterruptedError",
+    "BatchItemOutcome",
     "BatchLLMError",
+    "BatchRequest",
     "BatchResult",
     "BatchStarted",
     "BatchTermination",
@@ -160,11 +200,13 @@ __all__ = [
     "DEFAULT_MODEL_RATES_AS_OF",
     "DatabaseUnavailableError",
     "DefaultErrorClassifier",
+    "DriverRecord",
     "ErrorCategory",
     "ErrorClassifier",
     "ErrorInfo",
     "ExecutorHost",
     "FakeStrategy",
+    "FromConfig",
     "GeminiContextCache",
     "GeminiErrorClassifier",
     "GeminiStrategy",
@@ -182,11 +224,17 @@ __all__ = [
     "LLMCallStrategy",
     "LLMRequest",
     "LLMWorkItem",
+    "LeaseReport",
+    "LedgerState",
+    "LedgerStatistics",
     "LifecycleEvent",
     "MemoryResponseCache",
     "MetricsObserver",
     "Middleware",
     "ModelRates",
+    "NewItem",
+    "NewResult",
+    "NewSubmission",
     "Observer",
     "OpenAICompatibleStrategy",
     "OpenAIErrorClassifier",
@@ -195,19 +243,25 @@ __all__ = [
     "OpenTelemetryObserver",
     "PROGRESS_TASK_CANCELLATION_TIMEOUT",
     "ParallelBatchProcessor",
+    "PendingItem",
     "PoolStatistics",
     "PostgresResponseCache",
     "PostgresRunRepository",
     "ProcessingEvent",
     "ProcessorConfig",
+    "ProcessorOptions",
     "ProcessorStatistics",
+    "Progress",
+    "ProgressSnapshot",
     "PrometheusCollector",
     "ProviderBatchConfig",
     "ProviderError",
     "PydanticAIStrategy",
     "QueueFullError",
     "QuotaBackendError",
+    "QuotaScopeStatistics",
     "RateLimitConfig",
+    "Rates",
     "RedisQuotaBackend",
     "RedisResponseCache",
     "ResponseCache",
@@ -222,16 +276,25 @@ __all__ = [
     "RunResult",
     "RunSnapshot",
     "RunSourceError",
+    "RunSpec",
     "RunStateError",
     "RunTermination",
+    "Secret",
+    "SendMark",
     "SourceCheckpoint",
     "SqliteArtifactStore",
     "SqliteResponseCache",
     "SqliteRunRepository",
     "StartupRampConfig",
     "StopReason",
+    "StoreStatistics",
+    "StoredRecord",
+    "StoredResult",
+    "StreamBlock",
     "StreamFinalizationError",
     "StructuredOutputError",
+    "SubmissionRecord",
+    "SupportsClassify",
     "TimeoutCategory",
     "TokenEstimate",
     "TokenUsage",
@@ -248,6 +311,7 @@ __all__ = [
     "open_run",
     "process_prompts",
     "process_stream",
+    "read_lease_report",
     "read_run_snapshot",
     "with_cleanup",
 ]

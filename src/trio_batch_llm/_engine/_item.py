@@ -42,6 +42,7 @@ from .._cache._flight import Claim
 from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
 from .._values._config_warnings import warn_if_pool_too_small
+from .._values._errors import AttemptTimedOut
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage
 from .._values._stop_reasons import StopReason
@@ -74,10 +75,6 @@ STOPPED: Final = None
 """:meth:`ItemRunner.cut` and :meth:`ItemRunner.drive`: the batch's stop cut the item short."""
 
 Cut = WorkItemResult[TOutput] | Literal["retry"] | None
-
-
-class AttemptTimedOut(TimeoutError):
-    """An attempt ran past ``attempt_timeout``; classified TIMEOUT and retried."""
 
 
 class ItemRunner(Generic[TOutput]):

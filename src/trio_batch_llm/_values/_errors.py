@@ -46,6 +46,7 @@ __all__ = [
     "ArtifactMismatchError",
     "ArtifactStoreError",
     "AsyncBatchLLMError",
+    "AttemptTimedOut",
     "BatchInterruptedError",
     "BatchLLMError",
     "CleanupInterruptedError",
@@ -131,6 +132,14 @@ class LLMCallError(BatchLLMError, RuntimeError):
 
 class ItemDeadlineExceeded(BatchLLMError, TimeoutError):
     """An item's total deadline (admission, calls, retries, waits) expired."""
+
+
+class AttemptTimedOut(BatchLLMError, TimeoutError):
+    """An attempt ran past ``attempt_timeout``; classified TIMEOUT and retried.
+
+    What a timed-out item's result carries (``result.exception``). Also a
+    :class:`TimeoutError`, so ``except TimeoutError`` catches it.
+    """
 
 
 class QueueFullError(BatchLLMError, RuntimeError):

@@ -29,6 +29,7 @@ from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
 from .._base import LLMCallStrategy, wire_key_material
+from .._batch import BatchEndpoint
 from .._clients import client_registry
 from .._keys import Secret, endpoint_api_key
 from ._batch_api import OpenAIBatchEndpoint
@@ -46,7 +47,6 @@ from ._wire_errors import decode_error_body, error_from_status, error_in_body, s
 __all__ = ["OpenAICompatibleStrategy"]
 
 _DEFAULT_TIMEOUT = 600.0  # mirrors _http.DEFAULT_TIMEOUT without importing httpx2
-
 
 OPENAI_KEY_RULE = "OPENAI_API_KEY goes only to https://api.openai.com unasked"
 
@@ -208,7 +208,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         """One call for a text prompt (what :meth:`execute_request` does for an item's request)."""
         return await self.execute_request(LLMRequest(prompt), attempt, timeout, state)
 
-    def batch_endpoint(self) -> OpenAIBatchEndpoint:
+    def batch_endpoint(self) -> BatchEndpoint:
         """OpenAI's Files and Batch APIs at this strategy's ``base_url``, with its key and settings."""
         return OpenAIBatchEndpoint(self)
 
