@@ -366,7 +366,7 @@ def test_a_corrupt_checkpoint_is_refused_before_anything_is_written(capsys: pyte
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl", "table.csv"]
 
 
-def test_a_write_that_fails_midway_leaves_no_temporary_file(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+def test_a_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     from trio_batch_llm._cli import _export, _export_order
 

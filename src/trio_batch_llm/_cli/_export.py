@@ -110,6 +110,8 @@ class Table:
         self.columns: list[str] = []
 
     def see(self, result: WorkItemResult[Any]) -> None:
+        if not self._flatten:
+            return  # one cell each: nothing to learn
         self._outputs.see(result.output)
         self._contexts.see(result.context)
 

@@ -38,6 +38,7 @@ ColumnType = Literal["int", "float", "bool", "text"]
 _INT_TEXT: Final = re.compile(r"[+-]?(?:0|[1-9][0-9]*)")
 _FLOAT_TEXT: Final = re.compile(r"[+-]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _INT64: Final = range(-(2**63), 2**63)
+_SETTLED: Final = frozenset({"text", "json"})  # kinds after which a column is text whatever comes
 _NUMBER_TEXT: Final = 40  # characters of the longest text read as a number: longer is text
 
 
@@ -116,13 +117,16 @@ class Spread:
             self._paths.clear()
 
     def _walk(self, obj: dict[Any, Any], prefix: tuple[str, ...]) -> None:
+        paths = self._paths
         for key, value in obj.items():
             path = (*prefix, str(key))
-            seen = self._paths.setdefault(path, _Seen())
+            seen = paths.get(path)
+            if seen is None:
+                seen = paths[path] = _Seen()
             if self._nested and isinstance(value, dict) and value:
                 seen.branch = True
                 self._walk(value, path)
-            elif value is not None:
+            elif value is not None and not seen.kinds & _SETTLED:  # (a text column stays one: skip the work)
                 seen.kinds.add("json" if isinstance(value, dict) else _kind(value, self._numbers_in_text))
 
     def plan(self, taken: set[str], *, flatten: bool, prefix: str, renamed: str) -> list[str]:
