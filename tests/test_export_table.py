@@ -382,3 +382,15 @@ def test_a_write_that_fails_midway_leaves_no_temporary_file(tmp_path: Path,
         main(["export", str(checkpoint), str(tmp_path / "table.csv"), "--prompts",
               str(_prompts(tmp_path, [f"q{n}" for n in range(10)]))])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "results.jsonl"]
+
+
+def test_an_id_written_between_the_two_reads_is_left_out(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from trio_batch_llm._cli import _export
+
+    reads = [[result("a"), result("b")], [result("a"), result("b"), result("late")]]  # a run still writing
+    monkeypatch.setattr(_export, "_results", lambda checkpoint: lambda: iter(reads.pop(0)))
+    table = tmp_path / "table.jsonl"
+    code, err = run_cli(capsys, "export", str(tmp_path / "results.jsonl"), str(table))
+    assert code == 0, err
+    assert [json.loads(line)["id"] for line in table.read_text().splitlines()] == ["a", "b"]
