@@ -292,13 +292,13 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return path
 
 
-EXPECTED_IDS = ["b", "c", "a", "d"]  # in the order of each id's last record
+EXPECTED_IDS = ["b", "c", "a", "d"]  # in the order of each id's last record (--order completion)
 
 
 def test_export_csv_round_trips_through_the_csv_module(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                         checkpoint: Path) -> None:
     table = tmp_path / "table.csv"
-    code, _, stderr = run_cli(capsys, "export", str(checkpoint), str(table))
+    code, _, stderr = run_cli(capsys, "export", str(checkpoint), str(table), "--order", "completion")
     assert code == 0, stderr
     assert f"wrote 4 row(s), one per item id, to {table} (csv)" in stderr
     with table.open(newline="", encoding="utf-8") as f:
@@ -319,7 +319,7 @@ def test_export_csv_round_trips_through_the_csv_module(capsys: pytest.CaptureFix
 def test_export_parquet_round_trips_through_pyarrow(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                                     checkpoint: Path) -> None:
     table = tmp_path / "table.parquet"
-    code, _, stderr = run_cli(capsys, "export", str(checkpoint), str(table))
+    code, _, stderr = run_cli(capsys, "export", str(checkpoint), str(table), "--order", "completion")
     assert code == 0, stderr
     read = pq.read_table(table)
     assert read.schema.field("attempts").type == "int64" and read.schema.field("success").type == "bool"
@@ -339,7 +339,7 @@ def test_export_jsonl_keeps_json_values_and_adds_prompts(capsys: pytest.CaptureF
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": f"prompt of {i}"}) for i in "abcd") + "\n")
     table = tmp_path / "flat.txt"
     code, _, stderr = run_cli(capsys, "export", str(checkpoint), str(table), "--format", "jsonl",
-                              "--prompts", str(prompts))
+                              "--prompts", str(prompts), "--order", "completion")
     assert code == 0, stderr
     rows = [json.loads(line) for line in table.read_text().splitlines()]
     assert [row["id"] for row in rows] == EXPECTED_IDS

@@ -3,24 +3,29 @@
 A checkpoint (``run``'s ``--out``, or any JSONL or SQLite checkpoint store) is
 a log: a header, then one nested record per result, and after a resume
 several records for some ids. The table has one flat row per id, from that
-id's *last* record, in the order of those last records, with the columns of
-:data:`COLUMNS` (and ``prompt`` with ``--prompts INPUT``). Formats:
+id's *last* record, with the columns of :data:`COLUMNS` (and ``prompt`` with
+``--prompts INPUT``). Rows come in input order (:mod:`._export_order`: the order
+of ``--prompts INPUT``, else the order each id was first recorded), or with
+``--order completion`` in the order of those last records. Object outputs (a
+``--response-schema`` run's) and contexts (a CSV input's own columns) are spread
+into typed columns of their own (:mod:`._export_columns`) unless ``--no-flatten``.
+Formats:
 
-- ``jsonl``: one JSON object per row; ``output`` and ``context`` keep their JSON
-  values.
+- ``jsonl``: one JSON object per row; ``output`` and ``context`` (and the spread
+  columns) keep their JSON values.
 - ``csv``: a header row, then one row per id (``csv`` module's default dialect);
-  ``output`` and ``context`` that are not text are written as JSON; a missing
-  value is an empty field.
+  values that are not text are written as JSON; a missing value is an empty field.
 - ``parquet``: through ``pyarrow`` (``pip install "trio-batch-llm[parquet]"``),
-  written in row groups of :data:`ROW_GROUP` rows; ``output`` and ``context``
-  are strings as in CSV; counts are 64-bit integers, missing ones null.
+  written in row groups of :data:`ROW_GROUP` rows; text columns as in CSV; counts
+  and whole-number columns are 64-bit integers, missing values null.
 
-The checkpoint is read twice (once to count each id's records, once to write
-each id's last one), so memory holds one count per id, not the results; with
-``--prompts`` it also holds the prompts of the input. OUT is written to a
-temporary file beside it and renamed into place when complete: a failure
-leaves no half-written table and an existing OUT untouched. The table gets the
-mode a new file gets (``0o666`` less the umask), as the checkpoints do.
+The checkpoint is read twice (once to count each id's records and learn the
+columns, once to write each id's last one), so memory holds a count and a
+position per id, not the results; with ``--prompts`` it also holds the prompts
+of the input. OUT is written to a temporary file beside it and renamed into
+place when complete: a failure leaves no half-written table and an existing OUT
+untouched. The table gets the mode a new file gets (``0o666`` less the umask),
+as the checkpoints do.
 
 OUT is never what the command reads (CHECKPOINT, ``--prompts INPUT``: compared
 as files, so a symbolic or a hard link to one is refused too) nor an existing
@@ -31,6 +36,7 @@ ever replaces a table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import json
@@ -46,13 +52,19 @@ from .._values._config import ArtifactIdentity
 from .._values._errors import ArtifactStoreError
 from .._values._results import WorkItemResult
 from ._command import EXIT_OK, EXIT_USAGE, UsageError
+from ._export_columns import Spread
+from ._export_order import count_records, in_order, last_records, positions
 from ._input import InputError, iter_input, scan_input
 from ._render import say, say_input_error
 
-__all__ = ["COLUMNS", "ROW_GROUP", "check_table_out", "export_command", "flat_row", "table_format"]
+__all__ = ["COLUMNS", "ROW_GROUP", "Table", "check_table_out", "export_command", "table_format"]
 
 COLUMNS: Final = ("id", "success", "output", "error", "error_category", "stop_reason", "attempts",
                   "input_tokens", "output_tokens", "total_tokens", "execution_seconds", "context")
+"""The table's own columns; ``output`` and ``context`` may be spread into several (``--no-flatten``: not)."""
+_MIDDLE: Final = COLUMNS[COLUMNS.index("error"):COLUMNS.index("context")]
+_TYPES: Final = {"success": "bool", "attempts": "int", "input_tokens": "int", "output_tokens": "int",
+                 "total_tokens": "int", "execution_seconds": "float"}
 ROW_GROUP: Final = 10_000
 _FORMATS: Final = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
                    ".pq": "parquet"}
@@ -86,42 +98,58 @@ def _results(checkpoint: Path) -> Callable[[], Iterator[WorkItemResult[Any]]]:
     return store.iter_results
 
 
-def _json_text(value: Any) -> str | None:
-    """Text as itself, anything else as JSON (``None`` stays missing)."""
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=str)
+class Table:
+    """The table's columns, learnt on the first read of the checkpoint, and each result's row of cells."""
 
+    def __init__(self, *, flatten: bool, prompts: dict[str, str] | None, structured: bool) -> None:
+        self._flatten = flatten
+        self._prompts = prompts
+        self._structured = structured  # JSONL: values keep their JSON form
+        self._outputs = Spread("output", nested=True, numbers_in_text=False)
+        self._contexts = Spread("context", nested=False, numbers_in_text=True)
+        self.columns: list[str] = []
 
-def flat_row(result: WorkItemResult[Any], *, structured: bool) -> dict[str, Any]:
-    """The table's row for ``result``; ``structured`` keeps ``output`` and ``context`` as JSON values."""
-    usage = result.token_usage
-    return {
-        "id": result.item_id,
-        "success": result.success,
-        "output": result.output if structured else _json_text(result.output),
-        "error": result.error,
-        "error_category": None if result.error_category is None else result.error_category.value,
-        "stop_reason": None if result.stop_reason is None else result.stop_reason.value,
-        "attempts": result.attempts,
-        "input_tokens": usage.get("input_tokens"),
-        "output_tokens": usage.get("output_tokens"),
-        "total_tokens": usage.get("total_tokens"),
-        "execution_seconds": result.timing.execution,
-        "context": result.context if structured else _json_text(result.context),
-    }
+    def see(self, result: WorkItemResult[Any]) -> None:
+        if not self._flatten:
+            return  # one cell each: nothing to learn
+        self._outputs.see(result.output)
+        self._contexts.see(result.context)
 
+    def plan(self) -> None:
+        """Settle the columns, after the first read: the spread ones take no name of our own."""
+        taken = {*COLUMNS, "prompt"}
+        outputs = self._outputs.plan(taken, flatten=self._flatten, prefix="output.", renamed="output.")
+        contexts = self._contexts.plan(taken, flatten=self._flatten, prefix="", renamed="input.")
+        self.columns = ["id", "success", *outputs, *_MIDDLE, *contexts]
+        if self._prompts is not None:
+            self.columns.append("prompt")
 
-def _last_records(read: Callable[[], Iterator[WorkItemResult[Any]]]) -> Iterator[WorkItemResult[Any]]:
-    """Each id's last record, in the order of those records (two reads; a count per id kept)."""
-    left: dict[str, int] = {}
-    for result in read():
-        left[result.item_id] = left.get(result.item_id, 0) + 1
-    for result in read():
-        count = left[result.item_id] - 1
-        left[result.item_id] = count
-        if count == 0:
-            yield result
+    def types(self) -> dict[str, str]:
+        """Each column's type (``int``, ``float``, ``bool``, ``text``)."""
+        spread = [*self._outputs.columns, *self._contexts.columns]
+        return {name: _TYPES.get(name, "text") for name in self.columns} | {
+            column.name: column.type for column in spread if column.path}
+
+    def row(self, result: WorkItemResult[Any]) -> list[Any]:
+        """``result``'s cells, in the order of :attr:`columns`."""
+        usage = result.token_usage
+        cells = [
+            result.item_id,
+            result.success,
+            *self._outputs.cells(result.output, structured=self._structured),
+            result.error,
+            None if result.error_category is None else result.error_category.value,
+            None if result.stop_reason is None else result.stop_reason.value,
+            result.attempts,
+            usage.get("input_tokens"),
+            usage.get("output_tokens"),
+            usage.get("total_tokens"),
+            result.timing.execution,
+            *self._contexts.cells(result.context, structured=self._structured),
+        ]
+        if self._prompts is not None:
+            cells.append(self._prompts.get(result.item_id))
+        return cells
 
 
 def _prompts(source: Path) -> dict[str, str]:
@@ -129,14 +157,15 @@ def _prompts(source: Path) -> dict[str, str]:
     return {record.item_id: record.prompt for record in iter_input(source)}
 
 
-def _write_jsonl(f: IO[str], rows: Iterator[dict[str, Any]]) -> None:
+def _write_jsonl(f: IO[str], rows: Iterator[list[Any]], columns: list[str]) -> None:
     for row in rows:
-        f.write(json.dumps(row, ensure_ascii=False, allow_nan=False, default=str) + "\n")
+        f.write(json.dumps(dict(zip(columns, row, strict=True)), ensure_ascii=False, allow_nan=False,
+                           default=str) + "\n")
 
 
-def _write_csv(f: IO[str], rows: Iterator[dict[str, Any]], columns: list[str]) -> None:
-    writer = csv.DictWriter(f, fieldnames=columns)
-    writer.writeheader()
+def _write_csv(f: IO[str], rows: Iterator[list[Any]], columns: list[str]) -> None:
+    writer = csv.writer(f)
+    writer.writerow(columns)
     writer.writerows(rows)
 
 
@@ -147,20 +176,24 @@ def _pyarrow() -> tuple[Any, Any]:
         raise UsageError("--format parquet needs pyarrow: pip install 'trio-batch-llm[parquet]'") from None
 
 
-def _write_parquet(path: Path, rows: Iterator[dict[str, Any]], columns: list[str]) -> None:
+def _write_parquet(path: Path, rows: Iterator[list[Any]], types: dict[str, str]) -> None:
     pa, pq = _pyarrow()
-    types = {"success": pa.bool_(), "attempts": pa.int64(), "input_tokens": pa.int64(),
-             "output_tokens": pa.int64(), "total_tokens": pa.int64(), "execution_seconds": pa.float64()}
-    schema = pa.schema([(name, types.get(name, pa.string())) for name in columns])
+    arrow = {"int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(), "text": pa.string()}
+    schema = pa.schema([(name, arrow[kind]) for name, kind in types.items()])
     with pq.ParquetWriter(str(path), schema) as writer:
-        batch: list[dict[str, Any]] = []
+        batch: list[list[Any]] = []
         for row in rows:
             batch.append(row)
             if len(batch) == ROW_GROUP:
-                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                writer.write_table(_arrow_table(pa, batch, schema))
                 batch = []
         if batch:
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+            writer.write_table(_arrow_table(pa, batch, schema))
+
+
+def _arrow_table(pa: Any, rows: list[list[Any]], schema: Any) -> Any:
+    return pa.Table.from_arrays([pa.array(list(column), type=kind) for column, kind in
+                                 zip(zip(*rows, strict=True), schema.types, strict=True)], schema=schema)
 
 
 _HEADER_PROBE: Final = 64 * 1024  # bytes of an existing OUT read to recognise a JSONL checkpoint's header
@@ -235,28 +268,37 @@ def export_command(args: argparse.Namespace) -> int:
     except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
-    columns = [*COLUMNS, "prompt"] if prompts is not None else list(COLUMNS)
-    counted = [0]
+    table = Table(flatten=args.flatten, prompts=prompts, structured=kind == "jsonl")
+    try:
+        counts = count_records(read, table.see)
+    except ArtifactStoreError as exc:
+        say(f"error: CHECKPOINT {checkpoint}: {exc}")
+        return EXIT_USAGE
+    table.plan()
+    place = None if args.order == "completion" else positions(counts, prompts)
+    written = [0]
 
-    def rows() -> Iterator[dict[str, Any]]:
-        for result in _last_records(read):
-            row = flat_row(result, structured=kind == "jsonl")
-            if prompts is not None:
-                row["prompt"] = prompts.get(result.item_id)
-            counted[0] += 1
-            yield row
+    def rows() -> Iterator[tuple[int, list[Any]]]:
+        for result in last_records(read, counts):
+            written[0] += 1
+            yield (0 if place is None else place[result.item_id]), table.row(result)
 
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         if kind == "parquet":
             os.close(fd)
-            _write_parquet(Path(tmp), rows(), columns)
+            with _ordered(rows(), place is not None, out) as ordered:
+                _write_parquet(Path(tmp), ordered, table.types())
         else:
-            with open(fd, "w", encoding="utf-8", newline="") as f:
+            # The file first: it owns the descriptor however the reading ends.
+            with (
+                open(fd, "w", encoding="utf-8", newline="") as f,
+                _ordered(rows(), place is not None, out) as ordered,
+            ):
                 if kind == "jsonl":
-                    _write_jsonl(f, rows())
+                    _write_jsonl(f, ordered, table.columns)
                 else:
-                    _write_csv(f, rows(), columns)
+                    _write_csv(f, ordered, table.columns)
         os.chmod(tmp, _umask_mode())  # mkstemp makes it 0o600; the table is shared as a new file would be
         os.replace(tmp, out)
     except ArtifactStoreError as exc:
@@ -266,5 +308,19 @@ def export_command(args: argparse.Namespace) -> int:
     except BaseException:
         os.unlink(tmp)
         raise
-    say(f"wrote {counted[0]:,} row(s), one per item id, to {out} ({kind})")
+    say(f"wrote {written[0]:,} row(s), one per item id, to {out} ({kind})")
+    if place is not None and prompts is None:
+        say("the rows are in the order each id was first recorded (a checkpoint keeps no input order; "
+            "a run starts items in input order): pass --prompts INPUT for the input's own order")
     return EXIT_OK
+
+
+@contextlib.contextmanager
+def _ordered(rows: Iterator[tuple[int, list[Any]]], by_position: bool,
+             out: Path) -> Iterator[Iterator[list[Any]]]:
+    """The rows' cells: by position (:func:`in_order`), or as they come (completion order)."""
+    if not by_position:
+        yield (cells for _, cells in rows)
+        return
+    with in_order(rows, out.parent, out.name) as ordered:
+        yield ordered

@@ -157,10 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="write a checkpoint's results as a flat table: one row per item id",
         description="Write the results in CHECKPOINT (the --out of `run`, or any JSONL or SQLite "
                     "checkpoint store) to OUT as a flat table: one row per item id, the last record "
-                    "of an id winning (a resume supersedes earlier records), with the columns id, "
-                    "success, output, error, error_category, attempts, input_tokens, output_tokens, "
-                    "total_tokens, execution_seconds and context. Outputs and contexts that are not "
-                    "text are written as JSON. OUT is replaced only once it is complete, with the mode "
+                    "of an id winning (a resume supersedes earlier records), in input order, with the "
+                    "columns id, success, output, error, error_category, stop_reason, attempts, "
+                    "input_tokens, output_tokens, total_tokens, execution_seconds and context. Object "
+                    "outputs (--response-schema) become output.<field> columns and object contexts (a "
+                    "CSV input's own columns) columns of their own, typed (see --no-flatten); other "
+                    "values that are not text are written as JSON. OUT is replaced only once it is "
+                    "complete, with the mode "
                     "the umask gives a new file. OUT is never CHECKPOINT, --prompts INPUT or another "
                     "checkpoint (links to one included): export only replaces a table.",
     )
@@ -170,7 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the table's format (default: from OUT's extension; parquet needs "
                              "pyarrow: pip install 'trio-batch-llm[parquet]')")
     export.add_argument("--prompts", metavar="INPUT",
-                        help="add a prompt column, taken from INPUT (the file `run` read), matched by id")
+                        help="add a prompt column, taken from INPUT (the file `run` read), matched by "
+                             "id; the rows then follow INPUT's order")
+    export.add_argument("--order", choices=["input", "completion"], default="input",
+                        metavar="input|completion",
+                        help="the rows' order: input (the default): the order of --prompts INPUT, else the "
+                             "order each id was first recorded (a checkpoint keeps no input order; a run "
+                             "starts items in input order, so this is close to it); completion: the order "
+                             "in which "
+                             "each id's last result was written")
+    export.add_argument("--flatten", action=argparse.BooleanOptionalAction, default=True,
+                        help="spread object outputs (--response-schema) into output.<field> columns (nested "
+                             "fields dotted, lists kept as JSON) and object contexts (a CSV input's own "
+                             "columns) into columns named by their keys (input.<name> where a name is one of "
+                             "the table's own), each with one type: numbers stay numbers (default); "
+                             "--no-flatten keeps one JSON cell each in output and context")
     export.set_defaults(handler=_export)
 
     add_runs_parser(sub)
