@@ -83,6 +83,7 @@ from ._render import (
 )
 from ._request_flags import checkpoint_identity, request_settings
 from ._summary import RunSummary
+from ._terminal import end_echoed_ctrl_c
 
 __all__ = ["RESUME_POLICIES", "RunPlan", "check_quota", "plan_run", "run_command"]
 
@@ -246,6 +247,7 @@ class _RunOutcome:
             self.on_signal(signal.Signals(signum))
 
     def on_signal(self, sig: signal.Signals) -> None:
+        end_echoed_ctrl_c(sig)  # the message below starts its own line, not after the terminal's ^C
         if self.signal is None:
             self.signal = sig
             self._stop_admission()
