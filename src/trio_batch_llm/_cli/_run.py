@@ -69,7 +69,7 @@ from ._command import (
     signal_receiver,
 )
 from ._input import InputError, InputScan, iter_input, scan_input
-from ._providers import build_strategy, endpoint_line
+from ._providers import api_note, build_strategy, endpoint_line
 from ._render import (
     ProgressMode,
     identity_mismatch_message,
@@ -106,6 +106,8 @@ class RunPlan:
     resume_command: str
     endpoint: str = ""
     """Which API the run speaks, and where (the summary's first line)."""
+    api_note: str | None = None
+    """Said before the first call: ``openai:``'s default API spoken to another endpoint (issue 35)."""
 
     @property
     def source(self) -> Path:
@@ -176,6 +178,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
         config=config,
         resume=policy, backend=args.backend, progress=progress_mode(args.progress),
         resume_command=_resume_command(argv), endpoint=endpoint_line(provider, model, strategy),
+        api_note=api_note(provider, model, getattr(args, "api", None), strategy),
     )
 
 
@@ -188,6 +191,8 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
+    if plan.api_note:
+        say(plan.api_note)
     outcome = _RunOutcome(plan.scan.items, plan.model)
     try:
         anyio.run(_run_batch, plan, outcome, backend=plan.backend)
