@@ -352,7 +352,7 @@ def test_the_cli_says_the_provider_was_retired_and_exits_69(
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert code == 69, text
-    assert "Batch provider_retired (provider retired: connection refused" in text
+    assert "Batch stopped: provider retired: connection refused" in text
     assert "first error:" in text
     assert "the provider was retired" in text
 

@@ -248,7 +248,7 @@ def test_the_cli_says_the_provider_stopped_the_batch_and_exits_69(
                  "--out", str(tmp_path / "out.jsonl")])
     text = "".join(capsys.readouterr())
     assert code == 69, text
-    assert f"Batch provider_retired (provider stopped the batch: {WHY}" in text
+    assert f"Batch stopped: provider stopped the batch: {WHY}" in text
     assert "the provider stopped the batch (the termination says why)" in text
     assert strategy.calls["quota-3"] == 1
     assert set(strategy.calls) <= set(PROMPTS[:4])

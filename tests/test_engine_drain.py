@@ -257,9 +257,9 @@ def _hangs_then(plan: dict[int, float]) -> CallableStrategy[str]:
         (3.0, 3.5, None, 3.0, ErrorCategory.DEADLINE, "leaves no room for a retry after 1 s", 1),
         # Batch and item deadline at the same instant: the batch's stop wins (cut short), and the
         # reason is the same whether the watcher task or the worker saw the deadline first.
-        (3.0, 5.0, 5.0, 5.0, ErrorCategory.DEADLINE, "cut short: batch deadline of 5.0 s", 2),
+        (3.0, 5.0, 5.0, 5.0, ErrorCategory.DEADLINE, "cut short: batch deadline (5.0 s) reached", 2),
         # The batch deadline during the backoff.
-        (3.0, None, 3.5, 3.5, ErrorCategory.DEADLINE, "cut short: batch deadline of 3.5 s", 1),
+        (3.0, None, 3.5, 3.5, ErrorCategory.DEADLINE, "cut short: batch deadline (3.5 s) reached", 1),
     ],
 )
 async def test_which_deadline_fired_is_exact(
@@ -394,10 +394,11 @@ async def test_batch_deadline_cut_short_and_not_executed_results_keep_their_shap
     assert (len(cut), len(rest)) == (3, 27)
     for r in cut:
         assert isinstance(r.exception, ItemDeadlineExceeded)
-        assert r.error == f"ItemDeadlineExceeded: item {r.item_id!r}: cut short: batch deadline of 4.0 s"
+        assert r.error == (f"ItemDeadlineExceeded: item {r.item_id!r}: cut short: "
+                           "batch deadline (4.0 s) reached")
         assert (r.attempts, r.timing.total) == (1, 4.0)
     assert {(r.error, r.exception, r.attempts) for r in rest} == {
-        ("not executed: batch deadline of 4.0 s", None, 0)
+        ("not executed: batch deadline (4.0 s) reached", None, 0)
     }
     assert len({id(r.token_usage) for r in rest}) == 27  # every result owns its own mutable parts
 

@@ -86,11 +86,12 @@ def test_the_batch_deadline_cuts_calls_in_flight_as_deadline() -> None:
     # An item cut by the deadline before the stop was recorded is DEADLINE already.
     assert policy.cut_short() == (ErrorCategory.DEADLINE, "cut short: batch deadline")
     stop = policy.deadline_reached()
-    assert stop == Stop("batch_deadline", "batch deadline of 2.5 s", cancel_active=True,
+    assert stop == Stop("batch_deadline", "batch deadline (2.5 s) reached", cancel_active=True,
                         stop_reason=StopReason.BATCH_DEADLINE)
     assert policy.unfinished_reason is StopReason.BATCH_DEADLINE and policy.termination.item_id is None
-    assert policy.cut_short() == (ErrorCategory.DEADLINE, "cut short: batch deadline of 2.5 s")
-    assert policy.not_executed() == ("not executed: batch deadline of 2.5 s", ErrorCategory.NOT_EXECUTED)
+    assert policy.cut_short() == (ErrorCategory.DEADLINE, "cut short: batch deadline (2.5 s) reached")
+    assert policy.not_executed() == ("not executed: batch deadline (2.5 s) reached",
+                                     ErrorCategory.NOT_EXECUTED)
 
 
 def test_other_stops_cut_calls_short_as_aborted() -> None:

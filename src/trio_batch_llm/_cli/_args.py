@@ -47,7 +47,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``INPUT``, ``--model``, ``--base-url`` and ``--api-key-env``: what ``run`` and ``runs start`` share."""
     parser.add_argument("input", metavar="INPUT", help="a .jsonl or .csv file of prompts")
     parser.add_argument("--model", required=True, type=model_spec, metavar="PROVIDER:MODEL",
-                        help=f"PROVIDER is one of {', '.join(PROVIDERS)} (openrouter:VENDOR/NAME)")
+                        help=f"PROVIDER is one of {', '.join(PROVIDERS)} (openrouter:VENDOR/NAME); "
+                             "openai: speaks OpenAI's Responses API unless --api chat (see --api)")
     parser.add_argument("--base-url", help="the endpoint, e.g. http://127.0.0.1:8000/v1 (default: the "
                         "provider's own API; required for openai-compatible)")
     parser.add_argument("--api-key-env", metavar="NAME", help=KEY_HELP)

@@ -20,14 +20,25 @@ from .._engine._entrypoints import process_prompts
 from .._values._config import GuardrailConfig, ProcessorConfig, RateLimitConfig, RetryConfig
 from ._command import signal_receiver
 from ._render import print_demo_report, progress_display, progress_mode
+from ._terminal import end_echoed_ctrl_c
 
 __all__ = ["DEMO_MODEL", "run_demo"]
 
 DEMO_MODEL: Final = "demo-model"
+GLOSSARY: Final = (
+    "What the summary's words mean:",
+    "  replayed  = results read back from an earlier run's checkpoint instead of called again "
+    "(none in the demo)",
+    "  p50 p95 p99 = half, 95 % and 99 % of the items took at most this long",
+    "  admission = how long an item waited for its turn (a free slot, the rate limits) before its call",
+    "  execution = how long its calls took, every attempt added up",
+)
+"""The summary's words a first-time reader meets here (the same table as ``BatchResult.summary()``)."""
 
 
 async def _stop_on_signal(signals: AsyncIterator[int], scope: anyio.CancelScope, stopped: list[str]) -> None:
     async for signum in signals:
+        end_echoed_ctrl_c(signum)
         stopped.append(signal.Signals(signum).name)
         scope.cancel(reason="demo interrupted")
         return
@@ -71,6 +82,7 @@ async def _demo(
                 batch = await process_prompts(strategy, prompts, config=config, progress=show)
                 stats = server.stats
             print_demo_report(batch, stats)
+            print("\n".join(GLOSSARY), flush=True)
             group.cancel_scope.cancel(reason="demo finished")
 
 

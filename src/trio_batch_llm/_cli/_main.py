@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -326,6 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"error: the run database is unreachable: {exc}")
             return EXIT_UNAVAILABLE
         except KeyboardInterrupt:
+            from ._terminal import end_echoed_ctrl_c
+
+            end_echoed_ctrl_c(signal.SIGINT)
             print("trio-batch-llm: interrupted", file=sys.stderr)
             return 130
 

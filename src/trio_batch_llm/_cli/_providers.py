@@ -22,14 +22,16 @@ from .._values._errors import ConfigurationError
 from .._values._urls import is_openai_api, redact_url
 from ._command import UsageError
 
-__all__ = ["API_HELP", "OPENAI_WIRE", "PROVIDERS", "build_strategy", "endpoint_line"]
+__all__ = ["API_HELP", "OPENAI_WIRE", "PROVIDERS", "api_note", "build_strategy", "endpoint_line"]
 
 PROVIDERS: Final = ("openai-compatible", "openai", "anthropic", "gemini", "openrouter")
 OPENAI_WIRE: Final = frozenset({"openai", "openai-compatible", "openrouter"})
 """Providers spoken in OpenAI's wire format, where ``--api chat|responses`` applies."""
-API_HELP: Final = ("OpenAI's wire format only (openai, openai-compatible, openrouter): chat posts to "
-                   "/chat/completions (the Chat Completions API, the default), responses to /responses "
-                   "(the Responses API); anthropic: speaks the Messages API, gemini: generateContent")
+API_HELP: Final = ("the OpenAI API to call, for openai, openai-compatible and openrouter: chat (the Chat "
+                   "Completions API, POST /chat/completions) or responses (the Responses API, POST "
+                   "/responses); default: responses for openai:, chat for openai-compatible: and "
+                   "openrouter:. Through a gateway that translates the Responses API, chat may count "
+                   "several times fewer tokens. (anthropic speaks the Messages API, gemini generateContent)")
 _NATIVE: Final[Mapping[str, tuple[str, str]]] = {
     "anthropic": ("trio_batch_llm._strategies.anthropic._strategy", "AnthropicStrategy"),
     "gemini": ("trio_batch_llm._strategies.gemini._strategy", "GeminiStrategy"),
@@ -112,3 +114,17 @@ def endpoint_line(provider: str, model: str, strategy: LLMCallStrategy[Any]) -> 
     url = getattr(strategy, "base_url", None) or _DEFAULT_HOSTS.get(provider)
     where = f" at {redact_url(url)}" if isinstance(url, str) and url else ""
     return f"model {provider}:{model}, {spoken}{where}"
+
+
+def api_note(provider: str, model: str, api: str | None, strategy: LLMCallStrategy[Any]) -> str | None:
+    """The line a run prints before its first call when ``--model openai:NAME`` speaks its default, the
+    Responses API, to an endpoint that is not OpenAI's: a gateway translating it to chat completions
+    has been seen to count about four times the tokens (and cost) of the same answers by ``--api
+    chat``. ``None`` when ``--api`` chose, or the endpoint is OpenAI's own."""
+    url = getattr(strategy, "base_url", None)
+    if provider != "openai" or api is not None or getattr(strategy, "api", None) != "responses" \
+            or not isinstance(url, str) or is_openai_api(url):
+        return None
+    return (f"note: --model {provider}:{model} speaks the Responses API (POST /responses) to "
+            f"{redact_url(url)}; a gateway that translates it may count several times the tokens of "
+            "--api chat (the Chat Completions API); pass --api responses or --api chat to choose")

@@ -69,7 +69,7 @@ from ._command import (
     signal_receiver,
 )
 from ._input import InputError, InputScan, iter_input, scan_input
-from ._providers import build_strategy, endpoint_line
+from ._providers import api_note, build_strategy, endpoint_line
 from ._render import (
     ProgressMode,
     identity_mismatch_message,
@@ -83,6 +83,7 @@ from ._render import (
 )
 from ._request_flags import checkpoint_identity, request_settings
 from ._summary import RunSummary
+from ._terminal import end_echoed_ctrl_c
 
 __all__ = ["RESUME_POLICIES", "RunPlan", "check_quota", "plan_run", "run_command"]
 
@@ -105,6 +106,8 @@ class RunPlan:
     resume_command: str
     endpoint: str = ""
     """Which API the run speaks, and where (the summary's first line)."""
+    api_note: str | None = None
+    """Said before the first call: ``openai:``'s default API spoken to another endpoint (issue 35)."""
 
     @property
     def source(self) -> Path:
@@ -175,6 +178,7 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
         config=config,
         resume=policy, backend=args.backend, progress=progress_mode(args.progress),
         resume_command=_resume_command(argv), endpoint=endpoint_line(provider, model, strategy),
+        api_note=api_note(provider, model, getattr(args, "api", None), strategy),
     )
 
 
@@ -187,6 +191,8 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except UsageError as exc:
         say(f"error: {exc}")
         return EXIT_USAGE
+    if plan.api_note:
+        say(plan.api_note)
     outcome = _RunOutcome(plan.scan.items, plan.model)
     try:
         anyio.run(_run_batch, plan, outcome, backend=plan.backend)
@@ -246,6 +252,7 @@ class _RunOutcome:
             self.on_signal(signal.Signals(signum))
 
     def on_signal(self, sig: signal.Signals) -> None:
+        end_echoed_ctrl_c(sig)  # the message below starts its own line, not after the terminal's ^C
         if self.signal is None:
             self.signal = sig
             self._stop_admission()

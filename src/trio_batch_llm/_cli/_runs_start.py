@@ -69,6 +69,7 @@ from ._request_flags import REQUEST_FLAGS
 from ._run import check_quota, plan_run
 from ._runs_db import RunDb
 from ._runs_ops import check_db_path
+from ._terminal import end_echoed_ctrl_c
 
 # Stands in for --out when the database is a PostgreSQL URL: plan_run checks it and never opens it.
 _NO_OUT_FILE: Final = "/nonexistent-out-of-a-postgresql-run"
@@ -199,6 +200,7 @@ class _Outcome:
     async def watch_signals(self, signals: AsyncIterator[int], drive: anyio.CancelScope) -> None:
         async for signum in signals:
             sig = signal.Signals(signum)
+            end_echoed_ctrl_c(sig)
             if self.signal is None:
                 self.signal = sig
                 say(f"{sig.name}: stopping the drive; calls in flight are abandoned and run again later, "

@@ -23,6 +23,7 @@ from .._engine._item_run import THROTTLED_BY_429S
 from .._values._batch_result import _cached_note  # BatchResult.summary's own part of the tokens line
 from .._values._categories import ErrorCategory
 from .._values._cost import DEFAULT_MODEL_RATES
+from .._values._headline import termination_headline
 from .._values._pricing import CostSum, cost_line, dollars
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from .._values._stop_reasons import stopped_line
@@ -162,7 +163,7 @@ class RunSummary:
         rate = ran / wall_time if wall_time > 0 else 0.0
         tokens = self.tokens
         lines = [
-            f"Batch {termination.kind}" + (f" ({termination.reason})" if termination.reason else ""),
+            termination_headline(termination),
             f"  items       {self.total:>10,}   succeeded {self.succeeded:,}   failed {self.failed:,}"
             + (f"   not run {not_run:,}" if not_run else "") + f"   replayed {self.replayed:,}",
             f"  retries     {self.retries:>10,}",

@@ -46,7 +46,7 @@ class SharedLimits:
 
     def __init__(self, scope: QuotaScope) -> None:
         self.scope = scope
-        self.failures = FailureLog("strategy's call()s")
+        self.failures = FailureLog("strategy's call()s", quiet=True)  # each caller holds its failure
 
 
 def _limits_of(config: ProcessorConfig) -> Hashable:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
 import anyio
 
 from .._artifacts._identity import adopt_identity
+from .._observe._log import FailureLog
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
 from .._strategies._base import LLMCallStrategy
@@ -296,7 +297,9 @@ async def call_result(
     shared = call_limits().shared(strategy, config if config is not None else ProcessorConfig())
     if shared is not None:
         pool.host.adopt_quota_scope(strategy, shared.scope)
-        pool._failures = shared.failures  # same package: the pool's own log is per pool
+    # The caller holds each failure (the result, or call()'s exception): DEBUG, not the pool's WARNING.
+    # Same package: the pool's own log is per pool.
+    pool._failures = shared.failures if shared is not None else FailureLog("call", quiet=True)
     with _keep_if_only_strategy_cleanup_failed(pool, lambda: result is not None):
         async with pool:
             result = await pool.submit_result(prompt)

@@ -150,7 +150,7 @@ class StopPolicy:
     def deadline_reached(self) -> Stop | None:
         """The batch deadline came: calls in flight are cut short."""
         return self.request(
-            "batch_deadline", f"batch deadline of {self._guard.batch_timeout} s", cancel_active=True
+            "batch_deadline", f"batch deadline ({self._guard.batch_timeout} s) reached", cancel_active=True
         )
 
     def judge(self, result: WorkItemResult[Any]) -> Stop | None:

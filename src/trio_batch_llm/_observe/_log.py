@@ -16,7 +16,8 @@ cooldowns and pacing changes), next to the existing ``.cleanup``,
 - a batch's stop (deadline, abort, budget, interruption): INFO, once;
 - an item's final failure: WARNING for the first of its category in a batch,
   DEBUG for the rest (:class:`FailureLog`), so a batch of 10,000 items failing
-  the same way logs one warning, not 10,000.
+  the same way logs one warning, not 10,000; ``call()`` and ``call_result()``
+  log every failure at DEBUG, since their caller holds it.
 
 Records carry the item id, the attempt, the category and the wait; never a
 prompt, an output or an exception's message (they may hold user data or a key
@@ -203,12 +204,17 @@ class FailureLog:
     engine decided for items it never ran or cut short (``not_executed``,
     ``aborted``, ``budget``) are the stop's doing, logged once by :func:`log_stop`;
     replayed failures are history.
+
+    ``quiet=True`` logs every failure at DEBUG: for ``call_result()`` and
+    ``call()``, whose caller holds each failure (a result, or an exception)
+    and decides what it deserves.
     """
 
-    __slots__ = ("_counts", "_owner")
+    __slots__ = ("_counts", "_owner", "_quiet")
 
-    def __init__(self, owner: str = "batch") -> None:
+    def __init__(self, owner: str = "batch", *, quiet: bool = False) -> None:
         self._owner = owner
+        self._quiet = quiet
         self._counts: dict[str, int] = {}
 
     def note(self, item_id: str, category: ErrorCategory | None, attempts: int,
@@ -219,7 +225,7 @@ class FailureLog:
         key = category.value
         seen = self._counts.get(key, 0)
         self._counts[key] = seen + 1
-        if seen == 0:
+        if seen == 0 and not self._quiet:
             engine_logger.warning(
                 "item %r failed after %d attempt(s): %s (%s); further %s failures in this %s are"
                 " logged at DEBUG", item_id, attempts, key, _error_type(exc), key, self._owner,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final, Generic, TypeVar, final
 
 from ._export_json import export_dict, json_default
+from ._headline import termination_headline
 from ._models import is_pydantic_model_class
 from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line, dollars
 from ._results import BatchTermination, WorkItemResult, add_usage, is_not_run
@@ -212,8 +213,7 @@ class BatchResult(Generic[TOutput]):
         ran = [r for r in executed if not is_not_run(r)]
         rate = len(ran) / self.wall_time if self.wall_time > 0 else 0.0
         lines = [
-            f"Batch {self.termination.kind}"
-            + (f" ({self.termination.reason})" if self.termination.reason else ""),
+            termination_headline(self.termination),
             f"  items       {self.total_items:>10,}   succeeded {self.succeeded:,}"
             f"   failed {self.failed - not_run:,}" + (f"   not run {not_run:,}" if not_run else "")
             + f"   replayed {replayed:,}",

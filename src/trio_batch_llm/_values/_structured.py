@@ -56,7 +56,7 @@ class StructuredOutputError(ProviderError):
 class ResponseModel:
     """A checked ``response_model=``: the schema the provider gets and the local check of its answer."""
 
-    __slots__ = ("model", "name", "schema", "strict")
+    __slots__ = ("label", "model", "name", "schema", "strict")
 
     def __init__(self, model: object) -> None:
         if isinstance(model, Mapping):
@@ -74,12 +74,14 @@ class ResponseModel:
                                          f"this JSON schema is not JSON: {exc}") from None
             title = schema.get("title")
             name = title if isinstance(title, str) and title else "response"
+            label = f"the response schema {title!r}" if name == title else "the response schema"
         elif isinstance(model, type) and _looks_like_pydantic(model):
             schema = _closed(model.model_json_schema())  # type: ignore[attr-defined]
             problem = response_schema_problem(schema)
             if problem is not None:
                 raise ConfigurationError("response_model", model, f"its JSON schema {problem}")
             name = model.__name__
+            label = f"the response model {name}"
         else:
             raise ConfigurationError(
                 "response_model", model,
@@ -90,6 +92,9 @@ class ResponseModel:
         self.name = _NAME.sub("_", name)[:64] or "response"
         self.strict = _strict_compatible(schema)
         """``strict: true`` is sent when the schema allows it (objects closed, properties required)."""
+        # What messages call it. ``name`` is the schema name the provider gets ("response" when the
+        # schema has no title), which in a sentence read "the response model response".
+        self.label = label
 
     @property
     def is_pydantic(self) -> bool:
@@ -105,22 +110,24 @@ class ResponseModel:
                 return self.model.model_validate_json(body), fenced  # type: ignore[union-attr]
             data = json.loads(body)
         except ValueError as exc:  # json.JSONDecodeError and pydantic's ValidationError are ValueErrors
+            # A schema's answer fails here only as JSON; a pydantic model's, as JSON or by its fields.
+            how = "does not match" if self.is_pydantic else "is not JSON, as"
+            asks = "" if self.is_pydantic else " asks"
             raise StructuredOutputError(
-                f"the answer does not match the response model {self.name}: {_short(exc)}",
-                validation_error=exc,
+                f"the answer {how} {self.label}{asks}: {_short(exc)}", validation_error=exc,
             ) from exc
         except RecursionError as exc:
-            raise StructuredOutputError(f"the answer is nested too deep to read as JSON ({self.name})",
+            raise StructuredOutputError(f"the answer is nested too deep to read as JSON for {self.label}",
                                         validation_error=exc) from None
         try:
             problem = schema_problem(self.schema, data)
         except RecursionError as exc:  # an answer nested deeper than Python recurses, for a recursive schema
-            raise StructuredOutputError(f"the answer is nested too deep to check against {self.name}",
+            raise StructuredOutputError(f"the answer is nested too deep to check against {self.label}",
                                         validation_error=exc) from None
         if problem is not None:
             error = ValueError(problem)
             raise StructuredOutputError(
-                f"the answer does not match the response schema {self.name}: {problem}",
+                f"the answer does not match {self.label}: {problem}",
                 validation_error=error,
             ) from error
         return data, fenced
