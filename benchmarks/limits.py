@@ -538,7 +538,7 @@ def plot(rows: list[dict[str, Any]]) -> Path | None:
         if ceiling is not None:  # random 429s: their share is the server's, no goal
             right.axvline(ceiling, color="red", linestyle="--", linewidth=1)
         right.set_xscale("symlog", linthresh=1.0)
-        right.set_xlim(0, 4 * max(shares + [1.0]))
+        right.set_xlim(0, 4 * max([*shares, 1.0]))
         for i, share in enumerate(shares):
             right.text(share, i, f" {share:.2f} %", va="center", fontsize=7)
         right.set_yticks(ticks, [""] * len(chosen))
