@@ -8,7 +8,12 @@ pip install async-batch-llm==0.28.0
 import asyncio
 from contextlib import aclosing
 
-from async_batch_llm import ProcessorConfig, call, process_prompts, process_stream
+from async_batch_llm import (
+    ProcessorConfig,
+    call,
+    process_prompts,
+    process_stream,
+)
 from async_batch_llm.testing import FakeStrategy
 
 
