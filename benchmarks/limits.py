@@ -502,7 +502,7 @@ def plot(rows: list[dict[str, Any]]) -> Path | None:
     except ImportError:
         return None
     scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
-    fig, axes = plt.subplots(len(scenarios), 2, figsize=(13, 2.6 + 0.36 * 9 * len(scenarios)), squeeze=False,
+    fig, axes = plt.subplots(len(scenarios), 2, figsize=(14, 3.0 + 0.5 * 9 * len(scenarios)), squeeze=False,
                              gridspec_kw={"width_ratios": [1.35, 1]})
     for (left, right), name in zip(axes, scenarios, strict=True):
         chosen = [r for r in rows if r["scenario"] == name]
@@ -516,7 +516,7 @@ def plot(rows: list[dict[str, Any]]) -> Path | None:
             if baseline:
                 left.axvline(0.9 * baseline, color="red", linestyle="--", linewidth=1)
             left.set_xlim(0, 1.3 * max(values))
-            left.set_title(f"{title}\nanswers per second (goal: 0.9x the retry loop)", fontsize=9)
+            left.set_title(f"{title}\nanswers per second (goal: 0.9x the retry loop)", fontsize=11)
             texts = [f" {v:.1f}" for v in values]
         else:
             goal = 0.90 if chosen[0].get("family") == "calendar" else 0.95
@@ -525,12 +525,12 @@ def plot(rows: list[dict[str, Any]]) -> Path | None:
             left.axvline(100 * goal, color="red", linestyle="--", linewidth=1)
             left.set_xlim(0, 135)
             left.set_title(f"{title}\nserved, % of the limit, after the first minute (goal: {goal:.0%})",
-                           fontsize=9)
+                           fontsize=11)
             texts = [f" {v:.1f} %" if v > 0 else " 0 %: nothing after its first 429 (300 s cooldown)"
                      for v in values]
         for i, text in enumerate(texts):
-            left.text(values[i], i, text, va="center", fontsize=7)
-        left.set_yticks(ticks, [_label(r) for r in chosen], fontsize=8)
+            left.text(values[i], i, text, va="center", fontsize=9)
+        left.set_yticks(ticks, [_label(r) for r in chosen], fontsize=10)
         left.invert_yaxis()
         shares = [100 * (r["rate_429"] or 0.0) for r in chosen]
         right.barh(ticks, shares, color=colors)
@@ -540,11 +540,11 @@ def plot(rows: list[dict[str, Any]]) -> Path | None:
         right.set_xscale("symlog", linthresh=1.0)
         right.set_xlim(0, 4 * max([*shares, 1.0]))
         for i, share in enumerate(shares):
-            right.text(share, i, f" {share:.2f} %", va="center", fontsize=7)
+            right.text(share, i, f" {share:.2f} %", va="center", fontsize=9)
         right.set_yticks(ticks, [""] * len(chosen))
         right.invert_yaxis()
         goal_text = "" if ceiling is None else f" (goal: under {ceiling:g} %)"
-        right.set_title(f"requests answered 429, % of all{goal_text}", fontsize=9)
+        right.set_title(f"requests answered 429, % of all{goal_text}", fontsize=11)
         for ax in (left, right):
             ax.grid(True, axis="x", alpha=0.3)
     legend = [Patch(color="tab:blue", label="trio-batch-llm on Trio"),
@@ -552,7 +552,7 @@ def plot(rows: list[dict[str, Any]]) -> Path | None:
               Patch(color="tab:gray", label="a plain asyncio loop, for reference"),
               Patch(color="black", label="async-batch-llm 0.28 (asyncio)"),
               Line2D([0], [0], color="red", linestyle="--", linewidth=1, label="goal")]
-    fig.legend(handles=legend, loc="upper center", ncol=5, fontsize=9, frameon=False)
+    fig.legend(handles=legend, loc="upper center", ncol=5, fontsize=11, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     path = results_path("limits.png")
     fig.savefig(path, dpi=110)
