@@ -6,7 +6,8 @@ Python found (3.12, 3.13 through pyenv), each in its own ``.venv-X.Y``.
 
 Creates ``.venv`` beside this file on first use (only the standard library is
 needed to start), installs the project with its development extras, and
-reinstalls when ``pyproject.toml`` changes. Extra arguments pass through to
+reinstalls when ``pyproject.toml`` changes; pip's own output is shown only when an
+install fails. Extra arguments pass through to
 the command (for example ``python3 dev.py test -k cleanup``). The whole suite runs in
 two pytest-xdist workers, a file per worker; naming test files runs them in one process.
 """
@@ -35,10 +36,26 @@ def _ensure_env() -> None:
         print(f"dev.py: creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     print("dev.py: installing trio-batch-llm[dev] (first run only)", flush=True)
-    pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+    _pip_install(PYTHON, "--upgrade", "pip")
+    _pip_install(PYTHON, "-e", f"{ROOT}[dev]")
     STAMP.write_text(wanted)
+
+
+def _pip_install(python: Path, *args: str) -> None:
+    """``pip install`` quietly: its output is kept, and shown only if the install fails.
+
+    Even with ``--quiet`` pip prints warnings (one per package on a machine whose pip
+    configuration names extra indexes that are missing), which would bury the command's own
+    first line; on failure they are the explanation, so they are printed then, whole.
+    """
+    command = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        what = " ".join(args)
+        print(f"dev.py: pip install failed (exit {done.returncode}): {what}", file=sys.stderr, flush=True)
+        raise SystemExit(done.returncode)
 
 
 MATRIX_TESTS = [
@@ -70,10 +87,11 @@ def _matrix(rest: list[str]) -> int:
         env_dir = ROOT / f".venv-{version}"
         env_python = env_dir / "bin" / "python"
         if not env_python.exists():
-            subprocess.run([str(python), "-m", "venv", str(env_dir)], check=True)
+            code = _run([str(python), "-m", "venv", str(env_dir)])
+            if code:
+                return code
         print(f"dev.py matrix: Python {version} ({python})", flush=True)
-        pip = [str(env_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "-e", f"{ROOT}[dev]"], check=True)
+        _pip_install(env_python, "-e", f"{ROOT}[dev]")
         code = _run([str(env_python), "-m", "pytest", "-q", *MATRIX_TESTS, *rest])
         status = status or code
     return status
@@ -105,8 +123,7 @@ def main(argv: list[str]) -> int:
     if command == "test":
         return _run([str(PYTHON), "-m", "pytest", *_parallel(rest), *rest])
     if command == "docs":
-        pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "-e", f"{ROOT}[docs]"], check=True)
+        _pip_install(PYTHON, "-e", f"{ROOT}[docs]")
         env_site = ROOT / "site"
         return _run([str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(env_site), *rest])
     if command == "bench":

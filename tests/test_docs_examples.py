@@ -240,6 +240,7 @@ def _snippets() -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = {}
     for page in DOCS.rglob("*.md"):
         for target in _SNIPPET.findall(page.read_text(encoding="utf-8")):
+            target = re.sub(r"\.py:[\w-]+$", ".py", target)  # "file.py:section": part of the file
             found.setdefault(target, []).append(page)
     return found
 

@@ -1,10 +1,19 @@
 # mypy: disable-error-code="import-not-found,unused-ignore"
-"""Before: the async-batch-llm 0.28 shapes this guide maps (asyncio only)."""
+"""Before: the async-batch-llm 0.28 shapes this guide maps (asyncio only).
+
+Needs async-batch-llm itself, which trio-batch-llm does not install:
+pip install async-batch-llm==0.28.0
+"""
 
 import asyncio
 from contextlib import aclosing
 
-from async_batch_llm import ProcessorConfig, call, process_prompts, process_stream
+from async_batch_llm import (
+    ProcessorConfig,
+    call,
+    process_prompts,
+    process_stream,
+)
 from async_batch_llm.testing import FakeStrategy
 
 

@@ -1,13 +1,17 @@
-"""A hundred prompts through an OpenAI-compatible endpoint, under Trio."""
+"""A hundred prompts through an OpenAI-compatible endpoint, under Trio.
 
+The home page shows the lines between the two markers: all of it but this
+docstring.
+"""
+
+# --8<-- [start:shown]
 import trio
 
-from trio_batch_llm import llm, process_prompts
-from trio_batch_llm.mock import serve_mock
+from trio_batch_llm import llm, mock, process_prompts
 
 
 async def main() -> None:
-    async with serve_mock() as server:  # a local stand-in for your endpoint
+    async with mock.serve_mock() as server:  # a local stand-in for your endpoint
         strategy = llm("openai-compatible:my-model", base_url=server.base_url)
         prompts = [f"Summarise review {i} in five words." for i in range(100)]
         batch = await process_prompts(strategy, prompts, concurrency=16)
@@ -16,3 +20,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     trio.run(main)
+# --8<-- [end:shown]
