@@ -266,3 +266,11 @@ def test_the_limits_plot_has_a_legend_and_labels_every_bar(
     texts = [text.get_text() for axes in figure.axes for text in axes.texts]
     empty = [text for text in texts if text.startswith(" 0 %")]
     assert empty and all("nothing after its first 429" in text for text in empty)
+
+
+def test_the_changelog_and_the_guides_speak_to_users() -> None:
+    # Our issue numbers mean nothing to a reader: say what changed and why it matters instead.
+    pages = [ROOT / "CHANGELOG.md", ROOT / "README.md", *sorted(DOCS.glob("**/*.md"))]
+    number = re.compile(r"(?i)(?<!pydantic-ai )\bissues? #?\d+")  # another project's issue is a citation
+    cited = {str(page): found for page in pages if (found := number.findall(page.read_text(encoding="utf-8")))}
+    assert cited == {}
