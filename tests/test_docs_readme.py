@@ -272,5 +272,5 @@ def test_the_changelog_and_the_guides_speak_to_users() -> None:
     # Our issue numbers mean nothing to a reader: say what changed and why it matters instead.
     pages = [ROOT / "CHANGELOG.md", ROOT / "README.md", *sorted(DOCS.glob("**/*.md"))]
     number = re.compile(r"(?i)(?<!pydantic-ai )\bissues? #?\d+")  # another project's issue is a citation
-    cited = {str(page): found for page in pages if (found := number.findall(page.read_text(encoding="utf-8")))}
-    assert cited == {}
+    texts = {page.name: page.read_text(encoding="utf-8") for page in pages}
+    assert {name: found for name, text in texts.items() if (found := number.findall(text))} == {}
