@@ -153,21 +153,20 @@ class _KnownTotal(Progress):
         self._inner = inner
         self._total = total
 
-    def _fill(self, snapshot: ProgressSnapshot) -> ProgressSnapshot:
+    def _fill(self, snapshot: ProgressSnapshot, *, final: bool = False) -> ProgressSnapshot:
         if snapshot.total is not None:
             return snapshot
-        remaining = max(0, self._total - snapshot.completed)
-        eta = 0.0 if remaining == 0 else (remaining / snapshot.rate if snapshot.rate > 0 else None)
-        return dataclasses.replace(snapshot, total=self._total, eta=eta)
+        # At the close, the items never read are not run, as the summary counts them.
+        return snapshot.with_total(self._total, final=final)
 
     def update(self, snapshot: ProgressSnapshot) -> None:
         self._inner.update(self._fill(snapshot))
 
     def close(self, final: ProgressSnapshot) -> None:
-        self._inner.close(self._fill(final))
+        self._inner.close(self._fill(final, final=True))
 
     async def aclose(self, final: ProgressSnapshot) -> None:
-        await self._inner.aclose(self._fill(final))
+        await self._inner.aclose(self._fill(final, final=True))
 
 
 # --- run and demo --------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ displays of :mod:`._display` draw them, and the command line wraps them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import final
 
 import anyio.lowlevel
 
-__all__ = ["Progress", "ProgressSnapshot"]
+__all__ = ["Progress", "ProgressSnapshot", "estimate_eta"]
 
 
 @final
@@ -20,10 +21,14 @@ __all__ = ["Progress", "ProgressSnapshot"]
 class ProgressSnapshot:
     """The state of a run at one instant.
 
-    ``completed`` counts items with a final result, failures and replays
-    included; ``failed`` and ``replayed`` are parts of it. ``rate`` is live
-    completions per second over a recent window (replays excluded, they cost
-    nothing); ``eta`` is seconds left at that rate, ``None`` when unknown.
+    ``completed`` counts items with a result of their own, failures and replays
+    included; ``failed`` and ``replayed`` are parts of it. ``not_run`` counts, apart
+    from it, the items a stop (Ctrl+C, a guardrail) kept from starting: they are
+    neither progress nor failures, as :meth:`BatchResult.summary` has them.
+    ``rate`` is completions per second of items that ran, over a recent window
+    (replays excluded, they cost nothing); ``eta`` is seconds left at that rate,
+    ``None`` when unknown: before an item ran to its end, or after a stop (the
+    rest will not run).
 
     When the engine knows its quota scopes, ``in_flight`` counts calls in flight
     and ``waiting`` the items started but not in a call (waiting for admission, a
@@ -43,10 +48,22 @@ class ProgressSnapshot:
     eta: float | None = None
     waiting: int = 0
     throttled: str = ""
+    not_run: int = 0
 
     @property
     def succeeded(self) -> int:
         return self.completed - self.failed
+
+    def with_total(self, total: int, *, final: bool = False) -> ProgressSnapshot:
+        """This snapshot for a run whose caller knows ``total`` (a streaming run does not): its ETA,
+        and, when ``final`` (the run is over), every item without a result of its own counted as not
+        run: never read because a stop came first, or abandoned in flight by a forced stop."""
+        if not final:
+            return dataclasses.replace(self, total=total,
+                                       eta=estimate_eta(total, self.completed, self.not_run, self.rate))
+        not_run = max(self.not_run, total - self.completed)
+        return dataclasses.replace(self, total=total, not_run=not_run, in_flight=0, waiting=0,
+                                   eta=estimate_eta(total, self.completed, not_run, self.rate))
 
     @property
     def fraction(self) -> float | None:
@@ -56,6 +73,17 @@ class ProgressSnapshot:
         if self.total <= 0:
             return 1.0
         return min(1.0, max(0.0, self.completed / self.total))
+
+
+def estimate_eta(total: int | None, completed: int, not_run: int, rate: float) -> float | None:
+    """Seconds left at ``rate``: ``0.0`` when all is done; ``None`` without a total, before an item
+    ran to its end (``rate`` 0: nothing to estimate from), or once a stop left items not run."""
+    if total is None or not_run:
+        return None
+    remaining = max(0, total - completed)
+    if remaining == 0:
+        return 0.0
+    return remaining / rate if rate > 0 else None
 
 
 class Progress:
