@@ -90,3 +90,27 @@ async def test_no_frame_estimates_a_time_left_before_an_item_finished(anyio_back
     assert lines and all(re.search(r"ETA \d", line) is None for line in lines), lines
     # The four abandoned calls are not run too (as the summary has them), and no longer anywhere.
     assert "0/40 (0%) | 0 failed | 40 not run | 0 in flight | 0.0 items/s | 0 tokens" in lines[-1], lines[-1]
+
+
+def _line(output: str, start: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith(start))
+
+
+async def test_a_resume_that_replays_everything_shows_no_new_spend(anyio_backend: str,
+                                                                   tmp_path: Path) -> None:
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_prompts(source, 12)
+    async with serve_mock(MockServerConfig(model=MODEL)) as server:
+        async with spawn(*run_args(server, source, out, anyio_backend)) as first:
+            pass
+        async with spawn(*run_args(server, source, out, anyio_backend, "--resume")) as again:
+            pass
+        assert server.stats.requests == 12  # the resume made no call
+    assert first.returncode == 0 and again.returncode == 0, again.output
+    spent = _line(first.output, "  tokens").split()[1]
+    assert int(spent.replace(",", "")) > 0
+    assert _line(again.output, "  items").endswith("replayed 12   new 0")
+    assert _line(again.output, "  tokens").split()[:2] == ["tokens", "0"]  # this run's calls: none
+    replayed = _line(again.output, "  replayed")
+    assert replayed.split()[1] == spent and "spent by an earlier run, not counted above" in replayed
+    assert _line(again.output, "  wall time").endswith("0 items/s (new items only)")
