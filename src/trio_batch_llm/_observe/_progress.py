@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .._admission._records import QuotaScopeStatistics
 
 __all__ = [
+    "QUOTA_BACKEND",
     "CallbackProgress",
     "CallbackProgressStatistics",
     "ProgressCallback",
@@ -54,6 +55,9 @@ REFUSING_SHOWN_AFTER: Final = 10.0
 
 ScopeStatistics: TypeAlias = Callable[[], "list[QuotaScopeStatistics]"]
 
+QUOTA_BACKEND: Final = "the quota backend"
+"""What items wait for while the shared quota backend (Redis) cannot be reached: ``waiting_for``."""
+
 
 def throttle_note(scopes: list[QuotaScopeStatistics]) -> str:
     """Why the provider holds the run back, from its scopes' statistics (``""``: it does not)."""
@@ -71,7 +75,8 @@ class ProgressTracker:
 
     Times are whatever clock the caller passes (``anyio.current_time()``), so
     a virtual clock gives exact rates in tests. ``scopes``, when given, reads the
-    run's quota scopes: calls in flight, items waiting, and whether it is throttled.
+    run's quota scopes: calls in flight, items waiting, and whether it is throttled
+    or waits for the shared quota backend.
     """
 
     def __init__(self, *, start: float, total: int | None = None, window: float = 10.0,
@@ -127,11 +132,14 @@ class ProgressTracker:
         rate = (live - live_then) / (now - since) if now > since else 0.0
         eta = estimate_eta(self.total, self.completed, self.not_run, rate)
         active = max(0, self.started - self._ended)
-        in_flight, waiting, throttled = active, 0, ""
+        in_flight, waiting, throttled, waiting_for = active, 0, "", ""
         if self.scopes is not None and (scopes := self.scopes()):
-            # A call holds its scope's slot: items waiting on a cooldown or a backoff hold none.
-            in_flight = min(active, sum(stats.in_flight for stats in scopes))
+            # A call holds its scope's slot: items waiting on a cooldown or a backoff hold none, and
+            # one that holds a slot while the shared quota backend grants its share has no call yet.
+            in_flight = min(active, sum(stats.in_flight - stats.backend_waiting for stats in scopes))
             waiting, throttled = active - in_flight, throttle_note(scopes)
+            if any(stats.backend_unreachable and stats.backend_waiting for stats in scopes):
+                waiting_for = QUOTA_BACKEND
         return ProgressSnapshot(
             completed=self.completed,
             failed=self.failed,
@@ -145,6 +153,7 @@ class ProgressTracker:
             rate=rate,
             eta=eta,
             not_run=self.not_run,
+            waiting_for=waiting_for,
         )
 
 

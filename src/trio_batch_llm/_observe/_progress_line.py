@@ -48,7 +48,10 @@ def _parts(snapshot: ProgressSnapshot) -> list[tuple[int, str]]:
     if snapshot.replayed:
         parts.append((_RANK_REPLAYED, f"{snapshot.replayed} replayed"))
     parts.append((_RANK_IN_FLIGHT, f"{snapshot.in_flight} in flight"))
-    if snapshot.waiting:
+    if snapshot.waiting_for:  # why nothing moves, as throttled says it: kept longest
+        count = f"{snapshot.waiting} " if snapshot.waiting else ""
+        parts.append((_RANK_THROTTLED, f"{count}waiting for {snapshot.waiting_for}"))
+    elif snapshot.waiting:
         parts.append((_RANK_IN_FLIGHT, f"{snapshot.waiting} waiting"))
     if snapshot.throttled:
         parts.append((_RANK_THROTTLED, f"throttled: {snapshot.throttled}"))
@@ -69,6 +72,7 @@ def format_progress_line(snapshot: ProgressSnapshot, *, bar_width: int = 30) -> 
 
     ``[######------] 50/100 (50%) | 2 failed | 5 in flight | 3.2 items/s | ETA 0:16 | 1,234 tokens``
     Throttled: ``... | 0 in flight | 16 waiting | throttled: cooling down 0:42 | ...``.
+    Redis down: ``... | 0 in flight | 16 waiting for the quota backend | ...``.
     Without a total: ``50 done | 2 failed | ...`` and no bar or ETA.
     After a stop: ``... | 0 failed | 1,084 not run | 0 in flight | ...`` and no ETA.
     """

@@ -34,7 +34,9 @@ class ProgressSnapshot:
     and ``waiting`` the items started but not in a call (waiting for admission, a
     cooldown or a backoff); ``throttled`` then says why nothing moves when the
     provider holds the run back ("cooling down 0:42", "every call refused for 1:15"),
-    ``""`` otherwise. Without them, ``in_flight`` counts every started item.
+    ``""`` otherwise; ``waiting_for`` names what the waiting items wait for when it is
+    not the provider ("the quota backend": a shared Redis that cannot be reached), ``""``
+    otherwise. Without them, ``in_flight`` counts every started item.
     """
 
     completed: int
@@ -49,6 +51,7 @@ class ProgressSnapshot:
     waiting: int = 0
     throttled: str = ""
     not_run: int = 0
+    waiting_for: str = ""
 
     @property
     def succeeded(self) -> int:
