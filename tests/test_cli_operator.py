@@ -210,9 +210,11 @@ def test_batch_summary_says_not_run_for_items_that_never_started() -> None:
     text = BatchResult.from_results(RESULTS, termination=termination, wall_time=2.0).summary()
     lines = text.splitlines()
     assert lines[0] == "Batch interrupted (interrupted by SIGINT)"
-    assert lines[1] == "  items                8   succeeded 3   failed 3   not run 2   replayed 1"
-    assert lines[5] == "  failures    content_policy 1, server 2"  # not_executed is no failure
-    assert "  wall time        2.000 s   2 items/s" in lines  # the 4 that ran, not the 2 never started
+    # issue 35: the 5 items this run ran itself ("new") apart from the replayed one
+    assert lines[1] == "  items                8   succeeded 3   failed 3   not run 2   replayed 1   new 5"
+    assert "  failures    content_policy 1, server 2" in lines  # not_executed is no failure
+    # the 4 that ran, not the 2 never started (nor the replayed one)
+    assert "  wall time        2.000 s   2 items/s (new items only)" in lines
 
 
 def test_the_run_summary_counted_as_results_arrive_reads_like_batch_summary() -> None:

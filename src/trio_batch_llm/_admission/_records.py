@@ -91,6 +91,12 @@ class QuotaScopeStatistics:
     refusing_for: float = 0.0
     """Seconds since the provider last answered this scope other than with a 429, while it answers
     only 429s (0: its last answer was not a 429). With a cooldown running, the scope is throttled."""
+    backend_waiting: int = 0
+    """Admissions that hold a slot (counted in ``in_flight``) while they wait for the shared backend
+    to grant their share: no call has started for them yet."""
+    backend_unreachable: bool = False
+    """Whether the shared backend cannot be reached now (still connecting, or its round trips fail):
+    admissions wait for it, up to its ``unreachable_timeout``."""
 
     @property
     def throttled(self) -> bool:

@@ -126,7 +126,8 @@ class RedisLink:
     """The open connection of one host to one :class:`RedisQuotaBackend` (see the module docstring)."""
 
     __slots__ = (
-        "_client", "_closing", "_denials", "_flush_wanted", "_quotas", "_ready", "_refusals", "_refused",
+        "_client", "_closing", "_denials", "_down_since", "_flush_wanted", "_quotas", "_ready", "_refusals",
+        "_refused",
         "_renewers", "_script", "_scripts", "_stopped", "_unreachable", "backend", "clock", "failures",
         "round_trips", "script_clock",
     )
@@ -153,6 +154,7 @@ class RedisLink:
         self._unreachable = _redis_errors()
         self._refusals, self._denials = _refusals()
         self._refused: str | None = None  # why the server refused this client (then the link is over)
+        self._down_since: float | None = None  # the first failed round trip of a run of them (progress)
         self.round_trips = 0
         self.failures = 0
 
@@ -260,6 +262,12 @@ class RedisLink:
     def closing(self) -> bool:
         return self._closing
 
+    @property
+    def unreachable(self) -> bool:
+        """Whether round trips wait for the server: the link is still connecting, or its last round trip
+        could not reach the server (and none has since). Progress says so instead of "in flight"."""
+        return (not self._ready.is_set() and self._refused is None) or self._down_since is not None
+
     def want_flush(self) -> None:
         self._flush_wanted.set()
 
@@ -314,7 +322,7 @@ class RedisLink:
                 )
             try:
                 self.round_trips += 1
-                return await trip()
+                reply = await trip()
             except self._denials as exc:  # e.g. the password changed since the link opened
                 self._refused = refusal_message(backend, exc)
                 raise QuotaBackendError(self._refused) from None
@@ -323,6 +331,8 @@ class RedisLink:
                 now = anyio.current_time()
                 if first_failure is None:
                     first_failure = now
+                if self._down_since is None:
+                    self._down_since = now
                 if now - first_failure >= backend.unreachable_timeout:
                     raise QuotaBackendError(
                         f"the Redis quota backend {backend.display_url} was unreachable for"
@@ -331,6 +341,9 @@ class RedisLink:
                     ) from None
                 await anyio.sleep(min(pause, max(0.0, first_failure + backend.unreachable_timeout - now)))
                 pause = min(pause * 2, _MAX_RETRY)
+            else:
+                self._down_since = None
+                return reply
 
 
 async def check_backend(backend: RedisQuotaBackend) -> None:

@@ -113,8 +113,8 @@ class RedisSharedQuota:
     __slots__ = (
         "_admitted", "_budgets", "_carrying", "_cool", "_demand_at", "_ends", "_keys", "_leader", "_link",
         "_pace", "_queue", "_refilling", "_refunds", "_round_trip_seconds", "_settles", "_spare_cap",
-        "_spares", "_token_budgets", "_wake", "closed", "discovery", "hold", "inflight", "limit", "name",
-        "on_cooldown",
+        "_spares", "_taking", "_token_budgets", "_wake", "closed", "discovery", "hold", "inflight", "limit",
+        "name", "on_cooldown",
         "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
     )
 
@@ -143,6 +143,7 @@ class RedisSharedQuota:
         self._wake: anyio.Event | None = None
         self._spares: deque[tuple[str, float]] = deque()  # (unit, leased at, on the link's clock)
         self._admitted = 0  # admissions since the last round trip: the demand a lease may cover
+        self._taking = 0  # admissions inside take(): they hold a local slot, and no call yet
         self._demand_at: float | None = None  # when that count began (on the link's clock)
         self._pace = 0.0  # admissions per second over recent round trips
         self._round_trip_seconds = 0.0  # the recent slowest round trip, decaying
@@ -189,17 +190,21 @@ class RedisSharedQuota:
     async def take(self, tokens: int) -> SharedTicket:
         """Wait, in FIFO order with this process's other waiters, until Redis grants the share
         (with a bound on calls in flight, a lease first)."""
-        inflight = self.inflight
-        if inflight is None:
-            return await self._take(tokens)
-        lease = await inflight.acquire()
+        self._taking += 1
         try:
-            ticket = await self._take(tokens)
-        except BaseException:
-            inflight.release(lease)
-            raise
-        ticket.lease = lease
-        return ticket
+            inflight = self.inflight
+            if inflight is None:
+                return await self._take(tokens)
+            lease = await inflight.acquire()
+            try:
+                ticket = await self._take(tokens)
+            except BaseException:
+                inflight.release(lease)
+                raise
+            ticket.lease = lease
+            return ticket
+        finally:
+            self._taking -= 1
 
     async def _take(self, tokens: int) -> SharedTicket:
         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -505,3 +510,13 @@ class RedisSharedQuota:
     def statistics(self) -> tuple[int, int]:
         """``(waiting, spares)``."""
         return len(self._queue), len(self._spares)
+
+    @property
+    def taking(self) -> int:
+        """Admissions waiting in :meth:`take`: they hold their local slot, and have no call yet."""
+        return self._taking
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether the link's round trips wait for the server (:attr:`RedisLink.unreachable`)."""
+        return self._link.unreachable

@@ -429,7 +429,8 @@ class QuotaScope:
                                         paced_requests_per_minute=shared.discovery.rate * 60.0)
         return dataclasses.replace(
             stats, waiting=stats.waiting + waiting, backend="redis", backend_spares=spares,
-            backend_round_trips=shared.round_trips,
+            backend_round_trips=shared.round_trips, backend_waiting=shared.taking,
+            backend_unreachable=shared.unreachable,
             requests_per_minute=stats.requests_per_minute if not shared.limit else shared.requests_per_minute,
             tokens_per_minute=shared.tpm or None,
         )

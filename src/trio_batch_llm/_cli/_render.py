@@ -153,21 +153,20 @@ class _KnownTotal(Progress):
         self._inner = inner
         self._total = total
 
-    def _fill(self, snapshot: ProgressSnapshot) -> ProgressSnapshot:
+    def _fill(self, snapshot: ProgressSnapshot, *, final: bool = False) -> ProgressSnapshot:
         if snapshot.total is not None:
             return snapshot
-        remaining = max(0, self._total - snapshot.completed)
-        eta = 0.0 if remaining == 0 else (remaining / snapshot.rate if snapshot.rate > 0 else None)
-        return dataclasses.replace(snapshot, total=self._total, eta=eta)
+        # At the close, the items never read are not run, as the summary counts them.
+        return snapshot.with_total(self._total, final=final)
 
     def update(self, snapshot: ProgressSnapshot) -> None:
         self._inner.update(self._fill(snapshot))
 
     def close(self, final: ProgressSnapshot) -> None:
-        self._inner.close(self._fill(final))
+        self._inner.close(self._fill(final, final=True))
 
     async def aclose(self, final: ProgressSnapshot) -> None:
-        await self._inner.aclose(self._fill(final))
+        await self._inner.aclose(self._fill(final, final=True))
 
 
 # --- run and demo --------------------------------------------------------------------------------
@@ -246,8 +245,21 @@ def _cost_lines(snap: RunSnapshot) -> list[str]:
             f"{DEFAULT_MODEL_RATES_AS_OF}; cached input priced as input)"]
 
 
-def describe(snap: RunSnapshot) -> list[str]:
-    """The snapshot as lines for an operator."""
+def _since_lines(snap: RunSnapshot, before: RunSnapshot | None) -> list[str]:
+    """What a ``runs start`` that continued a run added (by every driver meanwhile), apart from what
+    was done before it: the totals above are the run's, so adding them up over starts would count the
+    earlier items, and their tokens, again."""
+    if before is None or before.done <= 0:
+        return []
+    return [f"  this start: done {snap.done - before.done} (succeeded {snap.succeeded - before.succeeded}, "
+            f"failed {snap.failed - before.failed}), tokens {snap.total_tokens - before.total_tokens:,}; "
+            f"done before it: {before.done} (tokens {before.total_tokens:,}): add up starts by these lines, "
+            "not the totals"]
+
+
+def describe(snap: RunSnapshot, *, before: RunSnapshot | None = None) -> list[str]:
+    """The snapshot as lines for an operator; ``before``: the run as a ``runs start`` found it, so
+    that what it added is said apart (:func:`_since_lines`)."""
     status: str = snap.status
     if snap.termination is not None and snap.termination.kind != snap.status:
         status += f" ({snap.termination.kind})"
@@ -262,6 +274,7 @@ def describe(snap: RunSnapshot) -> list[str]:
         f"failed {snap.failed}), pending {snap.pending}",
         f"  tokens: input {snap.input_tokens}, output {snap.output_tokens}, total {snap.total_tokens}",
         *_cost_lines(snap),
+        *_since_lines(snap, before),
         f"  results: {snap.last_sequence} (sequences 1 to {snap.last_sequence})" if snap.last_sequence
         else "  results: none yet",
     ]

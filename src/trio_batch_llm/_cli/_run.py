@@ -313,16 +313,29 @@ async def _feed(processor: ParallelBatchProcessor[str], plan: RunPlan, outcome: 
     await processor.finish()
 
 
+QUOTA_WAIT_SAID_AFTER: Final = 1.0
+"""Seconds without an answer from ``--quota``'s server before the command line says it waits for it."""
+
+
 async def check_quota(backend: RedisQuotaBackend | None) -> None:
     """``--quota``: one ``PING`` before the checkpoint is made, so that a wrong password, a database
-    the server lacks or a server that stays unreachable is a usage error, not a failed run."""
+    the server lacks or a server that stays unreachable is a usage error, not a failed run. A server
+    that does not answer at once is said to be waited for (up to its ``unreachable_timeout``)."""
     if backend is None:
         await anyio.lowlevel.checkpoint()
         return
     from .._admission._redis_link import check_backend
 
+    async def say_waiting() -> None:
+        await anyio.sleep(QUOTA_WAIT_SAID_AFTER)
+        say(f"waiting for the quota backend {backend.display_url}: it does not answer"
+            f" (giving up after {backend.unreachable_timeout:g} s)")
+
     with unwrap_group():
-        await check_backend(backend)
+        async with anyio.create_task_group() as waiting:
+            waiting.start_soon(say_waiting, name="say that the quota backend is waited for")
+            await check_backend(backend)
+            waiting.cancel_scope.cancel(reason="the quota backend answered")
 
 
 async def _run_batch(plan: RunPlan, outcome: _RunOutcome) -> None:

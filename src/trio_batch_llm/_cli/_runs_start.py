@@ -249,7 +249,7 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
 def _report(plan: StartPlan, outcome: _Outcome) -> int:
     snap = outcome.snapshot
     assert snap is not None
-    print("\n".join(describe(snap)), flush=True)
+    print("\n".join(describe(snap, before=plan.existing)), flush=True)
     if plan.endpoint:
         print(f"  {plan.endpoint}", flush=True)
     if snap.unresolved_submission is not None and not snap.terminal:

@@ -10,7 +10,11 @@ of the input that were never read because a stop came first: they are
 *not run*, like the ones the stop left in the queue. With a response cache
 (``--cache``) a ``cache`` line counts the hits (results answered from the
 cache), the misses (results looked up and called) and what the hits saved:
-the cost of their ``saved_usage`` by the rates of the cost line.
+the cost of their ``saved_usage`` by the rates of the cost line. After a
+``--resume`` the tokens and cost lines are this run's calls only, and a
+``replayed`` line shows the replayed results' tokens and cost apart (an
+earlier run spent them), so adding up runs counts no call twice; items/s is
+over the new items only.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from array import array
 from typing import Any, Final, final
 
 from .._engine._item_run import THROTTLED_BY_429S
-from .._values._batch_result import _cached_note  # BatchResult.summary's own part of the tokens line
+from .._values._batch_result import NEW_ONLY, _cached_note, replayed_line  # BatchResult.summary's parts
 from .._values._categories import ErrorCategory
 from .._values._cost import DEFAULT_MODEL_RATES
 from .._values._headline import termination_headline
@@ -94,7 +98,9 @@ class RunSummary:
     def __init__(self, total: int, *, model: str | None = None) -> None:
         self.total = total
         self.cost = CostSum(None, table=DEFAULT_MODEL_RATES, default_model=model)
-        """The estimated dollars, by the built-in rates (results that name no model: ``model``'s)."""
+        """This run's estimated dollars, by the built-in rates (results that name no model: ``model``'s);
+        replayed results' are in :attr:`replayed_cost`."""
+        self.replayed_cost = CostSum(None, table=DEFAULT_MODEL_RATES, default_model=model)
         self.results = 0
         self.succeeded = 0
         self.failed = 0
@@ -102,6 +108,8 @@ class RunSummary:
         self.replayed = 0
         self.retries = 0
         self.tokens: dict[str, int] = {}
+        """This run's own tokens: replayed results' are in :attr:`replayed_tokens`."""
+        self.replayed_tokens: dict[str, int] = {}
         self.categories: dict[str, int] = {}
         self.stopped: dict[str, int] = {}
         """Results that did not run to their own end, by stop reason."""
@@ -130,9 +138,13 @@ class RunSummary:
                 self.first_failures.setdefault(category, (result.item_id, result.error))
         if result.stop_reason is not None:
             self.stopped[result.stop_reason.value] = self.stopped.get(result.stop_reason.value, 0) + 1
-        add_usage(self.tokens, result.token_usage)
         model = result.metadata.get("model") if isinstance(result.metadata, dict) else None
-        self.cost.add(result.token_usage, model)
+        if result.replayed:  # an earlier run's spend: shown apart, never added to this run's
+            add_usage(self.replayed_tokens, result.token_usage)
+            self.replayed_cost.add(result.token_usage, model)
+        else:
+            add_usage(self.tokens, result.token_usage)
+            self.cost.add(result.token_usage, model)
         if result.cached:
             self.cache_hits += 1
             self.saved.add(result.saved_usage, model)
@@ -162,19 +174,26 @@ class RunSummary:
         ran = len(self.execution)
         rate = ran / wall_time if wall_time > 0 else 0.0
         tokens = self.tokens
+        new = self.results - self.replayed - self.not_run
         lines = [
             termination_headline(termination),
             f"  items       {self.total:>10,}   succeeded {self.succeeded:,}   failed {self.failed:,}"
-            + (f"   not run {not_run:,}" if not_run else "") + f"   replayed {self.replayed:,}",
+            + (f"   not run {not_run:,}" if not_run else "") + f"   replayed {self.replayed:,}"
+            + (f"   new {new:,}" if self.replayed else ""),
             f"  retries     {self.retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
             f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
         ]
-        if (cost := self.cost.total) is not None:
+        # As BatchResult.new_cost: a run that made no call spent nothing.
+        cost = self.cost.total if new else 0.0
+        if cost is not None:
             lines.append(cost_line(cost, built_in=True))
         if self.cache_hits or self.cache_misses:
             lines.append(cache_line(self.cache_hits, self.cache_misses, self.saved.total))
-        lines.append(f"  wall time   {wall_time:>10.3f} s   {rate:,.0f} items/s")
+        if self.replayed:
+            lines.append(replayed_line(self.replayed_tokens, self.replayed_cost.total))
+        lines.append(f"  wall time   {wall_time:>10.3f} s   {rate:,.0f} items/s"
+                     + NEW_ONLY * bool(self.replayed))
         if self.categories:
             detail = ", ".join(f"{k} {v:,}" for k, v in sorted(self.categories.items()))
             lines.append(f"  failures    {detail}")

@@ -27,7 +27,7 @@ from .._observe._snapshot import Progress
 from .._values._categories import ErrorCategory
 from .._values._errors import ArtifactEncodeError
 from .._values._requests import LLMWorkItem, request_text
-from .._values._results import BatchTermination, WorkItemResult
+from .._values._results import BatchTermination, WorkItemResult, is_not_run
 from .._values._stats import RunCounters
 from .._values._stop_reasons import StopReason
 from ._channel import ResultChannel
@@ -122,12 +122,14 @@ class Publisher(Generic[TOutput]):
     # Hot path: in batch mode publishing is a list append; the worker's next
     # receive is the checkpoint.
     async def publish(  # noqa: ASYNC910
-        self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput] | None
+        self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput] | None, *, started: bool = True
     ) -> None:
-        """Checkpoint (``item`` given: it ran; ``None``: a replay), then hooks, counters, progress, stream."""
+        """Checkpoint (``item`` given: it ran; ``None``: a replay), then hooks, counters, progress, stream.
+
+        ``started=False``: a stop took ``item`` from the queue (it was never started)."""
         if self.store is not None and item is not None:
             result = await self._checkpoint(result, item)
-        self._settle(result)
+        self._settle(result, started)
         per_item = self._per_item
         if per_item is not None and (tracker := self.tracker) is not None:
             await per_item.on_item_async(self._counters.finished, tracker.total, result.item_id)
@@ -137,7 +139,7 @@ class Publisher(Generic[TOutput]):
         else:
             await channel.put(result)
 
-    def _settle(self, result: WorkItemResult[TOutput]) -> None:
+    def _settle(self, result: WorkItemResult[TOutput], started: bool = True) -> None:
         """The steps that never await: hooks, counters and the stop policy, the progress tracker."""
         if self._observing:
             if self._announced:
@@ -169,7 +171,8 @@ class Publisher(Generic[TOutput]):
                 tracker.item_replayed(success=result.success)
             else:
                 tokens = result.token_usage.get("total_tokens", 0)
-                tracker.item_finished(success=result.success, tokens=tokens)
+                tracker.item_finished(success=result.success, tokens=tokens, not_run=is_not_run(result),
+                                      started=started)
 
     async def _checkpoint(
         self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]
@@ -210,7 +213,7 @@ class Publisher(Generic[TOutput]):
                     item = recv.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     return  # noqa: ASYNC910 - no checkpoint per item on purpose; the worker's exit has one
-                await self.publish(_not_executed(item, reason, category, why), item)
+                await self.publish(_not_executed(item, reason, category, why), item, started=False)
         # No step awaits: settle a chunk between two checkpoints, so the calls still in flight
         # resume and finish while the rest of the queue is reported, not behind the whole queue.
         # With no observer and no progress, settling a result the stop decided is two counters
@@ -256,7 +259,7 @@ class Publisher(Generic[TOutput]):
                 if bulk:
                     taken += 1
                 else:
-                    settle(result)
+                    settle(result, False)
         finally:
             counters = self._counters
             counters.finished += taken

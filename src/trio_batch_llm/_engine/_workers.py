@@ -191,7 +191,7 @@ class Crew(Generic[TOutput]):
                 except anyio.EndOfStream:
                     return True  # noqa: ASYNC910 - the queue is done; the worker leaves
                 if policy.kind is not None:
-                    await publisher.publish(publisher.not_executed(item), item)
+                    await publisher.publish(publisher.not_executed(item), item, started=False)
                     await publisher.drain(recv)
                     return True
                 run = guard.run = runner.begin(item, stop_deadline=stop_deadline)

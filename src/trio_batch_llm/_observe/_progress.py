@@ -30,12 +30,13 @@ import anyio.to_thread
 
 from ._callables import is_async_callable
 from ._progress_line import duration
-from ._snapshot import Progress, ProgressSnapshot
+from ._snapshot import Progress, ProgressSnapshot, estimate_eta
 
 if TYPE_CHECKING:
     from .._admission._records import QuotaScopeStatistics
 
 __all__ = [
+    "QUOTA_BACKEND",
     "CallbackProgress",
     "CallbackProgressStatistics",
     "ProgressCallback",
@@ -54,6 +55,9 @@ REFUSING_SHOWN_AFTER: Final = 10.0
 
 ScopeStatistics: TypeAlias = Callable[[], "list[QuotaScopeStatistics]"]
 
+QUOTA_BACKEND: Final = "the quota backend"
+"""What items wait for while the shared quota backend (Redis) cannot be reached: ``waiting_for``."""
+
 
 def throttle_note(scopes: list[QuotaScopeStatistics]) -> str:
     """Why the provider holds the run back, from its scopes' statistics (``""``: it does not)."""
@@ -71,7 +75,8 @@ class ProgressTracker:
 
     Times are whatever clock the caller passes (``anyio.current_time()``), so
     a virtual clock gives exact rates in tests. ``scopes``, when given, reads the
-    run's quota scopes: calls in flight, items waiting, and whether it is throttled.
+    run's quota scopes: calls in flight, items waiting, and whether it is throttled
+    or waits for the shared quota backend.
     """
 
     def __init__(self, *, start: float, total: int | None = None, window: float = 10.0,
@@ -83,8 +88,10 @@ class ProgressTracker:
         self.window = window
         self._start = start
         self.started = 0
+        self._ended = 0  # started items with their result
         self.completed = 0
         self.failed = 0
+        self.not_run = 0
         self.replayed = 0
         self.tokens_total = 0
         # (time, live completions) samples, thinned so the deque stays ~100 long.
@@ -93,9 +100,17 @@ class ProgressTracker:
     def item_started(self) -> None:
         self.started += 1
 
-    def item_finished(self, *, success: bool, tokens: int = 0) -> None:
-        self.completed += 1
-        self.failed += not success
+    def item_finished(self, *, success: bool, tokens: int = 0, not_run: bool = False,
+                      started: bool = True) -> None:
+        """An item's result. ``not_run``: a stop kept it from its first call (no progress, no
+        failure); ``started=False``: it never reached :meth:`item_started` (a stop took it from
+        the queue)."""
+        self._ended += started
+        if not_run:
+            self.not_run += 1
+        else:
+            self.completed += 1
+            self.failed += not success
         self.tokens_total += tokens
 
     def item_replayed(self, *, success: bool) -> None:
@@ -105,6 +120,7 @@ class ProgressTracker:
         self.failed += not success
 
     def snapshot(self, now: float) -> ProgressSnapshot:
+        # Items that ran to their end: replays cost nothing, not-run items never ran.
         live = self.completed - self.replayed
         samples = self._samples
         if now - samples[-1][0] >= self.window / 100:
@@ -114,16 +130,16 @@ class ProgressTracker:
             samples.popleft()
         since, live_then = samples[0]
         rate = (live - live_then) / (now - since) if now > since else 0.0
-        eta: float | None = None
-        if self.total is not None:
-            remaining = max(0, self.total - self.completed)
-            eta = 0.0 if remaining == 0 else (remaining / rate if rate > 0 else None)
-        active = max(0, self.started - live)
-        in_flight, waiting, throttled = active, 0, ""
+        eta = estimate_eta(self.total, self.completed, self.not_run, rate)
+        active = max(0, self.started - self._ended)
+        in_flight, waiting, throttled, waiting_for = active, 0, "", ""
         if self.scopes is not None and (scopes := self.scopes()):
-            # A call holds its scope's slot: items waiting on a cooldown or a backoff hold none.
-            in_flight = min(active, sum(stats.in_flight for stats in scopes))
+            # A call holds its scope's slot: items waiting on a cooldown or a backoff hold none, and
+            # one that holds a slot while the shared quota backend grants its share has no call yet.
+            in_flight = min(active, sum(stats.in_flight - stats.backend_waiting for stats in scopes))
             waiting, throttled = active - in_flight, throttle_note(scopes)
+            if any(stats.backend_unreachable and stats.backend_waiting for stats in scopes):
+                waiting_for = QUOTA_BACKEND
         return ProgressSnapshot(
             completed=self.completed,
             failed=self.failed,
@@ -136,6 +152,8 @@ class ProgressTracker:
             elapsed=max(0.0, now - self._start),
             rate=rate,
             eta=eta,
+            not_run=self.not_run,
+            waiting_for=waiting_for,
         )
 
 

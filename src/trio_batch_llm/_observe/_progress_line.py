@@ -43,15 +43,20 @@ def _head(snapshot: ProgressSnapshot) -> str:
 
 def _parts(snapshot: ProgressSnapshot) -> list[tuple[int, str]]:
     parts = [(_RANK_FAILED, f"{snapshot.failed} failed")]
+    if snapshot.not_run:  # a stop kept them from starting: the summary's "not run", not failures
+        parts.append((_RANK_FAILED, f"{snapshot.not_run:,} not run"))
     if snapshot.replayed:
         parts.append((_RANK_REPLAYED, f"{snapshot.replayed} replayed"))
     parts.append((_RANK_IN_FLIGHT, f"{snapshot.in_flight} in flight"))
-    if snapshot.waiting:
+    if snapshot.waiting_for:  # why nothing moves, as throttled says it: kept longest
+        count = f"{snapshot.waiting} " if snapshot.waiting else ""
+        parts.append((_RANK_THROTTLED, f"{count}waiting for {snapshot.waiting_for}"))
+    elif snapshot.waiting:
         parts.append((_RANK_IN_FLIGHT, f"{snapshot.waiting} waiting"))
     if snapshot.throttled:
         parts.append((_RANK_THROTTLED, f"throttled: {snapshot.throttled}"))
     parts.append((_RANK_RATE, f"{snapshot.rate:.1f} items/s"))
-    if snapshot.total is not None:
+    if snapshot.total is not None and not snapshot.not_run:  # after a stop the rest will not run
         parts.append((_RANK_ETA, "ETA --:--" if snapshot.eta is None else f"ETA {_duration(snapshot.eta)}"))
     parts.append((_RANK_TOKENS, f"{snapshot.tokens_total:,} tokens"))
     return parts
@@ -67,7 +72,9 @@ def format_progress_line(snapshot: ProgressSnapshot, *, bar_width: int = 30) -> 
 
     ``[######------] 50/100 (50%) | 2 failed | 5 in flight | 3.2 items/s | ETA 0:16 | 1,234 tokens``
     Throttled: ``... | 0 in flight | 16 waiting | throttled: cooling down 0:42 | ...``.
+    Redis down: ``... | 0 in flight | 16 waiting for the quota backend | ...``.
     Without a total: ``50 done | 2 failed | ...`` and no bar or ETA.
+    After a stop: ``... | 0 failed | 1,084 not run | 0 in flight | ...`` and no ETA.
     """
     text = " | ".join([_head(snapshot), *(part for _, part in _parts(snapshot))])
     fraction = snapshot.fraction

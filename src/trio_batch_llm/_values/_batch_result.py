@@ -16,7 +16,7 @@ from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line, dollars
 from ._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from ._stop_reasons import stopped_line
 
-__all__ = ["BatchResult"]
+__all__ = ["NEW_ONLY", "BatchResult", "replayed_line"]
 
 TOutput = TypeVar("TOutput")
 
@@ -40,6 +40,29 @@ def _cached_note(tokens: Mapping[str, int]) -> str:
     if cached <= 0:
         return ""
     return f"   cached {cached:,} ({_percent(cached, tokens.get('input_tokens', 0)):.1f} %)"
+
+
+NEW_ONLY: Final = " (new items only)"
+"""After the items/s of a resume: replayed results are not throughput."""
+
+
+def replayed_line(tokens: Mapping[str, int], cost: float | None) -> str:
+    """The summary's line for replayed results (:meth:`BatchResult.summary` and the command line's
+    lay it out alike): their tokens and cost, which the run that made them spent."""
+    return (f"  replayed    {tokens.get('total_tokens', 0):>10,}   tokens"
+            f" (in {tokens.get('input_tokens', 0):,}   out {tokens.get('output_tokens', 0):,})"
+            + (f"   {dollars(cost)}" if cost is not None else "")
+            + "   from the checkpoint: spent by an earlier run, not counted above")
+
+
+def _cost(results: list[WorkItemResult[Any]], rates: Rates | Mapping[str, Rates] | None, *,
+          made_calls: bool = True) -> float | None:
+    if not made_calls:
+        return 0.0
+    costs = CostSum(rates, table=_BUILT_IN)
+    for r in results:
+        costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
+    return costs.total
 
 
 @final
@@ -193,6 +216,52 @@ class BatchResult(Generic[TOutput]):
             costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
         return costs.total
 
+    # --- this run's own results apart from the replayed ones (a resume): adding up runs counts
+    # each call once only when it adds up the new figures ------------------------------------------
+
+    @property
+    def replayed(self) -> int:
+        """Results answered from the checkpoint (``resume=``): an earlier run made their calls."""
+        return sum(1 for r in self.results if r.replayed)
+
+    @property
+    def not_run(self) -> int:
+        """Items a stop kept from ever starting (``not_executed``, or ``budget`` once a budget was
+        spent); :attr:`failed` counts them too."""
+        return sum(1 for r in self.results if is_not_run(r))
+
+    @property
+    def new_items(self) -> int:
+        """Items this run ran itself: neither replayed nor not run, so that
+        ``replayed + new_items + not_run == total_items``."""
+        return sum(1 for r in self.results if not r.replayed and not is_not_run(r))
+
+    def new_tokens(self) -> dict[str, int]:
+        """:meth:`total_tokens` of this run's own results (replayed ones left out): what its calls used."""
+        total: dict[str, int] = {}
+        for r in self.results:
+            if not r.replayed:
+                add_usage(total, r.token_usage)
+        return total
+
+    def replayed_tokens(self) -> dict[str, int]:
+        """:meth:`total_tokens` of the replayed results: used by the earlier run that made them."""
+        total: dict[str, int] = {}
+        for r in self.results:
+            if r.replayed:
+                add_usage(total, r.token_usage)
+        return total
+
+    def new_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
+        """:meth:`estimated_cost` of this run's own results: what its calls cost. ``0.0`` when it made
+        no call (everything replayed or not run); ``None`` as :meth:`estimated_cost` says otherwise."""
+        return _cost([r for r in self.results if not r.replayed], rates, made_calls=self.new_items > 0)
+
+    def replayed_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
+        """:meth:`estimated_cost` of the replayed results: spent by the earlier run that made them,
+        not by this one. ``None`` as :meth:`estimated_cost` says (nothing replayed: ``None``)."""
+        return _cost([r for r in self.results if r.replayed], rates)
+
     def summary(self, *, rates: Rates | Mapping[str, Rates] | None = None) -> str:
         """A readable table: items, retries, tokens, cost when known, wall time, latency percentiles.
 
@@ -204,10 +273,14 @@ class BatchResult(Generic[TOutput]):
         from the items that ran and failed; ``failed`` counts both. The
         ``stopped`` line counts the results that did not run to their own end
         by :class:`StopReason`.
+
+        After a resume the figures are this run's own: ``new`` items, the tokens and cost of its
+        calls, items/s over new items only; a ``replayed`` line shows the replayed results' tokens
+        and cost apart (spent by the run that made them), so adding up runs counts no call twice.
         """
         executed = [r for r in self.results if not r.replayed]
         retries = sum(max(0, r.attempts - 1) for r in executed)
-        tokens = self.total_tokens()
+        tokens = self.new_tokens()
         replayed = len(self.results) - len(executed)
         not_run = sum(1 for r in self.results if is_not_run(r))
         ran = [r for r in executed if not is_not_run(r)]
@@ -216,12 +289,12 @@ class BatchResult(Generic[TOutput]):
             termination_headline(self.termination),
             f"  items       {self.total_items:>10,}   succeeded {self.succeeded:,}"
             f"   failed {self.failed - not_run:,}" + (f"   not run {not_run:,}" if not_run else "")
-            + f"   replayed {replayed:,}",
+            + f"   replayed {replayed:,}" + (f"   new {len(ran):,}" if replayed else ""),
             f"  retries     {retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
             f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
         ]
-        cost = self.estimated_cost(rates)
+        cost = self.new_cost(rates)
         if cost is not None:
             lines.append(cost_line(cost, built_in=rates is None))
         if any(r.cache_key is not None for r in self.results):  # a response cache was used
@@ -230,8 +303,10 @@ class BatchResult(Generic[TOutput]):
             hit_rate = _percent(hits, hits + misses)
             lines.append(f"  cache hits  {hits:>10,}   misses {misses:,}   rate {hit_rate:.1f} %"
                          + (f"   saved {dollars(saved)}" if saved is not None else ""))
+        if replayed:
+            lines.append(replayed_line(self.replayed_tokens(), self.replayed_cost(rates)))
         lines += [
-            f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s",
+            f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s" + NEW_ONLY * bool(replayed),
         ]
         categories: dict[str, int] = {}
         for r in self.results:
