@@ -174,3 +174,17 @@ def test_every_exported_name_has_a_reference_entry(package: str) -> None:
     documented = set(re.findall(rf"^::: {re.escape(package)}\.(\w+)\s*$", pages, re.M))
     missing = sorted(set(module.__all__) - documented - {"__version__"})
     assert missing == []
+
+
+def test_the_entry_points_parameter_tables_show_the_real_defaults() -> None:
+    # unpack_typeddict lists **processor_kwargs in the docstring's table with a default of "...":
+    # the hook gives them the processor's own (the table's Default column read "..." throughout).
+    griffe = pytest.importorskip("griffe", reason="the docs tools (python3 dev.py docs installs them)")
+    package, _ = _load_documented(griffe)
+    for name in ("process_prompts", "process_stream"):
+        func = _object(package, f"trio_batch_llm.{name}", griffe)
+        table = {p.name: str(p.value) for section in func.docstring.parsed
+                 if section.kind is griffe.DocstringSectionKind.parameters for p in section.value}
+        assert {"post_processor", "call_start_deadline", "post_processor_timeout"} <= table.keys()
+        assert "..." not in table.values(), (name, table)
+        assert table["post_processor"] == "None"

@@ -171,6 +171,13 @@ class PublicNames(griffe.Extension):
             for parameter in expanded:
                 if parameter.name in options:
                     parameter.default = options[parameter.name]
+            # unpack_typeddict also wrote them into the docstring's Parameters table with a default of
+            # "...": the table's Default column then read "..." for every option.
+            for section in func.docstring.parsed if func.docstring else ():
+                if section.kind is griffe.DocstringSectionKind.parameters:
+                    for documented in section.value:
+                        if str(documented.value) == "..." and documented.name in options:
+                            documented.value = str(options[documented.name])  # the table shows text
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         if pkg.path != PACKAGE:
