@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -13,7 +14,7 @@ from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
-from ._inputs import DuplicateTracker, check_request
+from ._inputs import CheckedItems, DuplicateTracker, check_request
 
 __all__ = ["Intake"]
 
@@ -46,26 +47,62 @@ class Intake(Generic[TOutput]):
         return self.recv.statistics().current_buffer_used
 
     def accept(
-        self, item: LLMWorkItem[TOutput], *, id_checked: bool = False
+        self, item: LLMWorkItem[TOutput], *, checked: bool = False
     ) -> WorkItemResult[TOutput] | None:
         """Check ``item`` (``TypeError``/``ValueError`` naming what is wrong) and count it accepted.
 
-        ``id_checked``: its source checked its id against :attr:`ids` already (``aiter_items``).
+        ``checked``: its source checked it whole already, its id against :attr:`ids` too
+        (``aiter_items``): one check per item, so it is not checked again here.
         Returns its replay when the store has a result to reuse; otherwise :meth:`queue` it next.
         """
-        if not isinstance(item, LLMWorkItem):
-            raise TypeError(f"item={item!r}: must be an LLMWorkItem")
-        if (problem := item_id_problem(item.item_id)) is not None:
-            raise ValueError(f"item_id={item.item_id!r} {problem}")
-        check_item(item.item_id, item.prompt_text, item.context)
-        check_request(item, "add_work")
-        if not id_checked:
+        if not checked:
+            if not isinstance(item, LLMWorkItem):
+                raise TypeError(f"item={item!r}: must be an LLMWorkItem")
+            if (problem := item_id_problem(item.item_id)) is not None:
+                raise ValueError(f"item_id={item.item_id!r} {problem}")
+            check_item(item.item_id, item.prompt_text, item.context)
+            check_request(item, "add_work")
             self.ids.check(item.item_id)  # last: an item refused for another reason keeps no id
         replay = self.plan.replay(item) if self.plan is not None else None
         if self._record:
             self.order.append(item.item_id)
         self._counters.accepted += 1
         return replay
+
+    def accept_checked(self, items: Sequence[LLMWorkItem[TOutput]], start: int, stop: int
+                       ) -> tuple[int, WorkItemResult[TOutput] | None]:
+        """Accept and queue ``items[start:stop]``, checked whole by their source (:class:`CheckedItems`,
+        ids recorded with :meth:`adopt_ids`), up to the first with a replay to publish.
+
+        Returns where it stopped and that replay (or ``None``). Only for an unbounded queue
+        (``max_queue_size=0``), as ``process_prompts`` makes it: no item is ever refused for room.
+        """
+        if self._max:
+            raise RuntimeError("accept_checked() needs an unbounded input queue (max_queue_size=0)")
+        send = self.send.send_nowait
+        plan = self.plan
+        if plan is None:  # nothing to replay: the common case, without a per-item step but the send
+            chunk = items[start:stop]
+            for item in chunk:
+                send(item)
+            if self._record:
+                self.order.extend([item.item_id for item in chunk])
+            self._counters.accepted += len(chunk)
+            return stop, None
+        for index in range(start, stop):
+            item = items[index]
+            replay = plan.replay(item)
+            if self._record:
+                self.order.append(item.item_id)
+            self._counters.accepted += 1
+            if replay is not None:
+                return index + 1, replay
+            send(item)
+        return stop, None
+
+    def adopt_ids(self, checked: CheckedItems[TOutput]) -> None:
+        """Record the ids of ``checked`` as accepted (``ValueError`` for one accepted already)."""
+        self.ids.absorb(checked.ids)
 
     async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: Any) -> None:
         """Put an accepted item on the queue: waiting for room (``wait``), or refused at once when full.
