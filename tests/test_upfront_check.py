@@ -220,3 +220,32 @@ async def test_add_work_checks_each_item_once(anyio_backend: str) -> None:
         batch = await proc.process_all()
     assert batch.succeeded == 50
     assert strategy.checked == 50
+
+
+async def test_a_resume_over_several_chunks_replays_and_runs_each_item_once(
+        anyio_backend: str, tmp_path: Any) -> None:
+    """The list goes in 1,024 items at a time; replays met among them are published in between."""
+    from trio_batch_llm import ArtifactIdentity, ResumePolicy
+    from trio_batch_llm._artifacts import JsonlArtifactStore
+
+    identity = ArtifactIdentity(provider="test", model="one")
+
+    n = 2_500
+    prompts = pairs(n)
+    failing = {f"p{i}" for i in range(0, n, 7)}  # the first run fails these; a resume runs them again
+    first = FakeStrategy(script={p: [ValueError("no")] for p in failing})
+    config = ProcessorConfig(concurrency=8)
+    path = tmp_path / "store.jsonl"
+    def store() -> JsonlArtifactStore:
+        return JsonlArtifactStore(path, identity=identity)
+
+    batch = await process_prompts(first, prompts, config=config, artifact_store=store())
+    assert (batch.succeeded, batch.failed) == (n - len(failing), len(failing))
+    again = Counting()
+    batch = await process_prompts(again, prompts, config=config, artifact_store=store(),
+                                  resume=ResumePolicy.REUSE_SUCCESSES, preserve_order=True)
+    assert [r.item_id for r in batch.results] == [f"id{i}" for i in range(n)]
+    assert batch.succeeded == n
+    assert sorted(again.calls) == sorted(failing)
+    assert sum(r.replayed for r in batch.results) == n - len(failing)
+    assert again.checked == n

@@ -148,7 +148,7 @@ async def process_prompts(
         )
         with _keep_if_only_strategy_cleanup_failed(proc, lambda: batch is not None):
             async with proc:
-                await proc._add_checked(items)  # same package: checked once above, not again at intake
+                await proc._add(items)  # same package: the list checked whole above, not again at intake
                 batch = await proc.process_all()
     assert batch is not None
     if preserve_order:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -15,6 +15,7 @@ from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
 from ._inputs import CheckedItems, DuplicateTracker, check_request
+from ._stops import StopPolicy
 
 __all__ = ["Intake"]
 
@@ -69,19 +70,38 @@ class Intake(Generic[TOutput]):
         self._counters.accepted += 1
         return replay
 
-    def accept_checked(self, items: Sequence[LLMWorkItem[TOutput]], start: int, stop: int
-                       ) -> tuple[int, WorkItemResult[TOutput] | None]:
-        """Accept and queue ``items[start:stop]``, checked whole by their source (:class:`CheckedItems`,
-        ids recorded with :meth:`adopt_ids`), up to the first with a replay to publish.
+    async def add_checked(self, checked: CheckedItems[TOutput], policy: StopPolicy,
+                          publish: Callable[[WorkItemResult[TOutput], None], Awaitable[None]]) -> None:
+        """Accept and queue every item of ``checked``, checked whole by its source: none is checked again.
 
-        Returns where it stopped and that replay (or ``None``). Only for an unbounded queue
-        (``max_queue_size=0``), as ``process_prompts`` makes it: no item is ever refused for room.
+        ``process_prompts``' way in, before ``process_all()``, into an unbounded queue: nothing runs
+        yet that would share the event loop, so it checkpoints once per 1,024 items, not per item.
+        A replay (``plan``) is published as it is met; a stop meanwhile (which closes the input)
+        refuses the rest with :class:`AdmissionClosedError`, as ``add_work`` would.
         """
         if self._max:
-            raise RuntimeError("accept_checked() needs an unbounded input queue (max_queue_size=0)")
+            raise RuntimeError("add_checked() needs an unbounded input queue (max_queue_size=0)")
+        self.ids.absorb(checked.ids)
+        items, start = checked.items, 0
+        while True:
+            await anyio.lowlevel.checkpoint()
+            if start >= len(items):
+                return
+            streams = self.send.statistics()
+            if policy.kind is not None or not streams.open_send_streams or not streams.open_receive_streams:
+                raise AdmissionClosedError(
+                    f"the batch stopped ({policy.kind or 'closed'}); no more work is accepted")
+            start, replay = self._accept_checked(items, start, min(start + 1024, len(items)))
+            if replay is not None:
+                await publish(replay, None)
+
+    def _accept_checked(self, items: Sequence[LLMWorkItem[TOutput]], start: int, stop: int
+                        ) -> tuple[int, WorkItemResult[TOutput] | None]:
+        """Accept and queue ``items[start:stop]`` (an open queue) up to the first with a replay:
+        where it stopped, and that replay."""
         send = self.send.send_nowait
         plan = self.plan
-        if plan is None:  # nothing to replay: the common case, without a per-item step but the send
+        if plan is None:  # nothing to replay, the common case: no step per item but the send
             chunk = items[start:stop]
             for item in chunk:
                 send(item)
@@ -99,10 +119,6 @@ class Intake(Generic[TOutput]):
                 return index + 1, replay
             send(item)
         return stop, None
-
-    def adopt_ids(self, checked: CheckedItems[TOutput]) -> None:
-        """Record the ids of ``checked`` as accepted (``ValueError`` for one accepted already)."""
-        self.ids.absorb(checked.ids)
 
     async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: Any) -> None:
         """Put an accepted item on the queue: waiting for room (``wait``), or refused at once when full.

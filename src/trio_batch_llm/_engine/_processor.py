@@ -180,40 +180,20 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             return await self._pending.add(item)
         await self._add(item)
 
-    async def _add(self, item: LLMWorkItem[TOutput], *, checked: bool = False) -> None:
-        await self._check_accepting()
-        replay = self._intake.accept(item, checked=checked)
-        if replay is not None:
-            await self._publisher.publish(replay, None)
-        else:
-            await self._intake.queue(item, wait=self._mode is not _Mode.NEW, stopped=self._policy.kind)
-
-    async def _add_checked(self, checked: CheckedItems[TOutput]) -> None:
-        """Queue items their source checked whole (``process_prompts``' list): none is checked again.
-
-        Batch mode's input before ``process_all()``, into an unbounded queue: nothing runs yet that
-        would share the event loop, so it checkpoints once per 1,024 items rather than per item.
-        """
-        self._check_open()
-        self._intake.adopt_ids(checked)
-        items, start = checked.items, 0
-        while True:
-            await self._check_accepting()
-            start, replay = self._intake.accept_checked(items, start, min(start + 1024, len(items)))
-            if replay is not None:
-                await self._publisher.publish(replay, None)
-            else:
-                await anyio.lowlevel.checkpoint()
-            if start >= len(items):
-                return
-
-    async def _check_accepting(self) -> None:  # noqa: ASYNC910 - it checkpoints before it refuses
+    async def _add(self, item: LLMWorkItem[TOutput] | CheckedItems[TOutput], checked: bool = False) -> None:
         self._check_open()
         if self._policy.kind is not None:
             await anyio.lowlevel.checkpoint()
             raise AdmissionClosedError(f"the batch stopped ({self._policy.kind}); no more work is accepted")
         if self._mode is _Mode.FINISHED or self._mode is _Mode.BATCH:
             raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
+        if isinstance(item, CheckedItems):  # process_prompts' list, checked whole: all at once, none again
+            return await self._intake.add_checked(item, self._policy, self._publisher.publish)
+        replay = self._intake.accept(item, checked=checked)
+        if replay is not None:
+            await self._publisher.publish(replay, None)
+        else:
+            await self._intake.queue(item, wait=self._mode is not _Mode.NEW, stopped=self._policy.kind)
 
     def _check_open(self) -> None:
         if not self._opened:
