@@ -249,3 +249,28 @@ async def test_a_resume_over_several_chunks_replays_and_runs_each_item_once(
     assert sorted(again.calls) == sorted(failing)
     assert sum(r.replayed for r in batch.results) == n - len(failing)
     assert again.checked == n
+
+
+def test_a_checked_record_of_ids_joins_another_only_without_a_clash() -> None:
+    from trio_batch_llm._engine._inputs import DuplicateTracker
+
+    def taken() -> DuplicateTracker:
+        tracker = DuplicateTracker()
+        tracker.check("x")
+        tracker.check("item-0", generated=True, index=0)
+        return tracker
+
+    for other, clash in [(DuplicateTracker.of(explicit={"x"}), "x"),
+                         (DuplicateTracker.of(explicit={"item-0"}), "item-0")]:
+        with pytest.raises(ValueError, match=f"^duplicate item_id='{clash}'"):
+            taken().absorb(other)
+    tracker = taken()
+    tracker.absorb(DuplicateTracker.of(explicit={"y"}, generated=3))
+    with pytest.raises(ValueError, match="duplicate item_id='y'"):
+        tracker.check("y")
+    with pytest.raises(ValueError, match="duplicate item_id='item-2'"):
+        tracker.check("item-2")  # spells an id the other record generated
+    explicit = DuplicateTracker()
+    explicit.check("item-2")
+    with pytest.raises(ValueError, match="duplicate item_id='item-2'"):
+        explicit.absorb(DuplicateTracker.of(generated=3))

@@ -173,12 +173,11 @@ class DuplicateTracker:
         if not self._explicit and not self._generated_below:  # the usual case: a processor's first input
             self._explicit, self._generated_below = set(other._explicit), other._generated_below
             return
-        for item_id in sorted(self._explicit & other._explicit):
-            raise _duplicate(item_id)
-        for item_id in sorted(i for i in other._explicit if self._spells_generated(i)):
-            raise _duplicate(item_id)
-        for item_id in sorted(i for i in self._explicit if other._spells_generated(i)):
-            raise _duplicate(item_id)
+        clashes = (self._explicit & other._explicit
+                   | {i for i in other._explicit if self._spells_generated(i)}
+                   | {i for i in self._explicit if other._spells_generated(i)})
+        if clashes:
+            raise _duplicate(min(clashes))
         self._explicit |= other._explicit
         self._generated_below = max(self._generated_below, other._generated_below)
 
