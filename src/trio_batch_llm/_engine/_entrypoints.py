@@ -26,7 +26,7 @@ from .._values._results import BatchTermination, WorkItemResult
 from ._call_limits import call_limits
 from ._channel import ResultChannelStatistics
 from ._classifier_objects import ClassifierArg
-from ._inputs import aiter_items, is_sized_source, items_from_sequence, validate_source
+from ._inputs import CheckedItems, aiter_items, is_sized_source, items_from_sequence, validate_source
 from ._pool import LLMCallPool
 from ._processor import ParallelBatchProcessor
 from ._unowned import StreamBlock
@@ -149,8 +149,7 @@ async def process_prompts(
         )
         with _keep_if_only_strategy_cleanup_failed(proc, lambda: batch is not None):
             async with proc:
-                for item in items:
-                    await proc.add_work(item)
+                await proc._add(items)  # same package: the list checked whole above, not again at intake
                 batch = await proc.process_all()
     assert batch is not None
     if preserve_order:
@@ -225,8 +224,9 @@ async def _stream_block(
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
     adopt_identity(artifact_store, strategy)
+    source: Prompts | CheckedItems[TOutput] = prompts
     if is_sized_source(prompts):
-        prompts = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
+        source = items_from_sequence(prompts, strategy)  # type: ignore[arg-type]
     async with ParallelBatchProcessor(
         _bounded_input(cfg),
         progress_callback=_progress_callback(progress),
@@ -235,7 +235,7 @@ async def _stream_block(
         record_input_order=False,
         **processor_kwargs,
     ) as proc:
-        yield _start_stream(proc, prompts, strategy)
+        yield _start_stream(proc, source, strategy)
 
 
 def _bounded_input(cfg: ProcessorConfig) -> ProcessorConfig:
@@ -246,7 +246,9 @@ def _bounded_input(cfg: ProcessorConfig) -> ProcessorConfig:
 
 
 def _start_stream(
-    proc: ParallelBatchProcessor[TOutput], source: Prompts, strategy: LLMCallStrategy[TOutput]
+    proc: ParallelBatchProcessor[TOutput],
+    source: Prompts | CheckedItems[TOutput],
+    strategy: LLMCallStrategy[TOutput],
 ) -> ResultStream[TOutput]:
     proc.start()
     proc.feed(aiter_items(source, strategy))

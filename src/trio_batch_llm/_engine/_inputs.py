@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
 
 from .._strategies._base import LLMCallStrategy
 from .._values._errors import AdmissionClosedError
-from .._values._item_checks import check_item
-from .._values._prompts import row_problem
-from .._values._requests import LLMWorkItem, check_params, check_prompt, item_id_problem
+from .._values._item_checks import MAX_NESTING_DEPTH, check_item, nesting_exceeds, surrogate_problem
+from .._values._prompts import LLMRequest, row_problem
+from .._values._requests import LLMWorkItem, check_params, check_prompt, checked_items, item_id_problem
 
 __all__ = [
+    "CheckedItems",
     "DuplicateTracker",
     "aiter_items",
     "check_request",
@@ -56,13 +68,13 @@ def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LL
 
 def check_request(item: LLMWorkItem[Any], where: str) -> None:
     """An item's messages and params checked, and its strategy able to send them: before any call."""
-    place = f"{where} (item_id={item.item_id!r})"
     if not isinstance(item.prompt, str) or item.params:
+        place = f"{where} (item_id={item.item_id!r})"
         item.prompt = check_prompt(item.prompt, place)
         item.params = check_params(item.params, place) or None
     problem = item.strategy.request_problem(item.request)
     if problem is not None:
-        raise ValueError(f"{place}: {problem}")
+        raise ValueError(f"{where} (item_id={item.item_id!r}): {problem}")
 
 
 def item_of_mapping(entry: Mapping[Any, Any], index: int, strategy: LLMCallStrategy[TOutput],
@@ -131,14 +143,43 @@ class DuplicateTracker:
         self._generated_below = 0  # ids item-0 .. item-(n-1) may have been generated
 
     def check(self, item_id: str, *, generated: bool = False, index: int = 0) -> None:
+        """Record ``item_id``; ``ValueError`` if it was recorded already."""
         if generated:
             if item_id in self._explicit:
-                raise ValueError(f"duplicate item_id={item_id!r}: every item needs a unique id")
+                raise _duplicate(item_id)
             self._generated_below = max(self._generated_below, index + 1)
             return
         if item_id in self._explicit or self._spells_generated(item_id):
-            raise ValueError(f"duplicate item_id={item_id!r}: every item needs a unique id")
+            raise _duplicate(item_id)
         self._explicit.add(item_id)
+
+    def check_entry(self, item_id: str, entry: object, index: int) -> None:
+        """:meth:`check` for the ``index``-th entry of a source (texts get generated ids); errors name it."""
+        try:
+            self.check(item_id, generated=isinstance(entry, str), index=index)
+        except ValueError as exc:
+            raise ValueError(f"prompts[{index}]: {exc}") from None
+
+    @classmethod
+    def of(cls, *, explicit: set[str] | None = None, generated: int = 0) -> DuplicateTracker:
+        """A record of ids checked unique already: ``explicit`` ones, and ``item-0 .. item-(generated-1)``."""
+        tracker = cls()
+        tracker._explicit = explicit if explicit is not None else set()
+        tracker._generated_below = generated
+        return tracker
+
+    def absorb(self, other: DuplicateTracker) -> None:
+        """Record every id of ``other`` (unique among themselves); ``ValueError`` for one recorded here."""
+        if not self._explicit and not self._generated_below:  # the usual case: a processor's first input
+            self._explicit, self._generated_below = set(other._explicit), other._generated_below
+            return
+        clashes = (self._explicit & other._explicit
+                   | {i for i in other._explicit if self._spells_generated(i)}
+                   | {i for i in self._explicit if other._spells_generated(i)})
+        if clashes:
+            raise _duplicate(min(clashes))
+        self._explicit |= other._explicit
+        self._generated_below = max(self._generated_below, other._generated_below)
 
     def forget(self, item_id: str) -> None:
         """An explicit id checked but then not accepted (a full queue): it may come again."""
@@ -151,17 +192,93 @@ class DuplicateTracker:
         return digits.isdigit() and str(int(digits)) == digits and int(digits) < self._generated_below
 
 
+def _duplicate(item_id: str) -> ValueError:
+    return ValueError(f"duplicate item_id={item_id!r}: every item needs a unique id")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedItems(Generic[TOutput]):
+    """A finite source checked whole (each item once): its items, and the record of their ids.
+
+    Whoever takes these items (a processor's intake) takes the verdict too and
+    checks none of them again.
+    """
+
+    items: list[LLMWorkItem[TOutput]]
+    ids: DuplicateTracker
+
+
 def items_from_sequence(
     prompts: Iterable[object], strategy: LLMCallStrategy[TOutput]
-) -> list[LLMWorkItem[TOutput]]:
-    """Convert and validate a whole (finite, sync) source up front."""
+) -> CheckedItems[TOutput]:
+    """Convert and validate a whole (finite, sync) source up front: each item once, before any call.
+
+    A list of plain texts, or of ``(id, prompt[, context])`` tuples with text prompts, is checked
+    column by column at C speed (types, ids, surrogates, nesting, duplicates as sets); anything
+    else, or any column that fails, is checked entry by entry, which names the first bad entry.
+    """
+    entries = prompts if isinstance(prompts, (list, tuple)) else list(prompts)
+    fast = _texts(entries, strategy) if entries else None
+    if fast is None and entries:
+        fast = _tuples(entries, strategy)
+    if fast is not None:
+        return fast
     tracker = DuplicateTracker()
     items = []
-    for index, entry in enumerate(prompts):
+    for index, entry in enumerate(entries):
         item = to_item(entry, index, strategy)
-        tracker.check(item.item_id, generated=isinstance(entry, str), index=index)
+        tracker.check_entry(item.item_id, entry, index)
         items.append(item)
-    return items
+    return CheckedItems(items, tracker)
+
+
+def _texts(entries: Sequence[object], strategy: LLMCallStrategy[TOutput]) -> CheckedItems[TOutput] | None:
+    """A list of ``str`` (exactly), all fine: its items; else ``None`` (the entry-by-entry check says why)."""
+    if set(map(type, entries)) != {str}:
+        return None
+    prompts: Sequence[str] = entries  # type: ignore[assignment]
+    if not _all_sendable(prompts, strategy):
+        return None
+    ids = [f"item-{index}" for index in range(len(prompts))]
+    return CheckedItems(checked_items(strategy, ids, prompts), DuplicateTracker.of(generated=len(prompts)))
+
+
+def _tuples(entries: Sequence[object], strategy: LLMCallStrategy[TOutput]) -> CheckedItems[TOutput] | None:
+    """A list of ``(id, text)`` / ``(id, text, context)`` tuples, all fine: its items; else ``None``."""
+    if set(map(type, entries)) != {tuple}:
+        return None
+    rows: Sequence[tuple[Any, ...]] = entries  # type: ignore[assignment]
+    lengths = set(map(len, rows))
+    if not lengths <= {2, 3}:
+        return None
+    ids: list[Any] = list(map(itemgetter(0), rows))
+    unique = set(ids) if set(map(type, ids)) == {str} else None
+    # Unique, non-empty and valid Unicode: the rule of item_id_problem, for all ids at once.
+    if unique is None or len(unique) != len(ids) or "" in unique or not _no_surrogates(ids):
+        return None
+    prompts: list[Any] = list(map(itemgetter(1), rows))
+    if set(map(type, prompts)) != {str} or not _all_sendable(prompts, strategy):
+        return None
+    contexts = None if lengths == {2} else [row[2] if len(row) == 3 else None for row in rows]
+    # The list is one level more: it nests too deep exactly when one of its contexts does.
+    if contexts is not None and nesting_exceeds(contexts, MAX_NESTING_DEPTH + 1):
+        return None
+    return CheckedItems(checked_items(strategy, ids, prompts, contexts), DuplicateTracker.of(explicit=unique))
+
+
+def _no_surrogates(texts: Sequence[str]) -> bool:
+    joined = "".join(texts)
+    return joined.isascii() or surrogate_problem(joined) is None
+
+
+def _all_sendable(prompts: Sequence[str], strategy: LLMCallStrategy[TOutput]) -> bool:
+    """Text prompts without params: free of lone surrogates, and each one the strategy can send."""
+    if not isinstance(strategy, LLMCallStrategy) or not _no_surrogates(prompts):
+        return False
+    if type(strategy).request_problem is LLMCallStrategy.request_problem:
+        return True  # the default takes every text prompt without params: nothing to ask per item
+    problem = strategy.request_problem
+    return all(problem(LLMRequest(prompt, {})) is None for prompt in prompts)
 
 
 class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
@@ -171,25 +288,33 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
     nothing to finalize (the source itself is closed by its owner).
     """
 
-    __slots__ = ("_async", "_index", "_iterator", "_source", "_strategy", "_tracker")
+    __slots__ = ("_async", "_checked", "_index", "_iterator", "_source", "_strategy", "_tracker")
 
     def __init__(
-        self, prompts: Iterable[object] | AsyncIterable[object], strategy: LLMCallStrategy[TOutput]
+        self, prompts: Iterable[object] | AsyncIterable[object] | CheckedItems[TOutput],
+        strategy: LLMCallStrategy[TOutput],
     ) -> None:
         self._tracker = DuplicateTracker()
         self._index = 0
-        self._source = prompts
+        self._checked = checked = prompts if isinstance(prompts, CheckedItems) else None
+        source = checked.items if checked is not None else prompts
+        self._source = source
         self._strategy = strategy
-        self._async = isinstance(prompts, AsyncIterable)
+        self._async = isinstance(source, AsyncIterable)
         self._iterator: Iterator[object] | AsyncIterator[object] = (
-            aiter(prompts) if isinstance(prompts, AsyncIterable) else iter(prompts)
+            aiter(source) if isinstance(source, AsyncIterable) else iter(source)  # type: ignore[arg-type]
         )
 
     def __aiter__(self) -> aiter_items[TOutput]:
         return self
 
     def check_ids_with(self, tracker: DuplicateTracker) -> None:
-        """Check ids against ``tracker`` (a processor's, before the first read): one record of the ids."""
+        """Check ids against ``tracker`` (a processor's, before the first read): one record of the ids.
+
+        A source checked whole already (:class:`CheckedItems`) records all its ids there now.
+        """
+        if self._checked is not None:
+            tracker.absorb(self._checked.ids)
         self._tracker = tracker
 
     async def aclose(self) -> None:
@@ -208,8 +333,10 @@ class aiter_items(AsyncIterator[LLMWorkItem[TOutput]]):
                 entry = next(self._iterator)  # type: ignore[arg-type]
             except StopIteration:
                 raise StopAsyncIteration from None
+        if self._checked is not None:  # checked whole, ids too, before the stream began
+            return entry  # type: ignore[return-value]  # noqa: ASYNC910
         item = to_item(entry, self._index, self._strategy)
-        self._tracker.check(item.item_id, generated=isinstance(entry, str), index=self._index)
+        self._tracker.check_entry(item.item_id, entry, self._index)
         self._index += 1
         return item  # noqa: ASYNC910
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -13,7 +14,8 @@ from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
-from ._inputs import DuplicateTracker, check_request
+from ._inputs import CheckedItems, DuplicateTracker, check_request
+from ._stops import StopPolicy
 
 __all__ = ["Intake"]
 
@@ -46,26 +48,77 @@ class Intake(Generic[TOutput]):
         return self.recv.statistics().current_buffer_used
 
     def accept(
-        self, item: LLMWorkItem[TOutput], *, id_checked: bool = False
+        self, item: LLMWorkItem[TOutput], *, checked: bool = False
     ) -> WorkItemResult[TOutput] | None:
         """Check ``item`` (``TypeError``/``ValueError`` naming what is wrong) and count it accepted.
 
-        ``id_checked``: its source checked its id against :attr:`ids` already (``aiter_items``).
+        ``checked``: its source checked it whole already, its id against :attr:`ids` too
+        (``aiter_items``): one check per item, so it is not checked again here.
         Returns its replay when the store has a result to reuse; otherwise :meth:`queue` it next.
         """
-        if not isinstance(item, LLMWorkItem):
-            raise TypeError(f"item={item!r}: must be an LLMWorkItem")
-        if (problem := item_id_problem(item.item_id)) is not None:
-            raise ValueError(f"item_id={item.item_id!r} {problem}")
-        check_item(item.item_id, item.prompt_text, item.context)
-        check_request(item, "add_work")
-        if not id_checked:
+        if not checked:
+            if not isinstance(item, LLMWorkItem):
+                raise TypeError(f"item={item!r}: must be an LLMWorkItem")
+            if (problem := item_id_problem(item.item_id)) is not None:
+                raise ValueError(f"item_id={item.item_id!r} {problem}")
+            check_item(item.item_id, item.prompt_text, item.context)
+            check_request(item, "add_work")
             self.ids.check(item.item_id)  # last: an item refused for another reason keeps no id
         replay = self.plan.replay(item) if self.plan is not None else None
         if self._record:
             self.order.append(item.item_id)
         self._counters.accepted += 1
         return replay
+
+    async def add_checked(self, checked: CheckedItems[TOutput], policy: StopPolicy,
+                          publish: Callable[[WorkItemResult[TOutput], None], Awaitable[None]]) -> None:
+        """Accept and queue every item of ``checked``, checked whole by its source: none is checked again.
+
+        ``process_prompts``' way in, before ``process_all()``, into an unbounded queue: nothing runs
+        yet that would share the event loop, so it checkpoints once per 1,024 items, not per item.
+        A replay (``plan``) is published as it is met; a stop meanwhile (which closes the input)
+        refuses the rest with :class:`AdmissionClosedError`, as ``add_work`` would.
+        """
+        if self._max:
+            raise RuntimeError("add_checked() needs an unbounded input queue (max_queue_size=0)")
+        self.ids.absorb(checked.ids)
+        items, start = checked.items, 0
+        while True:
+            await anyio.lowlevel.checkpoint()
+            if start >= len(items):
+                return
+            streams = self.send.statistics()
+            if policy.kind is not None or not streams.open_send_streams or not streams.open_receive_streams:
+                raise AdmissionClosedError(
+                    f"the batch stopped ({policy.kind or 'closed'}); no more work is accepted")
+            start, replay = self._accept_checked(items, start, min(start + 1024, len(items)))
+            if replay is not None:
+                await publish(replay, None)
+
+    def _accept_checked(self, items: Sequence[LLMWorkItem[TOutput]], start: int, stop: int
+                        ) -> tuple[int, WorkItemResult[TOutput] | None]:
+        """Accept and queue ``items[start:stop]`` (an open queue) up to the first with a replay:
+        where it stopped, and that replay."""
+        send = self.send.send_nowait
+        plan = self.plan
+        if plan is None:  # nothing to replay, the common case: no step per item but the send
+            chunk = items[start:stop]
+            for item in chunk:
+                send(item)
+            if self._record:
+                self.order.extend([item.item_id for item in chunk])
+            self._counters.accepted += len(chunk)
+            return stop, None
+        for index in range(start, stop):
+            item = items[index]
+            replay = plan.replay(item)
+            if self._record:
+                self.order.append(item.item_id)
+            self._counters.accepted += 1
+            if replay is not None:
+                return index + 1, replay
+            send(item)
+        return stop, None
 
     async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: Any) -> None:
         """Put an accepted item on the queue: waiting for room (``wait``), or refused at once when full.

@@ -40,7 +40,7 @@ from ._breaker_gate import Retirement
 from ._cached import open_item_cache
 from ._channel import ResultChannel, ResultChannelStatistics, ResultIterator
 from ._classifier_objects import ClassifierArg
-from ._inputs import aiter_items, feed_items
+from ._inputs import CheckedItems, aiter_items, feed_items
 from ._intake import Intake
 from ._item import ItemRunner, start_deadline
 from ._publish import Publisher
@@ -180,14 +180,16 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             return await self._pending.add(item)
         await self._add(item)
 
-    async def _add(self, item: LLMWorkItem[TOutput], *, id_checked: bool = False) -> None:
+    async def _add(self, item: LLMWorkItem[TOutput] | CheckedItems[TOutput], checked: bool = False) -> None:
         self._check_open()
         if self._policy.kind is not None:
             await anyio.lowlevel.checkpoint()
             raise AdmissionClosedError(f"the batch stopped ({self._policy.kind}); no more work is accepted")
         if self._mode is _Mode.FINISHED or self._mode is _Mode.BATCH:
             raise RuntimeError("add_work() after finish() or process_all(): the input is closed")
-        replay = self._intake.accept(item, id_checked=id_checked)
+        if isinstance(item, CheckedItems):  # process_prompts' list, checked whole: all at once, none again
+            return await self._intake.add_checked(item, self._policy, self._publisher.publish)
+        replay = self._intake.accept(item, checked=checked)
         if replay is not None:
             await self._publisher.publish(replay, None)
         else:
@@ -260,7 +262,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         add = self.add_work
         if isinstance(items, aiter_items):  # it checks ids as it reads: against ours, and only once
             items.check_ids_with(self._intake.ids)
-            add = partial(self._add, id_checked=True)
+            add = partial(self._add, checked=True)
         task = partial(feed_items, items, add=add, finish=self.finish, fail=self._fail_input)
         self._runtime.start_soon(task, name="feed")
 

@@ -8,8 +8,10 @@ same rules before any work starts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import gc
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Generic, TypeVar, final
 
 # The one strategy type an item may carry (the engine calls its methods by name). _strategies._base
@@ -36,6 +38,7 @@ __all__ = [
     "Prompt",
     "check_params",
     "check_prompt",
+    "checked_items",
     "item_id_problem",
     "prompt_text",
     "request_of_text",
@@ -120,3 +123,32 @@ class LLMWorkItem(Generic[TOutput]):
         return prompt_text(self.prompt)
 
 
+def checked_items(strategy: LLMCallStrategy[TOutput], ids: Iterable[str], prompts: Iterable[Prompt],
+                  contexts: Iterable[Any] | None = None) -> list[LLMWorkItem[TOutput]]:
+    """Items whose every field the caller has checked already (an input check's fast path), without params.
+
+    Built without :meth:`LLMWorkItem.__post_init__`, whose type checks would only repeat the caller's:
+    for a list of a million prompts they were a second of its up-front check. The collector is paused
+    while they are built (no user code runs here): every object made is kept, so its collections
+    would find no garbage, yet rescanning the growing list cost as much again as building it.
+    """
+    new = object.__new__
+    items: list[LLMWorkItem[TOutput]] = []
+    append = items.append
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for item_id, prompt, context in zip(ids, prompts, repeat(None) if contexts is None else contexts,
+                                            strict=False):
+            item: LLMWorkItem[TOutput] = new(LLMWorkItem)
+            item.item_id = item_id
+            item.strategy = strategy
+            item.prompt = prompt
+            item.context = context
+            item.params = None
+            item.sample = 0
+            append(item)
+    finally:
+        if collecting:
+            gc.enable()
+    return items
