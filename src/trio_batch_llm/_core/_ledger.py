@@ -124,9 +124,10 @@ class CleanupStep:
     ``nowait`` is the step's synchronous twin (the ``_nowait`` habit): it does
     what needs no waiting and returns whether the step is complete. The closer
     calls it first, in its own task; only when it returns ``False`` does ``run``
-    get a private task and scope. It never awaits, so it cannot be cancelled,
-    forced or slow, and it runs where a Ctrl+C cannot land (the close is
-    KI-protected); what it raises is settled like a step's exception.
+    get a private task and scope. It never awaits, so no cancellation reaches
+    it and no force or slow warning can find it running; on Trio it runs in the
+    KI-protected close. What it raises is settled like a step's exception (a
+    ``KeyboardInterrupt`` is a delivery, as one raised in a step).
     """
 
     name: str
