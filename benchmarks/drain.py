@@ -2,7 +2,7 @@
 
     python benchmarks/drain.py [--ns 10,100,1000] [--reps 20] [--http-ns 10,100,1000] [--http-reps 10]
                                [--http-reps-1000 5] [--backends trio,asyncio,uvloop] [--no-abl] [--no-http]
-                               [--quick]
+                               [--quick] [--counts]
 
 N calls in flight plus 10×N queued; three stops (cancel, graceful DRAIN_ACTIVE,
 batch deadline) in-process with a scripted strategy, and again over real HTTP
@@ -10,7 +10,8 @@ against the mock server (in its own process). Each row puts our engine next to
 its floor (a bare task group doing the same on the same backend) and, on
 asyncio, next to async-batch-llm 0.28. Repetitions are interleaved: every
 variant runs once per round, so drift on a shared machine hits them alike.
-Writes benchmarks/results/drain.json and drain.png.
+Writes benchmarks/results/drain.json and drain.png. ``--counts`` times nothing: it counts what a drain
+does (Python calls, scheduler rounds, tasks, collections), which machine load does not change.
 """
 
 from __future__ import annotations
@@ -228,6 +229,85 @@ def render(records: list[dict[str, Any]]) -> str:
     return "\n\n".join(out)
 
 
+# --- deterministic counts (--counts): where a drain's time goes, independent of machine load ---------
+
+
+class _Window:
+    """Stands in for ``time`` in ``_drain_inproc``: its first two ``perf_counter()`` calls of a sample
+    bound the drain (the stop, then the end), and the counters below run between them."""
+
+    def __init__(self, on: Callable[[], None], off: Callable[[], None]) -> None:
+        self._on, self._off, self._calls = on, off, 0
+
+    def perf_counter(self) -> float:
+        import time
+
+        self._calls += 1
+        (self._on if self._calls == 1 else self._off if self._calls == 2 else (lambda: None))()
+        return time.perf_counter()
+
+
+def count_drain(backend: str, fn: Callable[..., Any], *fargs: Any) -> dict[str, float]:
+    """One drain, counted: Python function calls (coroutine resumptions included), scheduler rounds
+    (Trio's ``get_events``, asyncio's ``_run_once``), tasks spawned on Trio, and collections per
+    generation (``gc.callbacks``), from the stop until the owning call has returned."""
+    counts = {"calls": 0, "rounds": 0, "trio tasks": 0, "gen0": 0, "gen1": 0, "gen2": 0}
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            counts["calls"] += 1
+            name = frame.f_code.co_name
+            if name in ("get_events", "_run_once"):
+                counts["rounds"] += 1
+            elif name == "spawn_impl":
+                counts["trio tasks"] += 1
+
+    def collected(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            counts[f"gen{info['generation']}"] += 1
+
+    def on() -> None:
+        gc.callbacks.append(collected)
+        sys.setprofile(profile)
+
+    def off() -> None:
+        sys.setprofile(None)
+        if collected in gc.callbacks:
+            gc.callbacks.remove(collected)
+
+    real = inproc.time
+    inproc.time = _Window(on, off)  # type: ignore[assignment]
+    try:
+        run_on(backend, fn, *fargs)
+    finally:
+        off()
+        inproc.time = real
+    return counts
+
+
+def counts(args: argparse.Namespace) -> str:
+    """``--counts``: the mean counts of ``--reps`` in-process cancel and graceful drains, ours next to
+    the floor, per backend and N (uvloop's loop is C: its rounds are not seen)."""
+    rows = []
+    scenarios = {"cancel": (inproc.floor_cancel, inproc.ours_cancel, ()),
+                 "graceful": (inproc.floor_graceful, inproc.ours_graceful, (GRACEFUL_REMAINING,))}
+    for n in args.ns:
+        for scenario, (floor_fn, ours_fn, extra) in scenarios.items():
+            for backend in args.backends:
+                means = []
+                for fn in (floor_fn, ours_fn):
+                    run_on(backend, fn, n, *extra)  # warm: imports and caches
+                    samples = [count_drain(backend, fn, n, *extra) for _ in range(args.reps)]
+                    means.append({k: sum(s[k] for s in samples) / len(samples) for k in samples[0]})
+                floor, ours = means
+                rows.append([scenario, n, backend, floor["calls"], ours["calls"],
+                             f"{ratio(ours['calls'], floor['calls']):.2f}x", floor["rounds"], ours["rounds"],
+                             ours["trio tasks"], f"{ours['gen0']:.1f}/{ours['gen1']:.1f}/{ours['gen2']:.1f}"])
+    return "in-process drains, counted from the stop to the end (means)\n" + table(
+        ["scenario", "N", "backend", "floor calls", "ours calls", "ours/floor", "floor rounds",
+         "ours rounds", "ours trio tasks", "ours gen0/1/2"], rows)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ns", default="10,100,1000")
@@ -240,6 +320,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-http", dest="http", action="store_false")
     parser.add_argument("--quick", action="store_true", help="smoke run: N=10,100, 2 reps; HTTP N=10, 1 rep")
     parser.add_argument("--no-plot", dest="plot", action="store_false")
+    parser.add_argument("--counts", action="store_true",
+                        help="count calls, scheduler rounds, tasks and collections per drain instead of timing")
     args = parser.parse_args(argv)
     if args.quick:
         use_quick_results()  # a smoke run never overwrites the published figures
@@ -253,6 +335,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    if args.counts:
+        print(counts(args))
+        return {}
     records = measure(args)
     print(render(records))
     payload = {"reps": args.reps, "http_reps": args.http_reps, "http_reps_1000": args.http_reps_1000,

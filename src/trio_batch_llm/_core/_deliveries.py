@@ -232,16 +232,15 @@ async def wait_counting(  # noqa: ASYNC910  (called only while `done` is unset: 
     ``done`` (the forced step must have exited). ``on_slow`` runs once if the
     wait outlasts ``slow_after`` seconds: a diagnostic, never a deadline (C2.7).
     """
-    warn_at = None if slow_after is None else anyio.current_time() + slow_after
+    warn_at = math.inf if slow_after is None else anyio.current_time() + slow_after
     while not done.is_set():
         shielded = call.caller_cancelled
-        with CatchDeliveries(call, force, shielded=shielded), anyio.CancelScope(shield=shielded):
-            if warn_at is None:
-                await done.wait()
-                continue
-            with anyio.move_on_at(warn_at) as slow:
+        # One scope is both the shield and the slow warning's deadline: when its own
+        # deadline cancels it, it catches that; a delivery passes through it.
+        with CatchDeliveries(call, force, shielded=shielded):
+            with anyio.CancelScope(shield=shielded, deadline=warn_at) as slow:
                 await done.wait()
             if slow.cancelled_caught:
-                warn_at = None
+                warn_at = math.inf
                 if on_slow is not None:
                     on_slow()

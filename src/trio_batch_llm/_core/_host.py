@@ -25,7 +25,7 @@ from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
 from ._deliveries import unwrap_group
 from ._leases import Lease, lease_registry
-from ._ledger import CleanupLedger, LedgerStatistics
+from ._ledger import CleanupLedger, CleanupStep, LedgerStatistics
 
 __all__ = ["ExecutorHost", "HostStatistics", "RuntimeTasks"]
 
@@ -164,13 +164,22 @@ class RuntimeTasks:
             # A supervisor that has not run yet still owns its pending tasks: they start
             # cancelled and unwind at once, as a task whose own scope was cancelled did.
 
+    @property
+    def idle(self) -> bool:
+        """Whether every task and its supervisor have exited."""
+        return not (self._running or self._supervisors)
+
     async def wait_idle(self) -> None:
         """Wait until every task and its supervisor have exited (not by parking in a task-group exit)."""
-        while self._running or self._supervisors:
+        if not (self._running or self._supervisors):
+            await anyio.lowlevel.checkpoint()
+            return
+        while True:  # each wait is a checkpoint: none more after the last, which costs a round
             if self._idle is None:
                 self._idle = anyio.Event()
             await self._idle.wait()
-        await anyio.lowlevel.checkpoint()
+            if not (self._running or self._supervisors):
+                return
 
 
 @final
@@ -198,7 +207,8 @@ class ExecutorHost:
         self._leases: dict[object, Lease] = {}
         self._preparing: dict[object, anyio.Event] = {}
         self.ledger = CleanupLedger(name)
-        self.ledger.add_step("admission", "quota scopes", self._close_quotas)
+        quotas_nowait = self._close_quotas_nowait
+        self.ledger.add_step("admission", "quota scopes", self._close_quotas, nowait=quotas_nowait)
         self.ledger.add_phase_provider("strategies", self._lease_steps)
 
     # --- lifecycle -----------------------------------------------------
@@ -324,6 +334,14 @@ class ExecutorHost:
     async def _close_quotas(self) -> None:
         await self._quotas.aclose()
 
+    def _close_quotas_nowait(self) -> bool:
+        # In-process scopes close synchronously (their waiters wake into AdmissionClosedError);
+        # only a shared backend's connection is closed by awaiting (_close_quotas).
+        if self.config.quota_backend is not None:
+            return False
+        self._quotas.close()
+        return True
+
     # --- strategy leases -----------------------------------------------
 
     async def ensure_prepared(self, strategy: LLMCallStrategy[Any]) -> None:
@@ -352,18 +370,20 @@ class ExecutorHost:
         self._ready[id(strategy)] = strategy
         await anyio.lowlevel.checkpoint()
 
-    def _lease_steps(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+    def _lease_steps(self) -> list[CleanupStep]:
         # Step names must be unique (the ledger skips a name it knows), and distinct identities can
         # print alike (two equal-looking strategy objects): number the repeats, in the dict's stable
         # insertion order, so a later call names every lease as an earlier one did.
-        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        steps: list[CleanupStep] = []
+        if not self._leases:
+            return steps
         seen: set[str] = set()
         for index, (identity, lease) in enumerate(self._leases.items()):
             name = f"release strategy {identity!r}"
             if name in seen:
                 name = f"{name} #{index}"
             seen.add(name)
-            steps.append((name, lease.release))
+            steps.append(CleanupStep(name, lease.release, nowait=lease.release_nowait))
         return steps
 
     def statistics(self) -> HostStatistics:

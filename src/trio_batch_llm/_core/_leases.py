@@ -171,6 +171,21 @@ class Lease:
             return
         await self._registry._release(self)
 
+    def release_nowait(self) -> bool:
+        """:meth:`release` when it needs no waiting; returns whether the lease is released now.
+
+        A lease that was never acquired, or whose acquisition failed, is released already;
+        a holder that is not the last one gives its share back. ``False`` while the
+        acquisition or another operation on the identity is in progress, and for the last
+        holder, whose release runs ``cleanup()``: :meth:`release` does those.
+        """
+        state = self.state
+        if state is LeaseState.ACQUIRING:
+            return False
+        if state is not LeaseState.HELD:
+            return True
+        return self._registry._release_nowait(self)
+
     def __repr__(self) -> str:
         return f"<{self.name}: {self.state}>"
 
@@ -243,17 +258,26 @@ class LeaseRegistry:
             else:
                 self._drop_if_unused(entry)
 
+    def _release_nowait(self, lease: Lease) -> bool:
+        entry = lease._entry
+        assert entry is not None
+        if entry.busy is not None:  # a preparation or cleanup in progress is a barrier
+            return False
+        if len(entry.holders) > 1 or not entry.needs_cleanup:
+            self._unhold(entry, lease)  # not the last holder: no cleanup (C5.1)
+            return True
+        return False
+
     async def _release(self, lease: Lease) -> None:
         entry = lease._entry
         assert entry is not None
-        await anyio.lowlevel.checkpoint()
-        while entry.busy is not None:  # a preparation or cleanup in progress is a barrier
+        while entry.busy is not None:
             await entry.busy.done.wait()
-        if lease.state is not LeaseState.HELD:
+        if lease.state is not LeaseState.HELD or self._release_nowait(lease):
+            await anyio.lowlevel.checkpoint()
             return
-        if len(entry.holders) > 1 or not entry.needs_cleanup:
-            self._unhold(entry, lease)  # not the last holder: no cleanup (C5.1)
-            return
+        # The last holder: no checkpoint of its own before cleanup(), which awaits (a close
+        # runs this in a step's task, where a schedule point more is only a round more).
         operation = entry.busy = _Operation("cleanup")
         entry.prepared = False  # a newcomer from now on prepares again (C5.2)
         strategy = entry.strategy

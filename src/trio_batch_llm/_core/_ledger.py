@@ -54,7 +54,7 @@ import contextvars
 import enum
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from types import TracebackType
@@ -120,11 +120,20 @@ class CleanupStep:
 
     ``slow_warning_after`` is diagnostic only (C2.7): one warning when the step
     runs longer, and the close keeps waiting.
+
+    ``nowait`` is the step's synchronous twin (the ``_nowait`` habit): it does
+    what needs no waiting and returns whether the step is complete. The closer
+    calls it first, in its own task; only when it returns ``False`` does ``run``
+    get a private task and scope. It never awaits, so no cancellation reaches
+    it and no force or slow warning can find it running; on Trio it runs in the
+    KI-protected close. What it raises is settled like a step's exception (a
+    ``KeyboardInterrupt`` is a delivery, as one raised in a step).
     """
 
     name: str
     run: Callable[[], Awaitable[None]]
     slow_warning_after: float = CLEANUP_SLOW_WARNING_SECONDS
+    nowait: Callable[[], bool] | None = None
 
 
 @final
@@ -226,12 +235,13 @@ class _StepRun:
     whatever the step raised over to the closer instead of letting it escape
     (which would cancel the closer's task group). Handed over, not swallowed:
     ``_settle()`` reports a cancellation as a step interruption and the close
-    re-raises ``KeyboardInterrupt`` and ``SystemExit``.
+    re-raises ``KeyboardInterrupt`` and ``SystemExit``. Around a step's
+    ``nowait`` twin (run by the closer itself) it has no scope and no event.
     """
 
     step: _Step
-    scope: anyio.CancelScope
-    done: anyio.Event
+    scope: anyio.CancelScope | None = None
+    done: anyio.Event | None = None
     error: BaseException | None = None
     abandoned: bool = False
 
@@ -242,7 +252,8 @@ class _StepRun:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         self.error = exc
-        self.done.set()
+        if self.done is not None:
+            self.done.set()
         return True
 
 
@@ -252,6 +263,7 @@ class _Attempt:
 
     closer: CloseCall
     finished: anyio.Event
+    force: Callable[[str], object] = field(default=lambda reason: False)
     running: _StepRun | None = None
     reached: int = -1
     steps_done: bool = False
@@ -303,15 +315,17 @@ class CleanupLedger:
         run: StepFunction,
         *,
         slow_warning_after: float = CLEANUP_SLOW_WARNING_SECONDS,
+        nowait: Callable[[], bool] | None = None,
     ) -> None:
         """Register ``run`` as the step ``name`` of ``phase``, after the phase's other steps.
 
+        ``nowait``: the step's synchronous twin (see :class:`CleanupStep`).
         Raises ``AdmissionClosedError`` once ``phase`` is closing (C4.7), and
         ``ValueError`` for an unknown phase, a name already used or a
         ``slow_warning_after`` that is not a positive number.
         """
         self._check_open_phase(phase)
-        self._register(phase, CleanupStep(name, run, slow_warning_after))
+        self._register(phase, CleanupStep(name, run, slow_warning_after, nowait))
 
     def add_phase_provider(self, phase: Phase, provider: PhaseProvider) -> None:
         """Discover ``phase``'s steps lazily: ``provider()`` is called by each attempt on reaching it.
@@ -421,7 +435,7 @@ class CleanupLedger:
             attempt = self._begin(call)
             await self._run(attempt, call)
         else:
-            await wait_counting(attempt.finished, call, partial(self._force, attempt))
+            await wait_counting(attempt.finished, call, attempt.force)
             call.note_exit()
         verdict = self._verdict(call, attempt)
         if verdict is _REPEAT_CALLER_CANCELLATION:
@@ -476,24 +490,38 @@ class CleanupLedger:
 
     def _begin(self, call: CloseCall) -> _Attempt:
         attempt = _Attempt(closer=call, finished=anyio.Event())
+        attempt.force = partial(self._force, attempt)
         self._in_flight = attempt
         self._state = LedgerState.CLOSING
         self._attempts += 1
         self._loop = capture_loop_handle()
         return attempt
 
-    async def _run(self, attempt: _Attempt, call: CloseCall) -> None:  # noqa: ASYNC910  (the group's exit checkpoints)
+    async def _run(self, attempt: _Attempt, call: CloseCall) -> None:  # noqa: ASYNC910  (both paths checkpoint)
+        steps = self._walk(attempt)
         try:
             # The steps' task group is not shielded: each step shields itself
-            # (see _step_task), so the closer's own wait can see the caller's
+            # (see _run_step), so the closer's own wait can see the caller's
             # cancellation when it happens (C3.1). A delivery can also land on
             # the group's exit checkpoint, after every step finished (on
             # asyncio a native Task.cancel(), or anyio repeating the caller's
             # cancellation while it waits for a finished step's task to be
             # reaped): still the closer's own checkpoint, so it is counted.
-            with CatchDeliveries(call, partial(self._force, attempt), shielded=False):
-                async with anyio.create_task_group() as steps:
-                    await self._run_phases(steps, attempt, call)
+            with CatchDeliveries(call, attempt.force, shielded=False):
+                step = self._next_to_await(steps, attempt)
+                if step is None:
+                    # Nothing to wait for: every step completed by its nowait twin, or
+                    # there was none. No task group; the one schedule point its exit
+                    # would have been, shielded as that is.
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
+                else:
+                    async with anyio.create_task_group() as group:
+                        while step is not None:
+                            await self._run_step(group, step, attempt, call)
+                            # An abort lands while a step is awaited (or as a nowait twin's
+                            # outcome is settled), so checking after each step is enough:
+                            # nothing later is discovered or started.
+                            step = None if attempt.aborted else self._next_to_await(steps, attempt)
             if not attempt.steps_done:
                 # Only a KeyboardInterrupt raised by the closer's own code
                 # (a phase provider's, say) gets here: the phase loop was
@@ -502,23 +530,42 @@ class CleanupLedger:
                 self._force(attempt, "KeyboardInterrupt raised in the close itself")
             call.note_exit()
         finally:
+            steps.close()
             self._finish(attempt)
 
-    async def _run_phases(  # noqa: ASYNC910  (with no step to run, _run's task-group exit checkpoints)
-        self, steps: anyio.abc.TaskGroup, attempt: _Attempt, call: CloseCall
-    ) -> None:
-        # An abort can only land while a step is awaited, so checking after
-        # each step is enough: nothing later is discovered or started.
+    def _walk(self, attempt: _Attempt) -> Generator[_Step, None, None]:
+        """The steps this attempt runs, in order; each phase is discovered when it is reached (C2.4)."""
         for index, phase in enumerate(PHASES):
             attempt.reached = index
             self._reached = max(self._reached, index)
             self._discover(phase, attempt)
-            for step in list(self._steps[phase]):
-                if step.state is not _StepState.COMPLETED:
-                    await self._run_step(steps, step, attempt, call)
-                if attempt.aborted:
-                    return
+            registered = self._steps[phase]
+            if registered:
+                for step in tuple(registered):
+                    if step.state is not _StepState.COMPLETED:
+                        yield step
         attempt.steps_done = True
+
+    def _next_to_await(self, steps: Iterator[_Step], attempt: _Attempt) -> _Step | None:
+        """Settle the next steps by their nowait twins; return the first one that needs its task.
+
+        ``None`` once every step was attempted, or the attempt aborted.
+        """
+        for step in steps:
+            nowait = step.spec.nowait
+            if nowait is None:
+                return step
+            attempt.attempted.add(step.spec.name)
+            run = _StepRun(step)
+            complete = False
+            with run:
+                complete = nowait()
+            if run.error is None and not complete:
+                return step  # the rest of it in a task: run() does what nowait() could not
+            self._settle(run, attempt)
+            if attempt.aborted:
+                return None
+        return None
 
     def _discover(self, phase: Phase, attempt: _Attempt) -> None:
         for provider in self._providers[phase]:
@@ -533,18 +580,20 @@ class CleanupLedger:
                 attempt.problems.append((StepProblem(phase, name, "failed", _describe(exc)), exc))
 
     async def _run_step(
-        self, steps: anyio.abc.TaskGroup, step: _Step, attempt: _Attempt, call: CloseCall
+        self, group: anyio.abc.TaskGroup, step: _Step, attempt: _Attempt, call: CloseCall
     ) -> None:
-        run = _StepRun(step, anyio.CancelScope(), anyio.Event())
+        # The step's private scope is shielded: the caller's cancellation never reaches the
+        # step (C3.4), and a force, which cancels this very scope, does (a shielded scope
+        # still cancels what runs inside it when it is cancelled itself). One scope, not a
+        # shield around a private scope: each costs a few microseconds per step.
+        done = anyio.Event()
+        run = _StepRun(step, anyio.CancelScope(shield=True), done)
         step.state = _StepState.RUNNING
         attempt.attempted.add(step.spec.name)
         attempt.running = run
-        steps.start_soon(self._step_task, run, name=f"cleanup step {step.spec.name!r} of {self._owner}")
+        group.start_soon(self._step_task, run, name=f"cleanup step {step.spec.name!r} of {self._owner}")
         await wait_counting(
-            run.done,
-            call,
-            partial(self._force, attempt),
-            slow_after=step.spec.slow_warning_after,
+            done, call, attempt.force, slow_after=step.spec.slow_warning_after,
             on_slow=partial(self._warn_slow, step),
         )
         attempt.running = None
@@ -552,11 +601,10 @@ class CleanupLedger:
 
     async def _step_task(self, run: _StepRun) -> None:  # noqa: ASYNC910  (a child task; the closer checkpoints)
         _INSIDE_STEP_OF.set(self)
-        # `run` hands whatever the step raised over to the closer. The shield
-        # is entered before the step's first checkpoint, so the caller's
-        # cancellation never reaches the step (C3.4); only a force, through
-        # the step's private scope inside it, does.
-        with run, anyio.CancelScope(shield=True), run.scope:
+        # `run` hands whatever the step raised over to the closer; its scope
+        # (shielded, see _run_step) is entered before the step's first checkpoint.
+        assert run.scope is not None
+        with run, run.scope:
             await run.step.spec.run()
 
     def _warn_slow(self, step: _Step) -> None:
@@ -642,7 +690,7 @@ class CleanupLedger:
         attempt.aborted = True
         attempt.abort_reason = reason
         run = attempt.running
-        if run is not None and not run.done.is_set():
+        if run is not None and run.done is not None and run.scope is not None and not run.done.is_set():
             run.abandoned = True
             attempt.abandoned = run.step.spec.name
             run.scope.cancel(reason=f"close of {self._owner} forced: {reason}")

@@ -87,7 +87,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         self._sequence = 0
         self._failures = FailureLog("pool")
         """Final failures by category: one WARNING each per pool (the logging policy)."""
-        self._ledger.add_step("runtime", "drain in-flight requests", self._drain)
+        self._ledger.add_step("runtime", "drain in-flight requests", self._drain, nowait=self._drain_nowait)
         if hooks.async_observers:  # after the drain: the last terminal event is emitted by then
             self._ledger.add_step("runtime", "async observers", self._close_observers)
 
@@ -220,6 +220,11 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         finally:
             if run.claim is not None:  # a cache miss that did not succeed (or was cancelled)
                 await runner.let_go(run)  # (shielded within a bound: ._cached)
+
+    def _drain_nowait(self) -> bool:
+        """The drain step without a task when nothing is in flight: refuse new requests, and done."""
+        self._accepting = False
+        return not self._pending
 
     async def _drain(self) -> None:
         # CONTRACT C2.5: admitted requests run to completion; new ones are refused.

@@ -8,6 +8,10 @@ stream and its terminal (:mod:`._channel`).
   ``async with`` too: then the call opens and closes the processor, :mod:`._unowned`);
 - streaming mode: ``start()``, ``add_work()`` as items come (or ``feed(source)``),
   ``finish()``, and read ``results()`` (completion order) until the terminal (CONTRACT C6).
+
+Over 400 lines because both modes and the run's close (with its synchronous twin, which spares a
+small batch's close a task) act on one state: mode, input, crew, channel; issue 36's item-path
+step moves the stages' wiring out.
 """
 
 from __future__ import annotations
@@ -121,7 +125,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._crash: BaseException | None = None
         self._crash_reported = False
         slow = WORKER_CANCELLATION_TIMEOUT
-        self._ledger.add_step("runtime", "processor workers", self._close_runtime, slow_warning_after=slow)
+        self._ledger.add_step("runtime", "processor workers", self._close_runtime, slow_warning_after=slow,
+                              nowait=self._close_runtime_nowait)
         if hooks.async_observers:  # after the workers: BatchFinished is emitted by then
             self._ledger.add_step("runtime", "async observers", self._close_observers)
         if artifact_store is not None:
@@ -363,11 +368,12 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._crew.close()
         await self._publisher.close(self.termination)
 
-    async def _close_runtime(self) -> None:
+    def _close_runtime_nowait(self) -> bool:
+        # The runtime step in the closer's own task: stop the run's tasks, and wind the run up when
+        # none is left and nothing must be awaited (the usual close after process_all()).
         runtime = self._runtime
-        if runtime is None:  # never opened: its input streams are all there is to close
-            await self._intake.discard()
-            return
+        if runtime is None:  # never opened: its input streams are closed by awaiting
+            return False
         if self._channel is not None and self._mode is _Mode.STREAMING:
             self._channel.decide_failure(BatchInterruptedError("the stream was closed before finish()"))
         self._intake.close()
@@ -377,11 +383,23 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                 why = StopReason.POOL_CLOSED if self._channel is not None else StopReason.SHUTDOWN
                 self._policy.request("interrupted", reason, stop_reason=why)  # work was outstanding
             runtime.cancel(reason)
-        await runtime.wait_idle()
+        if not runtime.idle or not self._crew.wind_up_nowait(self.termination):
+            return False
         self._intake.recv.close()
-        await self._finish_run()
-        self._crew.collector.end()  # at the latest: a stop's pause of the collector ends with the run
-        await self._hooks.aclose()
+        return True
+
+    async def _close_runtime(self) -> None:  # noqa: ASYNC910 - runs only when the nowait twin could not finish
+        runtime = self._runtime
+        if runtime is None:  # never opened: its input streams are all there is to close
+            await self._intake.discard()
+            return
+        if not self._close_runtime_nowait():
+            await runtime.wait_idle()
+            if not self._close_runtime_nowait():  # a progress display to close, a post-processor thread
+                self._intake.recv.close()
+                await self._finish_run()
+                self._crew.collector.end()
+                await self._hooks.aclose()
 
     async def _close_observers(self) -> None:
         await self._hooks.close_observers()

@@ -268,6 +268,11 @@ class Publisher(Generic[TOutput]):
 
     async def close(self, termination: BatchTermination) -> None:
         """The batch is over: ``BatchFinished`` (once), and the final progress update."""
+        self.finish(termination)
+        await self.close_progress()
+
+    def finish(self, termination: BatchTermination) -> None:
+        """:meth:`close` but its progress update: wall time, failure summary, ``BatchFinished`` (once)."""
         if not self._finished:
             self._finished = True
             if self._started_at is not None:
@@ -275,7 +280,11 @@ class Publisher(Generic[TOutput]):
             self.failures.summary()
             if self._observing:
                 self._hooks.emit(BatchFinished(termination, self._counters.snapshot()))
-        await self.close_progress()
+
+    @property
+    def closes_progress(self) -> bool:
+        """Whether :meth:`close_progress` has a display to close (else :meth:`finish` is all of ``close``)."""
+        return self._progress_scope is not None or (self._progress is not None and self.tracker is not None)
 
     async def close_store(self) -> None:
         """The processor's ``store`` close step."""

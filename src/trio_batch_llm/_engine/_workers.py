@@ -18,7 +18,7 @@ import anyio
 from .._backends import cancel_scopes
 from .._observe._events import ItemStarted
 from .._values._ramp import StartupRampConfig
-from .._values._results import WorkItemResult
+from .._values._results import BatchTermination, WorkItemResult
 from ._collector import CollectorPause
 from ._guards import DeadlineWatcher, Guard
 from ._item import ItemRunner
@@ -110,6 +110,17 @@ class Crew(Generic[TOutput]):
     def close(self) -> None:
         """The batch is over: stop watching deadlines."""
         self._watcher.close()
+
+    def wind_up_nowait(self, termination: BatchTermination) -> bool:
+        """The run's tasks are gone: end it without awaiting (watcher, ``BatchFinished``, collector),
+        unless a progress display or a post-processor thread must be awaited first (``False``)."""
+        publisher = self._publisher
+        if publisher.closes_progress or (self._hooks is not None and self._hooks.post_processor_busy):
+            return False
+        self._watcher.close()
+        publisher.finish(termination)
+        self.collector.end()  # at the latest: a stop's pause of the collector ends with the run
+        return True
 
     async def _work(  # noqa: ASYNC910 - receive() and drive() checkpoint
         self, recv: Any, start_at: float | None = None

@@ -334,6 +334,11 @@ class Hooks:
             return _post_failure(result, TypeError(message), message)
         return value
 
+    @property
+    def post_processor_busy(self) -> bool:
+        """Whether a post-processor thread runs (abandoned or not): :meth:`aclose` then waits for it."""
+        return self._gate.busy
+
     async def aclose(self) -> None:
         """Wait for an abandoned post-processor thread (one warning if it takes long)."""
         gate = self._gate
