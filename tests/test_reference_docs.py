@@ -188,3 +188,29 @@ def test_the_entry_points_parameter_tables_show_the_real_defaults() -> None:
         assert {"post_processor", "call_start_deadline", "post_processor_timeout"} <= table.keys()
         assert "..." not in table.values(), (name, table)
         assert table["post_processor"] == "None"
+
+
+def test_rendered_docstrings_cite_public_pages_not_the_internal_contract() -> None:
+    # "CONTRACT C4.7" means something only to us: the reader's page is the cleanup contract.
+    griffe = pytest.importorskip("griffe", reason="the docs tools (python3 dev.py docs installs them)")
+    package, documented = _load_documented(griffe)
+    seen: set[int] = set()
+    cited: list[str] = []
+
+    def walk(obj: Any) -> None:
+        try:
+            obj = _final(obj, griffe)
+        except griffe.AliasResolutionError:
+            return  # another package's object: not ours to word
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if obj.docstring is not None and "CONTRACT" in obj.docstring.value:
+            cited.append(obj.path)
+        for name, member in obj.members.items():
+            if not name.startswith("_") or name == "__init__":
+                walk(member)
+
+    for path in documented:
+        walk(_object(package, path, griffe))
+    assert cited == []

@@ -285,7 +285,10 @@ class ExecutorHost:
             await self.ledger.aclose()
 
     def force_close(self) -> None:
-        """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
+        """Abandon the running close step and skip the rest: the operator's escape from a cleanup that hangs.
+
+        The same as a second Ctrl+C (see "When you are cancelled while closing" in the cleanup contract).
+        """  # CONTRACT C3.3
         self.ledger.force_close()
 
     def force_close_from_thread(self) -> None:

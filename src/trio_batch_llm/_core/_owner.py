@@ -36,7 +36,10 @@ class HostedOwner:
                 await self._ledger.aclose(body_exception=exc, automatic=True)
 
     async def aclose(self) -> None:
-        """Explicit ordered close (CONTRACT C2); retries steps that failed in an earlier attempt."""
+        """Close everything this owner holds, in order; a later call retries the steps that failed.
+
+        See "What closing does" and "Closing again" in the cleanup contract (docs).
+        """  # CONTRACT C2, C4.2
         with unwrap_group():
             await self._ledger.aclose()
 
@@ -49,7 +52,10 @@ class HostedOwner:
         await self.aclose()
 
     def force_close(self) -> None:
-        """A second delivery: abandon the running close step and skip the rest (CONTRACT C3.3)."""
+        """Abandon the running close step and skip the rest: the operator's escape from a cleanup that hangs.
+
+        The same as a second Ctrl+C (see "When you are cancelled while closing" in the cleanup contract).
+        """  # CONTRACT C3.3
         self._ledger.force_close()
 
     def force_close_from_thread(self) -> None:
@@ -57,7 +63,7 @@ class HostedOwner:
         self._ledger.force_close_from_thread()
 
     def only_strategy_cleanup_failed(self) -> bool:
-        """Whether the last close failed, and only in user strategies' ``cleanup()`` (CONTRACT C7.5).
+        """Whether the last close failed, and only in user strategies' ``cleanup()``.
 
         Then work that completed before the close may keep its result; ``False``
         after an aborted close, or while no close has finished.
@@ -66,7 +72,7 @@ class HostedOwner:
 
     @property
     def state(self) -> str:
-        """``open``, ``closing`` or ``closed``; one way only (CONTRACT C4.7)."""
+        """``open``, ``closing`` or ``closed``, in that order only (a failed close stays ``closing``)."""
         return str(self._ledger.state)
 
     @property
