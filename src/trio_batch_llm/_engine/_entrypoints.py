@@ -110,6 +110,22 @@ async def process_prompts(
 
     Controlled stops (batch deadline, abort, budget) still return a
     :class:`BatchResult`; its ``termination`` says why it stopped.
+
+    Args:
+        strategy: The strategy every item is called through.
+        prompts: A sync or async iterable of texts, ``(item_id, prompt)`` or ``(item_id, prompt,
+            context)`` tuples, mappings (``{"id": ..., "prompt": ...}`` or ``"messages"``, optional
+            ``"params"`` and ``"context"``) or :class:`LLMWorkItem`. Bare texts get ids ``item-0``, ...;
+            a repeated id is refused before any call.
+        config: Concurrency, retries, rate limits, deadlines, the response cache (the defaults if omitted).
+        concurrency: Workers, provider admission and connection pools sized at once (overrides
+            ``config``'s concurrency).
+        progress: ``True`` for a progress bar on a terminal, a callable ``(completed, total, item_id)``, or
+            a :class:`Progress`.
+        preserve_order: Return the results in input order rather than completion order.
+        artifact_store: A checkpoint store (:class:`JsonlArtifactStore`, :class:`SqliteArtifactStore`, your
+            own :class:`ArtifactStore`) that every result is written to.
+        resume: Which results already in ``artifact_store`` are returned instead of run again.
     """
     _check_strategy(strategy)
     validate_source(prompts)
@@ -201,6 +217,21 @@ def process_stream(
     Finite sources (lists, tuples) are validated whole before any call; lazy
     sources are validated as they are read, and a bad entry ends the stream
     with its error.
+
+    Args:
+        strategy: The strategy every item is called through.
+        prompts: A sync or async iterable of texts, ``(item_id, prompt)`` or ``(item_id, prompt,
+            context)`` tuples, mappings (``{"id": ..., "prompt": ...}`` or ``"messages"``, optional
+            ``"params"`` and ``"context"``) or :class:`LLMWorkItem`. Bare texts get ids ``item-0``, ...;
+            a repeated id is refused before any call.
+        config: Concurrency, retries, rate limits, deadlines, the response cache (the defaults if omitted).
+        concurrency: Workers, provider admission and connection pools sized at once (overrides
+            ``config``'s concurrency).
+        progress: ``True`` for a progress bar on a terminal, a callable ``(completed, total, item_id)``, or
+            a :class:`Progress`.
+        artifact_store: A checkpoint store (:class:`JsonlArtifactStore`, :class:`SqliteArtifactStore`, your
+            own :class:`ArtifactStore`) that every result is written to.
+        resume: Which results already in ``artifact_store`` are returned instead of run again.
     """
     return StreamBlock(_stream_block(
         strategy, prompts, config=config, concurrency=concurrency, progress=progress,
