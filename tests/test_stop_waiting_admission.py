@@ -61,7 +61,8 @@ class Counting(LLMCallStrategy[str]):
         self.calls.append((prompt, anyio.current_time()))
         await anyio.sleep(CALL)
         if prompt.startswith("fail") and attempt <= self.fails:
-            raise ProviderError(f"HTTP 503: overloaded ({prompt})", category=ErrorCategory.SERVER, status_code=503)
+            raise ProviderError(f"HTTP 503: overloaded ({prompt})", category=ErrorCategory.SERVER,
+                                status_code=503)
         return f"answer {prompt}", {"input_tokens": 5, "output_tokens": 5, "total_tokens": 10}, None
 
 

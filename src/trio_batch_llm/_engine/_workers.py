@@ -271,7 +271,8 @@ class Crew(Generic[TOutput]):
             result.exception = last
         return result
 
-    def _stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str) -> WorkItemResult[TOutput]:
+    def _stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str
+                 ) -> WorkItemResult[TOutput]:
         result = self._runner.stopped(run, category, reason)
         result.stop_reason = self._policy.unfinished_reason
         return result
