@@ -119,7 +119,7 @@ async def test_a_retry_does_not_start_after_the_stop(anyio_backend: Any) -> None
     assert (failed.error_category, failed.stop_reason, failed.attempts) == (
         ErrorCategory.ABORTED, StopReason.SHUTDOWN, 1)
     assert failed.error is not None and "before a retry" in failed.error and "HTTP 503" in failed.error
-    assert isinstance(failed.exception, ProviderError)
+    assert failed.exception is None  # as for every cut-short item: its error says what happened
     assert results["ok-b"].success
     assert (results["ok-c"].error_category, results["ok-c"].stop_reason) == (
         ErrorCategory.NOT_EXECUTED, StopReason.SHUTDOWN)

@@ -264,12 +264,10 @@ class Crew(Generic[TOutput]):
         last = run.last_error
         if run.calling or deadline or last is None:
             return self._stopped(run, category, reason)
-        # Between attempts: no retry starts. Its last failure says what happened so far.
+        # Between attempts: no retry starts. Its error names its last failure (no exception: as for any
+        # cut-short item, none happened to the result itself, and a resume runs the item again).
         reason = f"{reason}, before a retry; last error: {type(last).__name__}: {last}"
-        result = self._stopped(run, category, reason)
-        if isinstance(last, Exception):
-            result.exception = last
-        return result
+        return self._stopped(run, category, reason)
 
     def _stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str
                  ) -> WorkItemResult[TOutput]:
