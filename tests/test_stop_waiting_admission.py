@@ -181,3 +181,31 @@ async def test_process_prompts_budget_stop_ends_items_waiting_for_admission(anyi
     assert {(r.error_category, r.stop_reason, r.attempts) for r in unrun} == {
         (ErrorCategory.BUDGET, StopReason.BUDGET, 0)}
     _ended_at(ended, CALL)
+
+
+async def test_a_stream_stops_its_items_waiting_for_admission_too(anyio_backend: Any) -> None:
+    """Streaming mode (``start()``, ``results()``): the same stop, the same results, in the stream."""
+    strategy = Counting()
+    cfg = ProcessorConfig(concurrency=4, max_requests_per_minute=2)
+    prompts = [f"p{i:02d}" for i in range(10)]
+    start = anyio.current_time()
+    with anyio.fail_after(10):
+        async with ParallelBatchProcessor[str](cfg) as proc, anyio.create_task_group() as tg:
+            proc.start()
+            for prompt in prompts:
+                await proc.add_work(LLMWorkItem(item_id=prompt, strategy=strategy, prompt=prompt))
+            await proc.finish()
+
+            async def stop_later() -> None:
+                await anyio.sleep(STOP_AT)
+                proc.request_stop("operator")
+
+            tg.start_soon(stop_later)
+            results = _by_id([r async for r in proc.results()])
+            ended = anyio.current_time() - start
+    assert len(strategy.calls) == 2 and len(results) == 10
+    called = {p for p, _ in strategy.calls}
+    assert all(results[p].success for p in called)
+    assert {(r.error_category, r.stop_reason, r.attempts) for p, r in results.items() if p not in called} == {
+        (ErrorCategory.NOT_EXECUTED, StopReason.SHUTDOWN, 0)}
+    _ended_at(ended, CALL)
