@@ -333,6 +333,11 @@ class RedisLink:
                     first_failure = now
                 if self._down_since is None:
                     self._down_since = now
+                if self._closing:  # a close hands back within _CLOSE_BOUND; it does not wait out the outage
+                    raise QuotaBackendError(
+                        f"the Redis quota backend {backend.display_url} was unreachable as the link closed:"
+                        f" {type(exc).__name__}"
+                    ) from None
                 if now - first_failure >= backend.unreachable_timeout:
                     raise QuotaBackendError(
                         f"the Redis quota backend {backend.display_url} was unreachable for"

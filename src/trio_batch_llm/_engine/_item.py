@@ -94,6 +94,7 @@ class ItemRunner(Generic[TOutput]):
         "_price_attempt",
         "_retry",
         "cache",
+        "halted",
         "start_by",
     )
 
@@ -124,6 +125,14 @@ class ItemRunner(Generic[TOutput]):
         """No call starts at or after this time (``call_start_deadline``)."""
         self.cache: ItemCache | None = None
         """The owner's response cache, set while it is open (``None``: none; the hot path tests only that)."""
+        self.halted = False
+        """The owner's batch stopped (:meth:`halt`): no call of any of its items starts again."""
+
+    def halt(self) -> None:
+        """A stop: no call starts from now on, not even a retry; calls in flight go on. The items
+        parked for their next call (``ItemRun.waiting``) are for the owner to cut short; each ends
+        :data:`STOPPED` (:meth:`cut`), as does any that reaches its next admission."""
+        self.halted = True
 
     @property
     def has_deadlines(self) -> bool:
@@ -283,14 +292,21 @@ class ItemRunner(Generic[TOutput]):
     async def admit(self, binding: Binding, run: ItemRun[TOutput], tokens: int) -> Admission | None:
         """Stage 1: the quota scope's admission, or ``None`` at or past the run's start limit."""
         clock = self._clock
-        if (run.start_limit != math.inf and clock() >= run.start_limit) or self._breakers.stopped is not None:
+        if ((run.start_limit != math.inf and clock() >= run.start_limit) or self._breakers.stopped is not None
+                or self.halted):
             await anyio.lowlevel.checkpoint()
             return None
         gate = binding.breaker
         if gate is not None:  # the circuit breaker lets the attempt go at once, or it waits for its turn
             run.gated = gate.try_enter()  # (no coroutine on the hot path)
-            if run.gated is None and not await pass_gate(gate, run):
-                return None  # noqa: ASYNC910 - pass_gate() awaited: retired, or past the start limit
+            if run.gated is None:
+                run.waiting = True
+                try:
+                    passed = await pass_gate(gate, run)
+                finally:
+                    run.waiting = False
+                if not passed or self.halted:
+                    return None  # noqa: ASYNC910 - pass_gate() awaited: retired, past the start limit, a stop
         scope = binding.quota
         try:
             return scope.try_admit_nowait(tokens)  # noqa: ASYNC910 - hot path; execute() checkpoints
@@ -299,18 +315,22 @@ class ItemRunner(Generic[TOutput]):
         # Booked by phase, so a wait cut short (by the item deadline, a stop) is counted too.
         cooling = scope.statistics().cooldown_remaining > 0
         run.switch("cooldown" if cooling else "admission_wait", clock())
-        if (admission := await admit_within_budget(scope, run, tokens, self._retry)) is None:
-            return None
+        run.waiting = True  # a stop cuts this wait short (the owner cancels its guard)
         try:
-            # Granted while this worker was being cancelled: the provider never sees the call,
-            # so its RPM unit must come back now, not a window after a call that never was.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-        except BaseException:
-            admission.release_unused()
-            raise
+            if (admission := await admit_within_budget(scope, run, tokens, self._retry)) is None:
+                return None
+            try:
+                # Granted while this worker was being cancelled: the provider never sees the call,
+                # so its RPM unit must come back now, not a window after a call that never was.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            except BaseException:
+                admission.release_unused()
+                raise
+        finally:
+            run.waiting = False
         # The guard fires at the start limit too; the clock said it first. A batch-stopping error
-        # while it waited: the call must not go.
-        if clock() >= run.start_limit or self._breakers.stopped is not None:
+        # or a stop while it waited: the call must not go.
+        if clock() >= run.start_limit or self._breakers.stopped is not None or self.halted:
             admission.release_unused()
             return None
         return admission
@@ -422,6 +442,8 @@ class ItemRunner(Generic[TOutput]):
         decision = self.decide(run, failure)
         if not isinstance(decision, float):
             return decision  # noqa: ASYNC910 - the failed attempt's execute() was a checkpoint
+        if self.halted:  # stopped: no retry, so no on_error() and no backoff; admit() says STOPPED
+            return None  # noqa: ASYNC910 - as above
         run.backoff_owed = decision  # owed from now: see wait_out_backoff()
         retries = run.retries
         assert retries is not None
@@ -441,9 +463,14 @@ class ItemRunner(Generic[TOutput]):
         """Sleep the backoff ``run`` owes; what a cancellation leaves of it stays owed, so a late
         attempt deadline (:meth:`cut`) costs the item no part of it: driven again, it waits out the rest."""
         until = self._clock() + run.backoff_owed
+        if self.halted:  # no retry follows: admit() says STOPPED
+            await anyio.lowlevel.checkpoint()
+            return
+        run.waiting = True  # a stop cuts this wait short (the owner cancels its guard)
         try:
             await anyio.sleep_until(until)
         finally:
+            run.waiting = False
             run.backoff_owed = max(0.0, until - self._clock())
 
     async def resume(self, run: ItemRun[TOutput], guard: Guard) -> WorkItemResult[TOutput] | None:
@@ -461,7 +488,7 @@ class ItemRunner(Generic[TOutput]):
         (:data:`RETRY`: the timeout is a failed attempt; drive the run again).
         """
         now = self._clock()
-        if run.throttle_spent or guard.stopped is not None or now >= guard.stop_deadline:
+        if run.throttle_spent or guard.stopped is not None or self.halted or now >= guard.stop_deadline:
             return spent(run, self._retry, now) if run.throttle_spent else STOPPED  # spent: its scope gave up
         if now >= run.item_deadline:
             return run.deadline_exceeded(f"{run.limit_name} of {run.limit} s", now)

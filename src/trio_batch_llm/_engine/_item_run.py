@@ -239,6 +239,7 @@ class ItemRun(Generic[TOutput]):
         "throttled_since",
         "timing",
         "usage",
+        "waiting",
     )
 
     def __init__(
@@ -272,6 +273,7 @@ class ItemRun(Generic[TOutput]):
         self.held: Admission | None = None  # released exactly once; cut short -> release(None)
         self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
+        self.waiting = False  # parked for its next call (admission, the breaker, a backoff): a stop ends it
         self.call_usage: tuple[Any, ...] | None = None  # the call's (usage, model, pricer): its record's
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)

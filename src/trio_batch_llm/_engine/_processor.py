@@ -316,7 +316,8 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                      stop_reason: StopReason = StopReason.SHUTDOWN) -> None:
         """Stop admitting new items: a controlled stop (``termination.kind == "interrupted"``).
 
-        Calls in flight finish; queued items are reported ``NOT_EXECUTED``;
+        Calls in flight finish (a failed one is not retried); queued items, and those waiting for
+        admission (an RPM unit, the breaker), are reported ``NOT_EXECUTED``, one between retries ``ABORTED``;
         ``add_work`` raises :class:`AdmissionClosedError` from now on. The
         checkpoint keeps everything that finished, so the run can be resumed.
         This is what a first Ctrl+C does in the CLI; ``force_close()`` is the second.

@@ -17,6 +17,7 @@ import anyio
 
 from .._backends import cancel_scopes
 from .._observe._events import ItemStarted
+from .._values._categories import ErrorCategory
 from .._values._ramp import StartupRampConfig
 from .._values._results import BatchTermination, WorkItemResult
 from ._collector import CollectorPause
@@ -97,15 +98,22 @@ class Crew(Generic[TOutput]):
             runtime.start_soon(self._watcher.run, name="deadlines")
 
     def stop(self, reason: str, *, cut_calls: bool) -> None:
-        """A stop was decided; with ``cut_calls``, every item in flight is cut short and none starts.
+        """A stop was decided: no call starts from now on, not even a retry. With ``cut_calls``
+        every item in hand is cut short; without, only those parked for their next call (waiting
+        for admission, at the breaker, in a backoff: ``ItemRun.waiting``), and calls in flight finish.
 
         What is in flight and queued settles now, a burst of survivors: full collections wait.
         """
         if self.live > 0:
             self.collector.begin()
+        self._runner.halt()
+        guards = self._watcher.guards
         if cut_calls:
-            in_hand = [scope for guard in self._watcher.guards if (scope := guard.stop(reason)) is not None]
-            cancel_scopes(in_hand, reason)
+            in_hand = [scope for guard in guards if (scope := guard.stop(reason)) is not None]
+        else:  # each ends in its renewed scope: ItemRunner.cut() says STOPPED, see _cut_short()
+            in_hand = [guard.scope for guard in guards
+                       if guard.armed and guard.run is not None and guard.run.waiting]
+        cancel_scopes(in_hand, reason)
 
     def close(self) -> None:
         """The batch is over: stop watching deadlines."""
@@ -258,7 +266,22 @@ class Crew(Generic[TOutput]):
             # The batch deadline cut this item before the watcher recorded the stop:
             # stop now rather than when the watcher gets its turn.
             self._on_deadline()
-        category, reason = self._policy.cut_short()
+        policy = self._policy
+        deadline = policy.kind == "batch_deadline"
+        if run.attempts == 0 and not deadline:  # it never called: as an item the stop left in the queue
+            reason, category = policy.not_executed()
+            return self._stopped(run, category, reason)
+        category, reason = policy.cut_short()
+        last = run.last_error
+        if run.calling or deadline or last is None:
+            return self._stopped(run, category, reason)
+        # Between attempts: no retry starts. Its error names its last failure (no exception: as for any
+        # cut-short item, none happened to the result itself, and a resume runs the item again).
+        reason = f"{reason}, before a retry; last error: {type(last).__name__}: {last}"
+        return self._stopped(run, category, reason)
+
+    def _stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str
+                 ) -> WorkItemResult[TOutput]:
         result = self._runner.stopped(run, category, reason)
         result.stop_reason = self._policy.unfinished_reason
         return result
