@@ -140,4 +140,4 @@ def test_the_command_lines_known_total_counts_the_items_never_read_as_not_run() 
     final = shown[-1]
     # The summary's "not run 1,084": the 64 the stop left in the queue and the 1,020 never read.
     assert (final.completed, final.not_run, final.total) == (916, 1084, 2000)
-    assert "916/2000 (45%) | 0 failed | 1,084 not run | 0 in flight" in format_progress_line(final)
+    assert "916/2,000 (45%) | 0 failed | 1,084 not run | 0 in flight" in format_progress_line(final)

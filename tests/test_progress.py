@@ -430,3 +430,14 @@ async def test_renderers_ignore_items_and_aclose_draws_the_final_line() -> None:
     await bar.aclose(DONE)
     assert out.getvalue() == f"\r{DONE_LINE}\x1b[K\n"
     assert isinstance(bar, Progress)
+
+
+def test_every_count_on_the_line_groups_its_thousands() -> None:
+    # As the summary and the "not run" count do: 1,234 failed, not 1234 failed.
+    snap = ProgressSnapshot(completed=12_345, failed=1_234, in_flight=2_000, total=20_000, replayed=3_000,
+                            waiting=1_500, rate=3.25, eta=None)
+    line = format_progress_line(snap, bar_width=0)
+    assert line.startswith("12,345/20,000 (61%) | 1,234 failed | 3,000 replayed | 2,000 in flight")
+    assert "1,500 waiting" in line
+    assert format_progress_line(ProgressSnapshot(completed=12_345, failed=0, in_flight=0, total=None),
+                                bar_width=0).startswith("12,345 done")

@@ -52,11 +52,11 @@ def test_a_wide_line_is_cut_to_the_columns_keeping_counts_failures_and_eta() -> 
     assert len(full) > 100
     line = fit_progress_line(WIDE, 80)
     assert len(line) <= 79
-    assert "123456/1000000 (12%)" in line and "7890 failed" in line and "ETA 2:07:34" in line
+    assert "123,456/1,000,000 (12%)" in line and "7,890 failed" in line and "ETA 2:07:34" in line
     assert line.startswith("[#")  # the bar is kept, narrower
     assert fit_progress_line(WIDE, 200) == full  # room enough: the whole line
     narrow = fit_progress_line(WIDE, 40)
-    assert len(narrow) <= 39 and narrow.startswith("123456/1000000 (12%)")  # the bar goes first
+    assert len(narrow) <= 39 and narrow.startswith("123,456/1,000,000 (12%)")  # the bar goes first
 
 
 @given(
@@ -134,7 +134,7 @@ def test_the_bar_fits_an_80_column_terminal(pty80: tuple[int, Any], use_rich: bo
     lines = screen_lines(read_available(master))
     assert lines, "nothing was drawn"
     assert max(len(line) for line in lines) < 80, lines
-    assert any("123456/1000000" in line for line in lines)
+    assert any("123,456/1,000,000" in line for line in lines)
 
 
 def test_the_bar_follows_a_resized_terminal(pty80: tuple[int, Any]) -> None:
@@ -250,7 +250,7 @@ def test_html_of_the_notebook_display_is_escaped(fake_kernel: list[Any]) -> None
     progress.update(NO_TOTAL)
     html = fake_kernel[0]._repr_html_()
     assert "<progress style='width:20em'></progress>" in html  # no total: an indeterminate bar
-    assert "<code>123456 done | 7890 failed" in html
+    assert "<code>123,456 done | 7,890 failed" in html
 
 
 def test_a_terminal_ipython_is_no_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -290,14 +290,15 @@ def test_log_lines_go_to_logging_only_when_logging_would_show_them(
     logger = logging.getLogger("trio_batch_llm.progress")
     assert not logger.isEnabledFor(logging.INFO)  # nobody configured it: INFO would be dropped
     LogProgress(stream=stream).close(WIDE)
-    assert stream.getvalue().startswith("trio-batch-llm finished: 123456/1000000 (12%)")
+    assert stream.getvalue().startswith("trio-batch-llm finished: 123,456/1,000,000 (12%)")
     assert caplog.records == []
 
     caplog.set_level(logging.INFO, logger="trio_batch_llm.progress")  # now logging shows INFO
     stream = io.StringIO()
     LogProgress(stream=stream).close(WIDE)
     assert stream.getvalue() == ""
-    assert [r.getMessage()[:40] for r in caplog.records] == ["finished: 123456/1000000 (12%) | 7890 fa"]
+    messages = [r.getMessage()[:48] for r in caplog.records]
+    assert messages == ["finished: 123,456/1,000,000 (12%) | 7,890 failed"]
 
 
 def test_progress_true_with_stderr_piped_shows_lines_without_logging_configured() -> None:

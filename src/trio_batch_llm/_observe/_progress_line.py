@@ -37,22 +37,22 @@ _RANK_THROTTLED = 7  # why nothing moves: kept longest
 def _head(snapshot: ProgressSnapshot) -> str:
     fraction = snapshot.fraction
     if fraction is None:
-        return f"{snapshot.completed} done"
-    return f"{snapshot.completed}/{snapshot.total} ({math.floor(fraction * 100)}%)"
+        return f"{snapshot.completed:,} done"
+    return f"{snapshot.completed:,}/{snapshot.total:,} ({math.floor(fraction * 100)}%)"
 
 
 def _parts(snapshot: ProgressSnapshot) -> list[tuple[int, str]]:
-    parts = [(_RANK_FAILED, f"{snapshot.failed} failed")]
+    parts = [(_RANK_FAILED, f"{snapshot.failed:,} failed")]
     if snapshot.not_run:  # a stop kept them from starting: the summary's "not run", not failures
         parts.append((_RANK_FAILED, f"{snapshot.not_run:,} not run"))
     if snapshot.replayed:
-        parts.append((_RANK_REPLAYED, f"{snapshot.replayed} replayed"))
-    parts.append((_RANK_IN_FLIGHT, f"{snapshot.in_flight} in flight"))
+        parts.append((_RANK_REPLAYED, f"{snapshot.replayed:,} replayed"))
+    parts.append((_RANK_IN_FLIGHT, f"{snapshot.in_flight:,} in flight"))
     if snapshot.waiting_for:  # why nothing moves, as throttled says it: kept longest
-        count = f"{snapshot.waiting} " if snapshot.waiting else ""
+        count = f"{snapshot.waiting:,} " if snapshot.waiting else ""
         parts.append((_RANK_THROTTLED, f"{count}waiting for {snapshot.waiting_for}"))
     elif snapshot.waiting:
-        parts.append((_RANK_IN_FLIGHT, f"{snapshot.waiting} waiting"))
+        parts.append((_RANK_IN_FLIGHT, f"{snapshot.waiting:,} waiting"))
     if snapshot.throttled:
         parts.append((_RANK_THROTTLED, f"throttled: {snapshot.throttled}"))
     parts.append((_RANK_RATE, f"{snapshot.rate:.1f} items/s"))
