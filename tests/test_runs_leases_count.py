@@ -1,0 +1,101 @@
+"""Leases: the count of calls made again after a driver lost its lease mid-call is the true one.
+
+Two drivers on one run, on SQLite and on PostgreSQL, in this process (two
+handles stand for two processes). The first is cut short while its calls are
+in flight (its ``wait()``'s scope cancelled, as a deadline or Ctrl+C does) and
+holds many more items leased than it started; the second finishes the run.
+The strategies count every call they get, as a provider would: the run's
+``reexecuted_after_lease_expiry`` must equal the calls made twice, not the
+items the first driver held. ``test_runs_leases_kill.py`` does the same with
+``kill -9`` and a lease that expires.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from trio_batch_llm import ProcessorConfig
+from trio_batch_llm._cli._render import status_json
+from trio_batch_llm._runs import iter_run_results, open_run, read_run_snapshot
+from trio_batch_llm._runs._reader import read_lease_report
+
+from ._runs_child import IDENTITY, CountingStrategy, prompts
+
+LEASE = 30.0
+ITEMS = 40
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
+    return str(tmp_path / "runs.sqlite")
+
+
+def repeated(*strategies: CountingStrategy) -> int:
+    """Calls beyond the first of each prompt, over every driver: what a provider billed twice."""
+    calls: Counter[str] = Counter()
+    for strategy in strategies:
+        calls.update(strategy.calls)
+    return sum(count - 1 for count in calls.values())
+
+
+def status(store: str) -> dict[str, Any]:
+    return status_json(read_run_snapshot(store, "run"), read_lease_report(store, "run"))
+
+
+@pytest.mark.anyio
+async def test_a_driver_cut_short_mid_call_counts_the_calls_made_again_not_the_items_it_held(
+    store: str,
+) -> None:
+    # The first driver's calls never answer: it is stopped with both in flight, holding (leased)
+    # far more items than the two it started.
+    first = CountingStrategy(hold_from_call=1, signal_at_call=2)
+    second = CountingStrategy()
+    config = ProcessorConfig(concurrency=2)
+    async with await open_run(store, "run", first, prompts(ITEMS), identity=IDENTITY, config=config,
+                              lease_seconds=LEASE, slice_items=ITEMS, poll_interval=0.02) as run:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.wait)
+                await first.reached.wait()
+                tg.cancel_scope.cancel("the first driver is stopped mid-call")
+    assert first.total == 2
+    async with await open_run(store, "run", second, prompts(ITEMS), identity=IDENTITY, config=config,
+                              lease_seconds=LEASE, poll_interval=0.02) as run:
+        snap = await run.wait(timeout=60)
+    assert (snap.status, snap.done) == ("completed", ITEMS)
+    assert Counter(r.item_id for r in iter_run_results(store, "run")) == Counter(
+        f"item-{i}" for i in range(ITEMS))
+    assert repeated(first, second) == 2  # the two calls in flight, made again by the second driver
+    assert status(store)["reexecuted_after_lease_expiry"] == 2
+
+
+@pytest.mark.anyio
+async def test_a_pause_leaves_nothing_counted(store: str) -> None:
+    # A pause drains: the calls in flight finish and are recorded, the items held but not started
+    # go back uncalled. Nothing is called twice, and nothing is counted.
+    first = CountingStrategy(signal_at_call=3, latency=0.01)
+    second = CountingStrategy()
+    config = ProcessorConfig(concurrency=2)
+    async with await open_run(store, "run", first, prompts(ITEMS), identity=IDENTITY, config=config,
+                              lease_seconds=LEASE, slice_items=ITEMS, poll_interval=0.02) as run:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.wait)
+                await first.reached.wait()
+                await run.pause()
+                tg.cancel_scope.cancel("the first driver leaves after the pause")
+    async with await open_run(store, "run", second, prompts(ITEMS), identity=IDENTITY, config=config,
+                              lease_seconds=LEASE, poll_interval=0.02) as run:
+        await run.resume()
+        snap = await run.wait(timeout=60)
+    assert (snap.status, snap.done) == ("completed", ITEMS)
+    assert repeated(first, second) == 0
+    assert status(store)["reexecuted_after_lease_expiry"] == 0
