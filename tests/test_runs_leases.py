@@ -138,6 +138,24 @@ def test_an_expired_lease_goes_back_to_the_pool_and_its_late_results_are_refused
     assert Counter(r.item_id for r in results) == Counter(f"i{n}" for n in range(10))
 
 
+def test_a_call_start_replayed_after_a_lost_answer_is_counted_once(
+    pair: tuple[RunRepository, RunRepository], clock: FakeClock
+) -> None:
+    # A start whose commit answer was lost is written again by the client's retry: a no-op.
+    a, b = pair
+    ta = a.open_lease("r", "A", lease_seconds=LEASE)
+    a.lease_items("r", ta, limit=2)
+    assert a.start_calls("r", ta, ["i0", "i1"]) == ["i0", "i1"]
+    assert a.start_calls("r", ta, ["i0", "i1"]) == ["i0", "i1"]  # the replay
+    assert a.lease_report("r").reexecuted == 0
+    clock.now += LEASE + 1  # A dies with both calls in flight
+    tb = b.open_lease("r", "B", lease_seconds=LEASE)
+    assert _ids(b.lease_items("r", tb, limit=2)) == ["i0", "i1"]
+    assert b.start_calls("r", tb, ["i0"]) == ["i0"]
+    assert b.start_calls("r", tb, ["i0", "i1"]) == ["i0", "i1"]  # i0 replayed, i1 new
+    assert b.lease_report("r").reexecuted == 2  # i0 and i1, once each
+
+
 def test_an_expiry_exactly_at_the_deadline_is_not_yet_expired(
     pair: tuple[RunRepository, RunRepository], clock: FakeClock
 ) -> None:

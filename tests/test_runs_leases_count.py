@@ -7,11 +7,13 @@ holds many more items leased than it started; the second finishes the run.
 The strategies count every call they get, as a provider would: the run's
 ``reexecuted_after_lease_expiry`` must equal the calls made twice, not the
 items the first driver held. ``test_runs_leases_kill.py`` does the same with
-``kill -9`` and a lease that expires.
+``kill -9`` and a lease that expires. And a call that outlasts many lease
+lengths is not taken over: the driver's heartbeat renews its lease meanwhile.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -98,4 +100,62 @@ async def test_a_pause_leaves_nothing_counted(store: str) -> None:
         snap = await run.wait(timeout=60)
     assert (snap.status, snap.done) == ("completed", ITEMS)
     assert repeated(first, second) == 0
+    assert status(store)["reexecuted_after_lease_expiry"] == 0
+
+
+class FakeClock:
+    """The repositories' clock (lease expiry), moved by the test; thread-safe enough for a float."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _repository(store: str, clock: FakeClock) -> Any:
+    from trio_batch_llm._runs import PostgresRunRepository, SqliteRunRepository
+
+    if store.startswith("postgresql://"):
+        return PostgresRunRepository(store, clock=clock)
+    return SqliteRunRepository(store, clock=clock)
+
+
+def _heartbeat_of(store: str, driver_id: str) -> float:
+    report = read_lease_report(store, "run")
+    return max(d.last_heartbeat for d in report.drivers if d.driver_id == driver_id)
+
+
+async def _until_renewed(store: str, driver_id: str, at: float) -> None:
+    """Until the driver's heartbeat has renewed its lease at ``at`` (the database, polled)."""
+    renewed = functools.partial(_heartbeat_of, store, driver_id)
+    while await anyio.to_thread.run_sync(renewed) < at:  # noqa: ASYNC110 - another thread's writes
+        await anyio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_a_call_longer_than_the_lease_is_not_made_again(store: str) -> None:
+    # The lease is renewed by its driver's heartbeat for as long as the driver runs, not per call:
+    # a call held for ten lease lengths (of the repositories' clock, moved by this test only once
+    # the driver has renewed at the last step) is never taken by the other driver.
+    lease = 0.3
+    clock = FakeClock()
+    slow = CountingStrategy(hold_from_call=1, signal_at_call=1)
+    other = CountingStrategy()
+    config = ProcessorConfig(concurrency=1)
+    async with await open_run(_repository(store, clock), "run", slow, prompts(1), identity=IDENTITY,
+                              config=config, lease_seconds=lease, poll_interval=0.02) as first, \
+            await open_run(_repository(store, clock), "run", other, prompts(1), identity=IDENTITY,
+                           config=config, lease_seconds=lease, poll_interval=0.02) as second:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first.wait)
+                await slow.reached.wait()  # its one call is in flight, and held
+                tg.start_soon(second.wait)  # the other driver looks for work all along
+                for _ in range(15):  # 15 x 0.2 s = 10 lease lengths
+                    clock.now += 0.2
+                    await _until_renewed(store, first.driver_id, clock.now)
+                assert first.driver_id in await first.drivers()  # its lease is alive, ten lengths on
+                slow.release.set()
+    assert (slow.total, other.total) == (1, 0)  # called once, by the driver that held it
     assert status(store)["reexecuted_after_lease_expiry"] == 0
