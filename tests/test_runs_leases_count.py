@@ -159,3 +159,30 @@ async def test_a_call_longer_than_the_lease_is_not_made_again(store: str) -> Non
                 slow.release.set()
     assert (slow.total, other.total) == (1, 0)  # called once, by the driver that held it
     assert status(store)["reexecuted_after_lease_expiry"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_driver_that_wakes_after_its_lease_expired_starts_no_call(store: str) -> None:
+    # A frozen driver's lease expires (the clock jumps past it) and another driver finishes its
+    # items; when it wakes, its worker takes the next item it had queued: that start is refused
+    # (the lease is dead), so the call never goes, and its wait() carries on cleanly.
+    lease = 0.3
+    clock = FakeClock()
+    frozen = CountingStrategy(hold_from_call=1, signal_at_call=1)
+    other = CountingStrategy()
+    config = ProcessorConfig(concurrency=1)
+    async with await open_run(_repository(store, clock), "run", frozen, prompts(4), identity=IDENTITY,
+                              config=config, lease_seconds=lease, poll_interval=0.02) as first:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first.wait)
+                await frozen.reached.wait()  # its first call is in flight; the others are queued
+                clock.now += 10 * lease  # it is frozen, as far as the database can tell
+                async with await open_run(_repository(store, clock), "run", other, prompts(4),
+                                          identity=IDENTITY, config=config, lease_seconds=30.0,
+                                          poll_interval=0.02) as second:
+                    assert (await second.wait()).status == "completed"
+                frozen.release.set()  # it wakes: its call answers, its next start is refused
+    assert frozen.total == 1  # nothing after it woke
+    assert other.calls == Counter(prompts(4))
+    assert status(store)["reexecuted_after_lease_expiry"] == 1  # p0: by both
