@@ -168,11 +168,12 @@ def check(outcome: dict[str, Any]) -> None:
     extra = sum(prompts.values()) - items
     assert outcome["requests"] >= sum(prompts.values())  # (the client's other requests: none but these)
     # Every call beyond the first of an item was started by a driver that lost its lease (expired,
-    # killed, cut short) before recording its result, and is counted as such, call by call. A start
-    # is written just before its request goes out: a driver killed or detached in those few
-    # milliseconds counts a call the mock never got (seen: 1 in 122, with 81 leases of 1 s lost
-    # on a loaded machine). test_runs_leases_kill.py checks the count is exact for calls in flight.
-    assert extra <= report.reexecuted <= extra + 2 + extra // 20, summary(outcome)
+    # killed, frozen, cut short) before recording its result, and is counted: never fewer. A start
+    # is written as a worker takes its item, before the request goes out (a new segment's client
+    # connects first): a driver killed, frozen or detached in between counts a call the mock never
+    # got, at most one per worker of each lost lease (seen: 13 counted for 10 extra calls, with 13
+    # leases of 1 s on a loaded machine). test_runs_leases_kill.py checks calls in flight exactly.
+    assert extra <= report.reexecuted <= extra + 4 * len(report.drivers), summary(outcome)
 
 
 @pytest.mark.timeout(180)  # about 15 s alone; child processes start slowly on a loaded machine

@@ -7,13 +7,18 @@ and waits until the start is written (``repository.start_calls``). Starts made
 at once share one transaction: a task of the segment (:meth:`CallStarts.run`)
 writes whatever is waiting, then the next batch. What that buys:
 
-* the run counts calls made twice exactly (``reexecuted_after_lease_expiry``):
-  an item whose call was started by a driver that then lost its lease counts
-  when its call starts again, and an item such a driver only held does not;
+* the run counts calls made twice (``reexecuted_after_lease_expiry``): an item
+  whose call was started by a driver that then lost its lease counts when its
+  call starts again, and an item such a driver only held does not. Never fewer
+  than the calls made again; more only by starts whose request had not gone out
+  yet when their driver died or was cut off (at most one per worker and lease);
 * a driver whose lease died starts no call on an item it no longer holds (a
   frozen process that wakes, a database outage past the lease): the write is
   refused, the segment detaches (as when its results are refused), and the
-  worker waits there until the segment's close cancels it -- the call never goes.
+  hook raises :class:`StartRefusedError` instead of returning, so the call never
+  goes. The engine stops the segment's processor with it (a middleware's error
+  does); as a :class:`ClaimLostError` it ends the segment without failing the
+  run, and the driver's next segment takes a new lease.
 
 The price: one small write per batch of starts, on the way of each call (a
 millisecond or two on SQLite or a local PostgreSQL, against calls of a second).
@@ -29,9 +34,14 @@ import anyio.lowlevel
 
 from .._values._errors import ArtifactStoreError
 from .._values._requests import LLMWorkItem
-from ._schema import LeaseLostError
+from ._schema import ClaimLostError, LeaseLostError
 
-__all__ = ["CallStarts"]
+__all__ = ["CallStarts", "StartRefusedError"]
+
+
+class StartRefusedError(ClaimLostError):
+    """A call's start was refused (this driver's lease is gone): its segment ends, the run does not."""
+
 
 StartCalls = Callable[[list[str]], Awaitable[list[str]]]
 
@@ -60,9 +70,10 @@ class CallStarts:
         self._waiting: list[_Ticket] = []
         self._wake = anyio.Event()
         self._closed = False
+        self._why = "the segment ended"
 
     async def before(self, item: LLMWorkItem[Any]) -> None:
-        """The engine's middleware hook: return once the call may go; never, if it may not."""
+        """The engine's middleware hook: return once the call may go; raise if it may not."""
         ticket = _Ticket(item.item_id)
         if self._closed:
             await anyio.lowlevel.checkpoint()
@@ -71,9 +82,9 @@ class CallStarts:
             self._wake.set()
             await ticket.done.wait()
         if not ticket.held:
-            # Not this driver's item any more: the segment is being detached, and its close
-            # cancels this wait. Failing the item instead would stop the run with that error.
-            await anyio.sleep_forever()
+            # Not this driver's item any more. Returning would let the call go (a detaching
+            # segment's processor drains: items in hand still run), so the hook fails instead.
+            raise StartRefusedError(f"the call of item {item.item_id!r} was not started: {self._why}")
 
     async def run(self) -> None:
         """Write the waiting starts, batch after batch, until the segment ends (a task of it)."""
@@ -92,8 +103,9 @@ class CallStarts:
                             raise LeaseLostError("an item of this lease went back to the pool")
                 except (LeaseLostError, ArtifactStoreError) as exc:
                     self._closed = True
+                    self._why = str(exc)
                     self._on_lost(exc)
-                finally:  # (a cancelled write too: its calls wait for the segment's close)
+                finally:  # (a cancelled write too: the segment is ending, its calls are refused)
                     for ticket in batch:
                         ticket.held = ticket.item_id in held and not self._closed
                         ticket.done.set()
