@@ -1,8 +1,8 @@
 """Leases, at the repository: many drivers on one run, on SQLite and on PostgreSQL.
 
 Time is a fake clock injected into each repository (no wall-clock sleeps):
-expiry, renewal, fencing of late results, the count of items re-leased after an
-expiry, and returning items when a driver stops. Two repository objects on
+expiry, renewal, fencing of late results and of late call starts, the count of
+calls made again after an expiry, and returning items when a driver stops. Two repository objects on
 one store stand for two driver processes.
 """
 
@@ -100,7 +100,7 @@ def test_two_drivers_lease_disjoint_slices_and_record_only_their_own(
     report = a.lease_report("r")
     assert [(d.driver_id, d.items_done, d.state) for d in report.drivers] == [("A", 2, "active"),
                                                                                ("B", 1, "active")]
-    assert (report.expired_lease_items, report.leased) == (0, 5)
+    assert (report.reexecuted, report.leased, report.active) == (0, 5, 2)
 
 
 def test_an_expired_lease_goes_back_to_the_pool_and_its_late_results_are_refused(
@@ -109,6 +109,7 @@ def test_an_expired_lease_goes_back_to_the_pool_and_its_late_results_are_refused
     a, b = pair
     ta = a.open_lease("r", "A", lease_seconds=LEASE)
     assert _ids(a.lease_items("r", ta, limit=3)) == ["i0", "i1", "i2"]
+    assert a.start_calls("r", ta, ["i0", "i1"]) == ["i0", "i1"]  # A calls i0 and i1, not yet i2
     a.record("r", [_result("i0")], lease=ta)
     clock.now += LEASE - 1
     assert a.renew_lease("r", ta)  # a heartbeat in time extends it
@@ -122,15 +123,37 @@ def test_an_expired_lease_goes_back_to_the_pool_and_its_late_results_are_refused
     assert not a.renew_lease("r", ta)  # and a late heartbeat does not revive it
     with pytest.raises(LeaseLostError):
         a.lease_items("r", ta, limit=1)
+    with pytest.raises(LeaseLostError):  # nor start a call (a frozen driver that wakes: the fence)
+        a.start_calls("r", ta, ["i2"])
+    assert b.lease_report("r").reexecuted == 0  # nothing is called twice yet
+    assert b.start_calls("r", tb, ["i0", "i1", "i2"]) == ["i1", "i2"]  # i0 is done: not B's
     snap = b.record("r", [_result(f"i{n}") for n in range(1, 10)], lease=tb)
     assert (snap.done, snap.last_sequence, snap.pending) == (10, 10, 0)
     assert a.complete("r")[0]
     report = b.lease_report("r")
-    assert report.expired_lease_items == 2  # i1, i2: each may have been called twice
+    assert report.reexecuted == 1  # i1, called by A then by B; i2 only A held, B called it first
     assert {d.driver_id: (d.state, d.items_done) for d in report.drivers} == {"A": ("expired", 1),
                                                                                "B": ("active", 9)}
     results = a.results("r", after_sequence=0, limit=None)
     assert Counter(r.item_id for r in results) == Counter(f"i{n}" for n in range(10))
+
+
+def test_a_call_start_replayed_after_a_lost_answer_is_counted_once(
+    pair: tuple[RunRepository, RunRepository], clock: FakeClock
+) -> None:
+    # A start whose commit answer was lost is written again by the client's retry: a no-op.
+    a, b = pair
+    ta = a.open_lease("r", "A", lease_seconds=LEASE)
+    a.lease_items("r", ta, limit=2)
+    assert a.start_calls("r", ta, ["i0", "i1"]) == ["i0", "i1"]
+    assert a.start_calls("r", ta, ["i0", "i1"]) == ["i0", "i1"]  # the replay
+    assert a.lease_report("r").reexecuted == 0
+    clock.now += LEASE + 1  # A dies with both calls in flight
+    tb = b.open_lease("r", "B", lease_seconds=LEASE)
+    assert _ids(b.lease_items("r", tb, limit=2)) == ["i0", "i1"]
+    assert b.start_calls("r", tb, ["i0"]) == ["i0"]
+    assert b.start_calls("r", tb, ["i0", "i1"]) == ["i0", "i1"]  # i0 replayed, i1 new
+    assert b.lease_report("r").reexecuted == 2  # i0 and i1, once each
 
 
 def test_an_expiry_exactly_at_the_deadline_is_not_yet_expired(
@@ -158,7 +181,7 @@ def test_closing_a_lease_returns_its_unrecorded_items_uncounted(
         a.record("r", [_result("i2")], lease=ta)
     tb = b.open_lease("r", "B", lease_seconds=LEASE)
     assert _ids(b.lease_items("r", tb, limit=10)) == [f"i{n}" for n in range(2, 10)]
-    assert b.lease_report("r").expired_lease_items == 0
+    assert b.lease_report("r").reexecuted == 0
 
 
 def test_drivers_leasing_at_once_never_share_an_item(store: str, clock: FakeClock) -> None:
@@ -244,7 +267,7 @@ async def test_three_handles_drive_one_run_to_exactly_one_result_per_item(store:
         repo.close()
     assert sum(d.items_done for d in report.drivers) == 90
     assert {d.state for d in report.drivers} == {"stopped"}  # each gave its lease back
-    assert (report.expired_lease_items, report.leased) == (0, 0)
+    assert (report.reexecuted, report.leased, report.active) == (0, 0, 0)
 
 
 @pytest.mark.anyio

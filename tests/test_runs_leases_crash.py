@@ -6,9 +6,11 @@ are ``tests/_lease_child.py`` processes. While they work, drivers are killed
 woken (``SIGCONT``), and the PostgreSQL server is restarted once. Then:
 
 * every item has exactly one result, with gapless sequences;
-* the mock's request count is at least one per item, and every extra call is
-  accounted for by the run's count of items re-leased after an expiry (no
-  stored success is ever called again otherwise).
+* the mock's request count is at least one per item, and the run's count of
+  calls made again (``reexecuted_after_lease_expiry``) is the calls the mock got
+  beyond one per item, give or take a start cut in the instant before its
+  request went out (a frozen driver that wakes starts no call on an item it
+  lost; no stored success is ever called again).
 
 The short version (a small lease, 160 items) runs in the suite;
 ``benchmarks/runs_fuzz.py`` runs the long one. The chaos is timed by the run's
@@ -165,9 +167,13 @@ def check(outcome: dict[str, Any]) -> None:
     assert set(prompts) == {f"prompt {n}" for n in range(items)}  # every item called
     extra = sum(prompts.values()) - items
     assert outcome["requests"] >= sum(prompts.values())  # (the client's other requests: none but these)
-    # Every call beyond the first of an item went through a lease that expired (or was cut short).
-    assert 0 <= extra <= report.expired_lease_items
-    assert report.expired_lease_items > 0  # the frozen and the killed drivers held calls in flight
+    # Every call beyond the first of an item was started by a driver that lost its lease (expired,
+    # killed, frozen, cut short) before recording its result, and is counted: never fewer. A start
+    # is written as a worker takes its item, before the request goes out (a new segment's client
+    # connects first): a driver killed, frozen or detached in between counts a call the mock never
+    # got, at most one per worker of each lost lease (seen: 13 counted for 10 extra calls, with 13
+    # leases of 1 s on a loaded machine). test_runs_leases_kill.py checks calls in flight exactly.
+    assert extra <= report.reexecuted <= extra + 4 * len(report.drivers), summary(outcome)
 
 
 @pytest.mark.timeout(180)  # about 15 s alone; child processes start slowly on a loaded machine
@@ -183,5 +189,5 @@ def summary(outcome: dict[str, Any]) -> str:
     report = outcome["report"]
     extra = sum(outcome["prompts"].values()) - outcome["items"]
     return (f"items {outcome['items']}, requests {outcome['requests']} (extra {extra}), "
-            f"re-leased after an expiry {report.expired_lease_items}, drivers started "
+            f"counted as made again {report.reexecuted}, drivers started "
             f"{outcome['drivers_started']}, leases {len(report.drivers)}")

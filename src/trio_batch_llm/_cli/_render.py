@@ -298,13 +298,14 @@ def status_json(snap: RunSnapshot, report: LeaseReport) -> dict[str, Any]:
 
     ``drivers`` lists the run's leases (newest 100), each with ``driver_id`` (host:pid:tag),
     ``items_done``, ``last_heartbeat`` (ISO 8601, UTC) and ``state`` (active, expired, stopped);
-    ``reexecuted_after_lease_expiry`` counts items whose lease expired before their result was
-    recorded: each may have been called twice (the only at-least-once case)."""
+    ``reexecuted_after_lease_expiry`` counts the calls made again because the driver that had
+    started them never recorded their result (its lease expired, it was killed or cut short):
+    the only at-least-once case, counted call by call, not items held."""
     data = snapshot_json(snap)
     data.update(
         total=snap.items,
         leased=report.leased,
-        reexecuted_after_lease_expiry=report.expired_lease_items,
+        reexecuted_after_lease_expiry=report.reexecuted,
         drivers=[
             {"driver_id": d.driver_id, "items_done": d.items_done, "last_heartbeat": _iso(d.last_heartbeat),
              "state": d.state, "lease": d.token}

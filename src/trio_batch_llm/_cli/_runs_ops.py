@@ -120,11 +120,10 @@ def status_command(args: argparse.Namespace) -> int:
         print(json.dumps(status_json(snap, report), sort_keys=True), flush=True)
         return EXIT_OK
     print("\n".join(describe(snap)), flush=True)
-    active = [d for d in report.drivers if d.state == "active"]
-    if active or report.expired_lease_items:
-        print(f"drivers: {len(active)} active ({', '.join(d.driver_id for d in active) or 'none'}); "
-              f"{report.leased} item(s) leased; {report.expired_lease_items} re-leased after a lease "
-              "expired (each may have been called twice)", flush=True)
+    if report.working or report.reexecuted:
+        print(f"drivers: {report.active} working ({', '.join(report.working) or 'none'}); "
+              f"{report.leased} item(s) leased; {report.reexecuted} call(s) made again after their "
+              "driver lost its lease mid-call", flush=True)
     if snap.unresolved_submission is not None:
         say(resolve_hint(snap, db) + " (while a create is in flight it is named here too: resolve only "
             "one that stays unresolved)")

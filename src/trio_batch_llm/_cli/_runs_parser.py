@@ -30,6 +30,7 @@ from ._args import (
     add_request_arguments,
     batch_size,
     non_empty,
+    non_negative_float,
     non_negative_int,
     positive_float,
     positive_int,
@@ -83,9 +84,11 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
         help="create the run from INPUT, or continue it, and drive it",
         description="Create the run RUN_ID in DB from INPUT (.jsonl or .csv, as for `run`), or reattach "
                     "to it if DB already holds it (pass the same INPUT and --model again), and drive it "
-                    "until it ends, or for --timeout seconds. Only one process drives a run at a time "
-                    "(a start elsewhere watches and takes over if the driver dies), unless every start "
-                    "passes --lease-seconds: then they all drive it together. Ctrl+C or SIGTERM "
+                    "until it ends, or for --timeout seconds. In live mode every start of a run drives "
+                    "it together with the others, on this machine or others sharing DB (each says how "
+                    "many drivers work on it); with --lease-seconds 0, or in provider-batch mode, one "
+                    "process drives at a time and a start elsewhere watches, taking over if the "
+                    "driver dies. Ctrl+C or SIGTERM "
                     "stops driving at once, as --timeout does: the run stays as it was, and the next "
                     "start continues it. Exit status: 0 completed and every item succeeded; 1 completed "
                     "with failed items, failed or cancelled; 2 bad usage or input; 3 --timeout reached "
@@ -109,10 +112,12 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
     live.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
     live.add_argument("--attempt-timeout", type=positive_float, metavar="S",
                       help="seconds one attempt may take (default 120)")
-    live.add_argument("--lease-seconds", type=positive_float, metavar="S",
-                      help="drive beside other processes: lease slices of items, renewed every S/3 s; "
-                           "a driver silent for S s loses its items to the others (its calls in flight "
-                           "may run twice; results stay exactly-once). 30 is a sound start")
+    live.add_argument("--lease-seconds", type=non_negative_float, metavar="S",
+                      help="drivers of one run share it by leasing slices of items, renewed every S/3 s "
+                           "while the driver runs, however long its calls take; a driver silent for S s "
+                           "(killed, frozen, cut off) loses its items to the others: its calls in flight "
+                           "may run twice (counted by `runs status`), results stay exactly-once "
+                           "(default 30; 0: one driver at a time, the others watch)")
     live.add_argument("--max-attempts", type=positive_int, metavar="N",
                       help="attempts per item before it fails, rate-limit retries not counted (default 3)")
     live.add_argument("--quota", metavar="redis://...",

@@ -8,8 +8,13 @@ run of that name must have been started with the same ``--mode`` and
 reattach it is fast-forwarded to the stored checkpoint and checked against the
 item id recorded there), which is also why a ``.csv`` input works.
 
-Driving is ``run.wait(timeout)``: in this process if it gets the run's claim,
-otherwise it watches the driver elsewhere and takes over if that one dies.
+Driving is ``run.wait(timeout)``. A live run is driven under a lease by
+default (``--lease-seconds``, 30 s): every ``start`` of it, on this machine or
+another sharing the database, works on it beside the others, and each says how
+many drivers are working (when it joins, and whenever the number changes).
+``--lease-seconds 0`` (and provider-batch mode, which keeps one submitter)
+drives only with the run's claim: a ``start`` elsewhere watches, and takes over
+if that driver dies.
 
 A database that cannot be reached (at the start, or while driving for longer
 than ``--unreachable-timeout``, default 60 s: shorter outages are ridden out)
@@ -74,10 +79,16 @@ from ._terminal import end_echoed_ctrl_c
 # Stands in for --out when the database is a PostgreSQL URL: plan_run checks it and never opens it.
 _NO_OUT_FILE: Final = "/nonexistent-out-of-a-postgresql-run"
 
-__all__ = ["EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
+__all__ = ["DEFAULT_LEASE_SECONDS", "EXIT_TIMED_OUT", "StartPlan", "plan_start", "start_command"]
 
 EXIT_TIMED_OUT: Final = 3
 _PROGRESS_EVERY: Final = 10.0  # seconds between progress lines while the run is not terminal
+_DRIVERS_EVERY: Final = 1.0  # seconds between looks at how many drivers work on the run
+# The lease of a live run's driver. It is renewed every third of it while the driver runs, however
+# long its calls take, so it bounds how long a healthy driver may stall (a pause of the process,
+# a database failover) before its calls in flight are made again elsewhere, and how long a dead
+# driver's items wait for the others: the same 30 s as a shared quota's in-flight expiry.
+DEFAULT_LEASE_SECONDS: Final = 30.0
 _LIVE_FLAGS: Final = {"concurrency": "--concurrency", "rpm": "--rpm", "tpm": "--tpm",
                       "lease_seconds": "--lease-seconds",
                       "attempt_timeout": "--attempt-timeout", "max_attempts": "--max-attempts",
@@ -100,6 +111,7 @@ class StartPlan:
     batch: ProviderBatchConfig | None
     timeout: float | None
     lease_seconds: float | None
+    """None: driven with the run's claim, one process at a time (provider-batch, or --lease-seconds 0)."""
     unreachable_timeout: float
     backend: str
     existing: RunSnapshot | None
@@ -107,6 +119,15 @@ class StartPlan:
     endpoint: str = ""
     """Which API the drive speaks, and where (printed after the run's description)."""
     """This command line again: what continues the run."""
+
+
+def _lease_seconds(args: argparse.Namespace) -> float | None:
+    """The driver's lease: the default in live mode, none with ``--lease-seconds 0`` or a provider batch."""
+    if args.mode != "live":
+        return None  # (a --lease-seconds given with it was refused)
+    if args.lease_seconds is None:
+        return DEFAULT_LEASE_SECONDS
+    return float(args.lease_seconds) or None
 
 
 def _existing(db: RunDb, run_id: str) -> RunSnapshot | None:
@@ -183,7 +204,8 @@ def plan_start(args: argparse.Namespace, argv: Sequence[str]) -> StartPlan:
     return StartPlan(
         db=db, run_id=args.run_id, source=rows,
         strategy=checked.strategy, identity=identity, config=checked.config, mode=args.mode, batch=batch,
-        timeout=args.timeout, lease_seconds=args.lease_seconds, unreachable_timeout=args.unreachable_timeout,
+        timeout=args.timeout, lease_seconds=_lease_seconds(args),
+        unreachable_timeout=args.unreachable_timeout,
         backend=args.backend, existing=existing, command=shown_command(_shown_argv(argv, args.db, db)),
         endpoint=checked.endpoint,
     )
@@ -221,6 +243,28 @@ async def _report_progress(run: Run) -> None:
             say(drive_progress_line(snap))
 
 
+def _working(count: int, run_id: str) -> str:
+    return f"{count} driver{'' if count == 1 else 's'} working on run {run_id}"
+
+
+async def _report_drivers(run: Run, run_id: str) -> None:
+    """Say how many drivers work on the run: once this one has its lease (it joined, or works
+    alone so far), then whenever the number changes."""
+    shown: int | None = None
+    while True:
+        working = await run.drivers()
+        if run.driver_id in working and len(working) != shown:  # (between two of its leases: not)
+            count = len(working)
+            if shown is not None:
+                say(_working(count, run_id))
+            elif count > 1:
+                say(f"joined run {run_id}: {count} drivers working on it")
+            else:
+                say(f"{_working(1, run_id)} (this one); a `runs start` of it elsewhere works beside it")
+            shown = count
+        await anyio.sleep(_DRIVERS_EVERY)
+
+
 async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
     await check_quota(plan.config.quota_backend)  # as `run`: a refused --quota is bad usage, exit 2
     await check_cache(plan.config.response_cache)  # and so is a --cache that cannot be opened
@@ -236,6 +280,8 @@ async def _drive(plan: StartPlan, outcome: _Outcome) -> None:
             async with run:
                 outcome.opened = True
                 group.start_soon(_report_progress, run, name="progress lines")
+                if plan.lease_seconds is not None:
+                    group.start_soon(_report_drivers, run, plan.run_id, name="drivers lines")
                 with drive:
                     try:
                         outcome.snapshot = await run.wait(plan.timeout)

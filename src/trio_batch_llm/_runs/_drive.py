@@ -67,6 +67,7 @@ from .._values._results import BatchTermination, WorkItemResult
 from .._values._stop_reasons import StopReason
 from ._ingest import Ingestor, decode_context
 from ._schema import ClaimLostError, LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
+from ._starts import CallStarts
 from .repository._client import RepositoryClient
 
 __all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result", "only_of"]
@@ -264,12 +265,17 @@ class SegmentDriver(DriverBase):
         ingest = ingest and not snap.checkpoint.exhausted
         if lease is None or ingest:
             await self._prepare_ingestion(snap)
-        config = self._segment_config(snap)
+        config = self._segment_config(snap, shared=lease is not None)
         if config is None:
             budget = self._config.guardrails.max_total_tokens
             await self._fail(RunTermination("budget_exhausted", f"max_total_tokens={budget} reached"))
             return
-        proc = ParallelBatchProcessor[Any](config, call_start_deadline=deadline)
+        starts = None
+        if lease is not None:  # each call's start is written under the lease before it goes (._starts)
+            starts = CallStarts(functools.partial(self._start_calls, lease),
+                                functools.partial(self._lost, seg))
+        proc = ParallelBatchProcessor[Any](config, call_start_deadline=deadline,
+                                           middlewares=[starts] if starts is not None else None)
         try:
             with unwrap_group():
                 async with proc:
@@ -285,6 +291,8 @@ class SegmentDriver(DriverBase):
                                 tg.start_soon(seg.guarded, feed, name="run feeder")
                                 beat = functools.partial(self._heartbeat, seg, lease)
                                 tg.start_soon(seg.guarded, beat, name="run lease heartbeat")
+                                assert starts is not None
+                                tg.start_soon(seg.guarded, starts.run, name="run call starts")
                             watch = functools.partial(self._watch, seg, leased=lease is not None)
                             tg.start_soon(seg.guarded, watch, name="run status watcher")
                             await self._record(seg, proc, lease)
@@ -311,11 +319,14 @@ class SegmentDriver(DriverBase):
             raise seg.failure
         await self._conclude(seg, proc.termination, shared=lease is not None)
 
-    def _segment_config(self, snap: RunSnapshot) -> ProcessorConfig | None:
+    def _segment_config(self, snap: RunSnapshot, *, shared: bool = False) -> ProcessorConfig | None:
         config = self._config
-        if not config.max_queue_size:
-            # A bounded input queue: a pause then reports few items NOT_EXECUTED.
-            config = dataclasses.replace(config, max_queue_size=max(2 * config.workers, 16))
+        queue = max(2 * config.workers, 16)
+        if not config.max_queue_size or (shared and config.max_queue_size > queue):
+            # A bounded input queue: a pause then reports few items NOT_EXECUTED. Beside other
+            # drivers it is what this one holds leased ahead of its calls: no more than it needs,
+            # so the others find work, and a dead driver leaves few items waiting for its expiry.
+            config = dataclasses.replace(config, max_queue_size=queue)
         if not config.max_result_queue_size:
             # Bounded results: workers never run far ahead of what is recorded.
             config = dataclasses.replace(config, max_result_queue_size=max(2 * config.workers, 64))
@@ -508,6 +519,16 @@ class SegmentDriver(DriverBase):
         wake.ingestion_over = True
         wake.set()
         await anyio.lowlevel.checkpoint()
+
+    async def _start_calls(self, lease: int, item_ids: list[str]) -> list[str]:
+        return await self._leased_call(self._repo.start_calls, self._run_id, lease, item_ids)
+
+    @staticmethod
+    def _lost(seg: Segment, exc: BaseException) -> None:
+        """A call start was refused: the lease is dead (or the database unreachable: drive() raises it)."""
+        if isinstance(exc, ArtifactStoreError):
+            seg.fail(exc, "error")
+        seg.request("detached", str(exc))
 
     async def _heartbeat(self, seg: Segment, lease: int) -> None:
         """Renew the lease every third of its length; a lease found dead stops the segment."""

@@ -105,13 +105,18 @@ async def open_run(
     ``lease_seconds`` (live mode) lets many processes drive the run at once,
     on one machine or many (PostgreSQL; SQLite on one machine): each
     ``wait()`` leases slices of pending items for itself and renews its lease
-    every ``lease_seconds / 3``; a lease not renewed for ``lease_seconds``
-    (its process killed, frozen or cut off) expires, its items go to the other
-    drivers, and its late results are refused. Results stay exactly-once; a
-    call whose lease expired mid-call may be made twice (counted in ``runs
-    status`` as ``reexecuted_after_lease_expiry``). Choose it well above the
-    longest pause a healthy process may have (30 s is a sound start). ``None``
-    (the default): one driver at a time, the others wait.
+    every ``lease_seconds / 3`` for as long as it drives, however long its
+    calls take; a lease not renewed for ``lease_seconds`` (its process killed,
+    frozen or cut off) expires, its items go to the other drivers, and its
+    late results are refused. Results stay exactly-once; a call its driver
+    started and never recorded (the lease lost mid-call) is made again, and
+    counted call by call in ``runs status`` as ``reexecuted_after_lease_expiry``
+    (each call start is written under the lease just before the call goes).
+    Choose it well above the longest pause a healthy process may have; 30 s is
+    what ``trio-batch-llm runs start`` uses. ``None`` (the default here): one
+    driver at a time, every other ``wait()`` watches, so a handle opened only to
+    report on, control or await the run never makes calls of its own.
+    :meth:`Run.drivers` lists the drivers working now.
 
     ``unreachable_timeout`` (seconds, default 60): how long a database outage
     (PostgreSQL restarting, a network cut) is ridden out. Every repository call

@@ -133,6 +133,15 @@ class Run:
         self._check_open()
         return await export_results_jsonl(self._db, self._run_id, os.fspath(path), after_sequence)
 
+    async def drivers(self) -> list[str]:
+        """The ids of the drivers working on the run now, oldest first (this handle's is its
+        ``driver_id``, host:pid:tag): each ``wait()`` of a handle opened with ``lease_seconds`` holds a lease
+        while it drives. A lease counts until it is given back or expires (``lease_seconds`` after
+        its driver's last heartbeat). Empty for a run driven one process at a time."""
+        self._check_open()
+        report = await self._db.call(self._repo.lease_report, self._run_id)
+        return list(report.working)
+
     # --- control ---------------------------------------------------------------------
 
     async def pause(self, reason: str = "paused") -> RunSnapshot:
@@ -286,7 +295,7 @@ class Run:
             await self._close_lease()
         raise TimeoutError(f"run {self._run_id!r} was not terminal after {timeout} s")
 
-    async def _close_lease(self, *, count_returned: bool = False) -> None:
+    async def _close_lease(self) -> None:
         """Give back this handle's lease (its unrecorded items go back to pending).
 
         Tried once: with the database unreachable the lease is left to expire (its items go
@@ -298,8 +307,7 @@ class Run:
             return
         with anyio.CancelScope(shield=True):  # bounded: one repository call, tried once
             try:
-                await self._db.call_once(self._repo.close_lease, self._run_id, lease,
-                                         count_returned=count_returned)
+                await self._db.call_once(self._repo.close_lease, self._run_id, lease)
             except DatabaseUnavailableError:
                 await anyio.lowlevel.checkpoint()  # it expires after lease_seconds, as a dead driver's does
 
@@ -367,21 +375,19 @@ class Run:
                 )
             # The claim, held by one process at a time, is now the right to ingest the source.
             ingest = await self._db.call(self._repo.try_claim, self._run_id)
-            clean = False
             try:
                 snap = await self._db.call(self._repo.snapshot, self._run_id)
                 if snap.status == "running":
                     await driver.drive(segment, snap, deadline, lease=self._lease, ingest=ingest)
-                clean = segment.stop in (None, "paused")
             finally:
                 with anyio.CancelScope(shield=True):  # bounded: closes one file descriptor or lock
                     if ingest:
                         await self._release()
                 if segment.leased:
                     # What it leased and did not record goes back now; the next segment opens a new
-                    # lease (idle segments lease nothing and keep theirs). After a pause or a normal
-                    # end those items were never called; after anything else they may have been.
-                    await self._close_lease(count_returned=not clean)
+                    # lease (idle segments lease nothing and keep theirs). Those whose call had
+                    # started count as repeated calls when their call starts again (._starts).
+                    await self._close_lease()
             return segment.progress > 0
         finally:
             self._segment = None

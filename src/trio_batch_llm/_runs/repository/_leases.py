@@ -5,12 +5,25 @@ A driver *opens a lease* on a run (a row of ``run_drivers``, with a fencing
 pending items become ``leased`` under its token. It renews the lease by
 heartbeat; a lease whose ``expires_at`` has passed is dead for good (a late
 heartbeat does not revive it). Whoever leases items next first *expires* the
-dead leases of the run: their leased items go back to ``pending`` and are
-counted in ``runs.expired_lease_items`` (each may have been called by the
-dead driver already: the at-least-once case). A result is recorded only for
-an item leased under the writer's token, while its lease is alive -- the
-check and the write are one transaction -- so a frozen driver that wakes after
-its lease expired has its results refused (:class:`LeaseLostError`).
+dead leases of the run: their leased items go back to ``pending``. A result
+is recorded only for an item leased under the writer's token, while its lease
+is alive -- the check and the write are one transaction -- so a frozen driver
+that wakes after its lease expired has its results refused (:class:`LeaseLostError`).
+
+Calls made twice (the at-least-once case) are counted exactly, not guessed from
+the items a lost lease held: a driver records that it *starts* an item's call
+(:func:`start_calls`, under its live lease, before the call is sent) by writing
+its token into the item's ``attempts`` (which a live run has no other use for:
+there it is the token of the lease that last started a call of the item, 0 for
+none). An item whose ``attempts`` holds another token when a call of it starts
+was called before by a driver that never recorded its result (it lost its
+lease, was killed or was cut short): that start is a repeated call, and adds one
+to the run's ``runs.expired_lease_items`` (named before it counted this; ``runs
+status`` shows it as ``reexecuted_after_lease_expiry``). An item a lost lease
+held but had not started goes back to the pool uncounted. Writing the token
+(rather than adding one) keeps the write a no-op when it is replayed after a
+commit whose answer was lost. The start is also a fence: a driver whose lease
+died cannot start a call on an item it no longer holds.
 
 Time is the repository's ``clock`` (seconds, ``time.time`` by default; a
 test injects a fake one): every expiry decision compares the caller's now with
@@ -37,7 +50,10 @@ from .._schema import LeaseLostError, PendingItem, RunStateError
 __all__ = [
     "DRIVERS_TABLE_SQL", "POSTGRES", "SQLITE", "Dialect", "DriverRecord", "LeaseReport", "check_lease",
     "close_lease", "count_done", "expire_leases", "lease_items", "open_lease", "renew_lease", "report",
+    "start_calls",
 ]
+
+_IN_CHUNK: Final = 500  # item ids per IN (...) list: SQLite builds before 3.32 allow 999 parameters
 
 
 @final
@@ -89,11 +105,27 @@ class DriverRecord:
 @final
 @dataclass(frozen=True, slots=True)
 class LeaseReport:
-    """What ``runs status`` shows of a run's drivers."""
+    """What ``runs status`` shows of a run's drivers.
+
+    ``reexecuted``: calls started again for an item whose earlier call was started by a driver
+    that never recorded its result (see the module docstring); ``working``: the ids of the
+    drivers whose lease is alive now (state ``active``, not past ``expires_at``), oldest first.
+    """
 
     drivers: tuple[DriverRecord, ...]
-    expired_lease_items: int
+    reexecuted: int
     leased: int
+    working: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> int:
+        """How many drivers work on the run now."""
+        return len(self.working)
+
+    @property
+    def expired_lease_items(self) -> int:
+        """The former name of :attr:`reexecuted` (kept for scripts that read it)."""
+        return self.reexecuted
 
 
 def _lock_run(conn: Any, d: Dialect, run_id: str, location: str) -> None:
@@ -132,15 +164,12 @@ def expire_leases(conn: Any, d: Dialect, location: str, run_id: str, *, now: flo
               f" AND token IN ({marks})"),
         (run_id, *dead),
     )
-    returned = int(conn.execute(
+    # Uncounted here: an item that its dead driver had started counts when its call starts again.
+    return int(conn.execute(
         d.sql(f"UPDATE run_items SET state = 'pending', lease_token = NULL WHERE run_id = ?"
               f" AND state = 'leased' AND lease_token IN ({marks})"),
         (run_id, *dead),
     ).rowcount)
-    if returned:
-        conn.execute(d.sql("UPDATE runs SET expired_lease_items = expired_lease_items + ? WHERE run_id = ?"),
-                     (returned, run_id))
-    return returned
 
 
 def check_lease(conn: Any, d: Dialect, run_id: str, token: int, *, now: float) -> None:
@@ -190,26 +219,46 @@ def renew_lease(conn: Any, d: Dialect, run_id: str, token: int, *, now: float) -
     ).rowcount == 1)
 
 
-def close_lease(conn: Any, d: Dialect, location: str, run_id: str, token: int, *,
-                count_returned: bool = False) -> int:
+def close_lease(conn: Any, d: Dialect, location: str, run_id: str, token: int) -> int:
     """End the lease (its driver stops); its unrecorded items back to pending. How many.
 
-    ``count_returned``: the driver cannot vouch that none of them was called (its segment
-    was cut short), so they count in ``expired_lease_items`` like an expired lease's."""
+    Uncounted, whether the driver stopped cleanly or was cut short: those of them whose call it
+    had started count when their call starts again (:func:`start_calls`)."""
     _lock_run(conn, d, run_id, location)
     conn.execute(
         d.sql("UPDATE run_drivers SET state = 'stopped' WHERE run_id = ? AND token = ? AND state = 'active'"),
         (run_id, token),
     )
-    returned = int(conn.execute(
+    return int(conn.execute(
         d.sql("UPDATE run_items SET state = 'pending', lease_token = NULL"
               " WHERE run_id = ? AND state = 'leased' AND lease_token = ?"),
         (run_id, token),
     ).rowcount)
-    if returned and count_returned:
+
+
+def start_calls(conn: Any, d: Dialect, location: str, run_id: str, token: int, item_ids: list[str], *,
+                now: float) -> list[str]:
+    """Record that calls of ``item_ids`` start now under lease ``token``; the ids it holds (only
+    those may be called). Each start of an item called before without a recorded result adds
+    one to the run's count of repeated calls. :class:`LeaseLostError` if the lease is dead."""
+    _lock_run(conn, d, run_id, location)  # lock order: the run, then its items (as record does)
+    check_lease(conn, d, run_id, token, now=now)
+    held: list[str] = []
+    again = 0
+    for start in range(0, len(item_ids), _IN_CHUNK):
+        chunk = item_ids[start:start + _IN_CHUNK]
+        where = (f" WHERE run_id = ? AND state = 'leased' AND lease_token = ?"
+                 f" AND item_id IN ({d.marks(len(chunk))})")
+        rows = conn.execute(d.sql("SELECT item_id, attempts FROM run_items" + where),
+                            (run_id, token, *chunk)).fetchall()
+        if rows:
+            conn.execute(d.sql("UPDATE run_items SET attempts = ?" + where), (token, run_id, token, *chunk))
+        held += [item_id for item_id, _ in rows]
+        again += sum(1 for _, started_by in rows if started_by not in (0, token))
+    if again:
         conn.execute(d.sql("UPDATE runs SET expired_lease_items = expired_lease_items + ? WHERE run_id = ?"),
-                     (returned, run_id))
-    return returned
+                     (again, run_id))
+    return held
 
 
 def count_done(conn: Any, d: Dialect, run_id: str, token: int, n: int) -> None:
@@ -217,7 +266,7 @@ def count_done(conn: Any, d: Dialect, run_id: str, token: int, n: int) -> None:
                  (n, run_id, token))
 
 
-def report(conn: Any, d: Dialect, run_id: str, *, drivers_limit: int = 100) -> LeaseReport:
+def report(conn: Any, d: Dialect, run_id: str, *, now: float, drivers_limit: int = 100) -> LeaseReport:
     rows = conn.execute(
         d.sql("SELECT driver_id, token, state, items_done, started_at, heartbeat_at, expires_at"
               " FROM run_drivers WHERE run_id = ? ORDER BY token DESC LIMIT ?"),
@@ -228,5 +277,11 @@ def report(conn: Any, d: Dialect, run_id: str, *, drivers_limit: int = 100) -> L
     (leased,) = conn.execute(
         d.sql("SELECT COUNT(*) FROM run_items WHERE run_id = ? AND state = 'leased'"), (run_id,)
     ).fetchone()
-    return LeaseReport(tuple(DriverRecord(*row) for row in reversed(rows)), int(expired), int(leased))
+    working = conn.execute(
+        d.sql("SELECT driver_id FROM run_drivers WHERE run_id = ? AND state = 'active' AND expires_at >= ?"
+              " ORDER BY token"),
+        (run_id, now),
+    ).fetchall()
+    return LeaseReport(tuple(DriverRecord(*row) for row in reversed(rows)), int(expired), int(leased),
+                       tuple(driver_id for (driver_id,) in working))
 

@@ -424,14 +424,18 @@ class PostgresRunRepository:
         with self._write(f"renewing a lease on run {run_id!r}") as conn:
             return leases.renew_lease(conn, POSTGRES, run_id, lease, now=self._clock())
 
-    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
+    def close_lease(self, run_id: str, lease: int) -> int:
         with self._write(f"closing a lease on run {run_id!r}") as conn:
-            return leases.close_lease(conn, POSTGRES, self._location, run_id, lease,
-                                      count_returned=count_returned)
+            return leases.close_lease(conn, POSTGRES, self._location, run_id, lease)
+
+    def start_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> list[str]:
+        with self._write(f"starting {len(item_ids)} call(s) of run {run_id!r}") as conn:
+            return leases.start_calls(conn, POSTGRES, self._location, run_id, lease, list(item_ids),
+                                      now=self._clock())
 
     def lease_report(self, run_id: str) -> LeaseReport:
         with self._read(f"reading the drivers of run {run_id!r}") as conn:
-            return leases.report(conn, POSTGRES, run_id)
+            return leases.report(conn, POSTGRES, run_id, now=self._clock())
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
         with self._read(f"reading the results of run {run_id!r}") as conn:

@@ -118,18 +118,22 @@ class RunRepository(Protocol):
         """A new lease (alive for ``lease_seconds`` from now); its fencing token, never reused."""
 
     def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
-        """Expire the run's dead leases (their items back to pending, counted), then lease up to
+        """Expire the run's dead leases (their items back to pending), then lease up to
         ``limit`` pending items under ``lease``; LeaseLostError if ``lease`` is dead."""
 
     def renew_lease(self, run_id: str, lease: int) -> bool:
         """The heartbeat: extend a live lease; False if it is dead (it never comes back)."""
 
-    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
-        """End the lease; its items without a result go back to pending. How many.
-        ``count_returned``: they may have been called (counted as after an expiry)."""
+    def close_lease(self, run_id: str, lease: int) -> int:
+        """End the lease; its items without a result go back to pending. How many."""
+
+    def start_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> list[str]:
+        """Record that calls of ``item_ids`` start now under ``lease``; the ids it holds (only those
+        may be called). A start of an item called before without a recorded result is counted as
+        a repeated call. LeaseLostError if ``lease`` is dead."""
 
     def lease_report(self, run_id: str) -> LeaseReport:
-        """The run's drivers (newest 100 leases), its count of items re-leased after an expiry."""
+        """The run's drivers (newest 100 leases), how many are alive, its count of repeated calls."""
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]: ...
 

@@ -294,17 +294,21 @@ class SqliteRunRepository:
         with self._write(f"renewing a lease on run {run_id!r}") as conn:
             return leases.renew_lease(conn, SQLITE, run_id, lease, now=self._clock())
 
-    def close_lease(self, run_id: str, lease: int, *, count_returned: bool = False) -> int:
+    def close_lease(self, run_id: str, lease: int) -> int:
         with self._write(f"closing a lease on run {run_id!r}") as conn:
-            return leases.close_lease(conn, SQLITE, str(self._path), run_id, lease,
-                                      count_returned=count_returned)
+            return leases.close_lease(conn, SQLITE, str(self._path), run_id, lease)
+
+    def start_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> list[str]:
+        with self._write(f"starting {len(item_ids)} call(s) of run {run_id!r}") as conn:
+            return leases.start_calls(conn, SQLITE, str(self._path), run_id, lease, list(item_ids),
+                                      now=self._clock())
 
     def lease_report(self, run_id: str) -> LeaseReport:
         conn = self._require()
         with self._errors(f"reading the drivers of run {run_id!r}"):
             if "lease_token" not in columns(conn, "run_items"):
                 return LeaseReport((), 0, 0)  # a read-only open of a file from before leases
-            return leases.report(conn, SQLITE, run_id)
+            return leases.report(conn, SQLITE, run_id, now=self._clock())
 
     def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
         conn = self._require()
