@@ -404,6 +404,23 @@ async def served_before(scope: QuotaScope, count: int) -> None:
         count -= 100
 
 
+async def paced_calls(a: QuotaScope, b: QuotaScope, clock: Clock, seconds: float) -> None:
+    """``seconds`` of calls from both processes in turn, each as soon as the shared pace lets it, answered."""
+    end = clock.now + seconds
+    k = 0
+    while clock.now < end:
+        scope = (a, b)[k % 2]
+        admission, ready = await attempt(scope)
+        if admission is None:
+            assert ready is not None
+            clock.now = max(ready, clock.now + 0.001)
+            continue
+        clock.now += 0.01
+        await answer(scope, [admission])
+        clock.now += 0.01
+        k += 1
+
+
 async def test_a_shared_decrease_just_after_a_long_cooldown_measures_the_calls_since_it_not_the_pause(
     redis_url: str,
 ) -> None:
@@ -456,19 +473,7 @@ async def test_after_a_shared_whole_window_a_decrease_comes_down_to_what_was_ser
         clock.now = start + 71.5  # the last window holds 60 whole seconds of 10 answers
         rate = await refuse(a, unanswered[-1])  # one of A's last grants
         assert rate == pytest.approx(0.8 * 10.0)  # 600 answers in the window: not 0.8 of the 20 admitted
-        end = clock.now + 30.0
-        k = 0
-        while clock.now < end:  # 30 s more: calls wait for the pace, and every one is answered
-            scope = (a, b)[k % 2]
-            admission, ready = await attempt(scope)
-            if admission is None:
-                assert ready is not None
-                clock.now = max(ready, clock.now + 0.001)
-                continue
-            clock.now += 0.01
-            await answer(scope, [admission])
-            clock.now += 0.01
-            k += 1
+        await paced_calls(a, b, clock, 30.0)  # calls wait for the pace, and every one is answered
         rate = shared_of(a).discovery.rate
         assert shared_of(b).discovery.rate == pytest.approx(rate, rel=0.01)  # one rate for both
     assert rate == pytest.approx(10.0 * (1 + 0.05 * 10 / 60), rel=0.02)  # 20 s back, 10 probing
@@ -532,19 +537,7 @@ async def test_a_shared_decrease_over_a_window_with_a_storm_climbs_back_to_what_
         clock.now = start + 60.5
         rate = await refuse(a, (await grant(a))[0])
         assert rate == pytest.approx(0.8 * 401 / 60, rel=0.02)  # down from what the window served
-        end = clock.now + 30.0
-        k = 0
-        while clock.now < end:  # 30 s more: calls wait for the pace, and every one is answered
-            scope = (a, b)[k % 2]
-            admission, ready = await attempt(scope)
-            if admission is None:
-                assert ready is not None
-                clock.now = max(ready, clock.now + 0.001)
-                continue
-            clock.now += 0.01
-            await answer(scope, [admission])
-            clock.now += 0.01
-            k += 1
+        await paced_calls(a, b, clock, 30.0)  # calls wait for the pace, and every one is answered
         rate = shared_of(a).discovery.rate
     assert rate == pytest.approx(401 / 20.5 * (1 + 0.05 * 10 / 60), rel=0.03)  # back to what flowed
 
