@@ -199,3 +199,29 @@ async def test_a_driver_that_wakes_after_its_lease_expired_has_its_repeated_call
     assert set(frozen.calls + other.calls) == set(prompts(4))  # (it may have driven again after)
     assert frozen.calls["p0"] + other.calls["p0"] >= 2  # its lease expired mid-call: called again
     assert status(store)["reexecuted_after_lease_expiry"] == repeated(frozen, other)
+
+
+@pytest.mark.anyio
+async def test_a_pause_while_items_wait_for_an_rpm_unit_counts_none_of_them(store: str) -> None:
+    # Their starts were written (the start is recorded before the admission wait), then the pause
+    # ended them uncalled: the second driver's calls of them repeat nothing, so none is counted.
+    first = CountingStrategy(signal_at_call=2)
+    config = ProcessorConfig(concurrency=4, max_requests_per_minute=2)  # two calls, then a minute's wait
+    async with await open_run(store, "run", first, prompts(ITEMS), identity=IDENTITY, config=config,
+                              lease_seconds=LEASE, slice_items=ITEMS, poll_interval=0.02) as run:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.wait)
+                await first.reached.wait()
+                await anyio.sleep(0.2)  # the other workers reach the RPM wait (their starts written)
+                await run.pause()
+                tg.cancel_scope.cancel("the first driver leaves after the pause")
+    second = CountingStrategy()
+    async with await open_run(store, "run", second, prompts(ITEMS), identity=IDENTITY,
+                              config=ProcessorConfig(concurrency=4), lease_seconds=LEASE,
+                              poll_interval=0.02) as run:
+        await run.resume()
+        snap = await run.wait(timeout=60)
+    assert (snap.status, snap.done) == ("completed", ITEMS)
+    assert len(first.calls) == 2 and repeated(first, second) == 0
+    assert status(store)["reexecuted_after_lease_expiry"] == 0

@@ -403,8 +403,11 @@ class SegmentDriver(DriverBase):
     async def _record(self, seg: Segment, proc: ParallelBatchProcessor[Any], lease: int | None) -> None:
         await anyio.lowlevel.checkpoint()
         group: list[NewResult] = []
+        uncalled: list[str] = []  # started under the lease, then ended by a stop before their call
         try:
             async for result in proc.results():
+                if result.error_category is ErrorCategory.NOT_EXECUTED and not result.attempts:
+                    uncalled.append(result.item_id)
                 if (result.error_category not in _NOT_TERMINAL
                         and result.stop_reason is not StopReason.PROVIDER_RETIRED):
                     group.append(encode_new_result(result, self._repo.location,
@@ -421,6 +424,11 @@ class SegmentDriver(DriverBase):
                 raise
         if group:
             await self._flush(seg, group, lease)
+        if uncalled and lease is not None:
+            try:
+                await self._leased_call(self._repo.unstart_calls, self._run_id, lease, uncalled)
+            except LeaseLostError:
+                pass  # those items are another driver's now: its start is the first that counts
 
     async def _flush(self, seg: Segment, group: list[NewResult], lease: int | None) -> None:
         if lease is None:

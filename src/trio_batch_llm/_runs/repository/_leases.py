@@ -261,6 +261,17 @@ def start_calls(conn: Any, d: Dialect, location: str, run_id: str, token: int, i
     return held
 
 
+def unstart_calls(conn: Any, d: Dialect, location: str, run_id: str, token: int, item_ids: list[str]) -> None:
+    """Forget the starts of ``item_ids`` under lease ``token``: their calls never went out (a stop
+    ended them while they waited for admission), so starting them again repeats no call."""
+    _lock_run(conn, d, run_id, location)
+    for start in range(0, len(item_ids), _IN_CHUNK):
+        chunk = item_ids[start:start + _IN_CHUNK]
+        conn.execute(d.sql("UPDATE run_items SET attempts = 0 WHERE run_id = ? AND state = 'leased'"
+                           f" AND lease_token = ? AND attempts = ? AND item_id IN ({d.marks(len(chunk))})"),
+                     (run_id, token, token, *chunk))
+
+
 def count_done(conn: Any, d: Dialect, run_id: str, token: int, n: int) -> None:
     conn.execute(d.sql("UPDATE run_drivers SET items_done = items_done + ? WHERE run_id = ? AND token = ?"),
                  (n, run_id, token))

@@ -433,6 +433,10 @@ class PostgresRunRepository:
             return leases.start_calls(conn, POSTGRES, self._location, run_id, lease, list(item_ids),
                                       now=self._clock())
 
+    def unstart_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> None:
+        with self._write(f"forgetting {len(item_ids)} call start(s) of run {run_id!r}") as conn:
+            leases.unstart_calls(conn, POSTGRES, self._location, run_id, lease, list(item_ids))
+
     def lease_report(self, run_id: str) -> LeaseReport:
         with self._read(f"reading the drivers of run {run_id!r}") as conn:
             return leases.report(conn, POSTGRES, run_id, now=self._clock())

@@ -132,6 +132,10 @@ class RunRepository(Protocol):
         may be called). A start of an item called before without a recorded result is counted as
         a repeated call. LeaseLostError if ``lease`` is dead."""
 
+    def unstart_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> None:
+        """Forget the starts of ``item_ids`` under ``lease``: a stop ended them before their call went
+        out, so a later start of theirs is not a repeated call."""
+
     def lease_report(self, run_id: str) -> LeaseReport:
         """The run's drivers (newest 100 leases), how many are alive, its count of repeated calls."""
 

@@ -303,6 +303,10 @@ class SqliteRunRepository:
             return leases.start_calls(conn, SQLITE, str(self._path), run_id, lease, list(item_ids),
                                       now=self._clock())
 
+    def unstart_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> None:
+        with self._write(f"forgetting {len(item_ids)} call start(s) of run {run_id!r}") as conn:
+            leases.unstart_calls(conn, SQLITE, str(self._path), run_id, lease, list(item_ids))
+
     def lease_report(self, run_id: str) -> LeaseReport:
         conn = self._require()
         with self._errors(f"reading the drivers of run {run_id!r}"):
