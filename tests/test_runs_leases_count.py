@@ -79,6 +79,22 @@ async def test_a_driver_cut_short_mid_call_counts_the_calls_made_again_not_the_i
     assert status(store)["reexecuted_after_lease_expiry"] == 2
 
 
+async def pause_after_reached(store: str, first: CountingStrategy, config: ProcessorConfig, *,
+                              settle: float = 0.0) -> None:
+    """A first driver that pauses the run once ``first`` reached its signal call (``settle`` later),
+    then leaves."""
+    async with await open_run(store, "run", first, prompts(ITEMS), identity=IDENTITY, config=config,
+                              lease_seconds=LEASE, slice_items=ITEMS, poll_interval=0.02) as run:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run.wait)
+                await first.reached.wait()
+                if settle:
+                    await anyio.sleep(settle)
+                await run.pause()
+                tg.cancel_scope.cancel("the first driver leaves after the pause")
+
+
 @pytest.mark.anyio
 async def test_a_pause_leaves_nothing_counted(store: str) -> None:
     # A pause drains: the calls in flight finish and are recorded, the items held but not started
@@ -86,14 +102,7 @@ async def test_a_pause_leaves_nothing_counted(store: str) -> None:
     first = CountingStrategy(signal_at_call=3, latency=0.01)
     second = CountingStrategy()
     config = ProcessorConfig(concurrency=2)
-    async with await open_run(store, "run", first, prompts(ITEMS), identity=IDENTITY, config=config,
-                              lease_seconds=LEASE, slice_items=ITEMS, poll_interval=0.02) as run:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(run.wait)
-                await first.reached.wait()
-                await run.pause()
-                tg.cancel_scope.cancel("the first driver leaves after the pause")
+    await pause_after_reached(store, first, config)
     async with await open_run(store, "run", second, prompts(ITEMS), identity=IDENTITY, config=config,
                               lease_seconds=LEASE, poll_interval=0.02) as run:
         await run.resume()
@@ -207,15 +216,7 @@ async def test_a_pause_while_items_wait_for_an_rpm_unit_counts_none_of_them(stor
     # ended them uncalled: the second driver's calls of them repeat nothing, so none is counted.
     first = CountingStrategy(signal_at_call=2)
     config = ProcessorConfig(concurrency=4, max_requests_per_minute=2)  # two calls, then a minute's wait
-    async with await open_run(store, "run", first, prompts(ITEMS), identity=IDENTITY, config=config,
-                              lease_seconds=LEASE, slice_items=ITEMS, poll_interval=0.02) as run:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(run.wait)
-                await first.reached.wait()
-                await anyio.sleep(0.2)  # the other workers reach the RPM wait (their starts written)
-                await run.pause()
-                tg.cancel_scope.cancel("the first driver leaves after the pause")
+    await pause_after_reached(store, first, config, settle=0.2)  # the others reach the RPM wait
     second = CountingStrategy()
     async with await open_run(store, "run", second, prompts(ITEMS), identity=IDENTITY,
                               config=ProcessorConfig(concurrency=4), lease_seconds=LEASE,
