@@ -555,3 +555,28 @@ def test_a_decrease_over_a_window_with_a_storm_climbs_back_to_the_rate_served_wh
         now += 0.01
     flowed = 400 / 20.5
     assert discovery.rate == pytest.approx(flowed * (1 + 0.05 * 10 / 60), rel=0.02)  # 20 s back, 10 probing
+
+
+def test_calls_that_flowed_only_briefly_after_a_storm_do_not_set_the_climb_back() -> None:
+    # A storm of 58 s, then three answers in 0.6 s (the provider's emptied window lets a burst through):
+    # a 429 then must not read them as 5 a second to climb back to. Under a third of a window of flow
+    # says nothing of the limit; the climb goes back to what the window served.
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05, discovery_min_rpm=6.0)
+    discovery = Discovery(config, None)
+    discovery.rate_limited(0, True, 0.0, served_before=1200)  # 20 per second, then a storm ...
+    discovery.commit(58.0)
+    discovery.answered(discovery.generation, 59.4)  # ... that ends 59.4 s later
+    for k in (1, 2):
+        discovery.commit(59.4 + 0.2 * k)
+        discovery.answered(discovery.generation, 59.4 + 0.2 * k + 0.01)
+    now = 60.0
+    discovery.rate_limited(discovery.generation, True, now)
+    assert discovery.rate == pytest.approx(0.1)  # the floor: the window served 3
+    end = now + 30.0
+    while now < end:  # 30 s more: calls wait for the pace, and every one is answered
+        now = max(now, discovery.ready_at(0, now))
+        discovery.commit(now)
+        discovery.answered(discovery.generation, now + 0.01)
+        now += 0.01
+    assert discovery.rate < 0.2  # not back up to the 5 a second of the burst

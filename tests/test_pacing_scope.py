@@ -108,8 +108,9 @@ async def test_a_halved_limit_is_found_within_a_window(headers: bool) -> None:
     assert served >= 120 * (0.97 if headers else 0.85)
     everything = sum(1 for t in attempts if t < 360.0)
     # Discovery learns the halved limit from 429s by design, and its storm probes meet the wall clock's
-    # next minute (issue 32): over these six minutes it is refused 47 or 48 times in about 945 calls
-    # (5.0-5.1 %), Trio's randomised scheduling deciding which; 5 % failed one run in three or more.
+    # next minute: over these six minutes it is refused 4.5-5.1 % of its calls (30 Trio runs; Trio's
+    # randomised scheduling decides which), asyncio 4.5 %. A climb back to a burst's rate took it to
+    # 4.9-7.1 %, which this bound catches.
     assert refused_between(provider, 0.0, 360.0) <= (0.01 if headers else 0.06) * everything
     assert scope.statistics().pacing == ("headers" if headers else "discovery")
 

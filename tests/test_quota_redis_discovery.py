@@ -542,6 +542,32 @@ async def test_a_shared_decrease_over_a_window_with_a_storm_climbs_back_to_what_
     assert rate == pytest.approx(401 / 20.5 * (1 + 0.05 * 10 / 60), rel=0.03)  # back to what flowed
 
 
+async def test_a_shared_decrease_after_a_brief_flow_climbs_back_to_what_the_window_served(
+    redis_url: str,
+) -> None:
+    # As test_pacing's test of the burst after a storm: three answers in 0.6 s after a 58 s storm
+    # are no rate to climb back to.
+    clock = Clock()
+    config = RateLimitConfig(slow_start_seconds=0.0, discovery_decrease=0.8, discovery_recovery_seconds=20.0,
+                             discovery_probe=0.05, discovery_min_rpm=6.0)
+    async with processes(redis_url, clock, rate_limit=config) as (a, b):
+        await served_before(b, 1200)
+        assert await refuse(a, (await grant(a))[0]) == pytest.approx(20.0)  # the first 429, then a storm
+        start = clock.now
+        clock.now = start + 59.4
+        await answer(a, await grant(a))  # the storm's probe got through
+        for k in (1, 2):
+            clock.now = start + 59.4 + 0.2 * k
+            admissions = await grant(b)
+            clock.now += 0.01
+            await answer(b, admissions)
+        clock.now = start + 60.0
+        assert await refuse(a, (await grant(a))[0]) == pytest.approx(0.1)  # the floor: 3 served
+        await paced_calls(a, b, clock, 30.0)
+        rate = shared_of(a).discovery.rate
+    assert rate is not None and rate < 0.2  # not back up to the 5 a second of the burst
+
+
 CLIENTS, MIN_RPM, CAP_RPM = 3, 30.0, 60.0  # a pace of 0.5 to 1 a second: 1.5 to 3 calls of credit
 PROPERTY = RateLimitConfig(slow_start_seconds=0.0, discovery_min_rpm=MIN_RPM, cooldown_seconds=1.0)
 ADMIT = st.tuples(st.just("admit"), st.integers(0, CLIENTS - 1), st.integers(1, 4))  # waiters in one trip

@@ -62,6 +62,10 @@ _MIN_FIRST_ESTIMATE: Final = 60
 (an isolated 429 after a few calls would otherwise pace the scope at a few calls a minute)."""
 _STORM_SHARE: Final = 0.1
 """A window that lost less than this share of its time to a storm measures the limit by what it served."""
+_MIN_FLOWING_SHARE: Final = 1 / 3
+"""The share of a window that calls must have flowed for their rate to say anything of the limit: just
+after a storm the provider's emptied window lets a burst through (a window's worth of calls in seconds),
+and a rate measured over so short a span is that burst, far above the limit (calls a window)."""
 _MIN_MEASURE_SPAN: Final = 0.05  # seconds: a rate measured over less is taken over this long
 
 
@@ -245,12 +249,15 @@ class Discovery:
             served = max(floor, self._served.count(now) / WINDOW_SECONDS)
             current = min(current, served)
             peak = min(self.cap, served)
-            if flowing < (1.0 - _STORM_SHARE) * WINDOW_SECONDS:
+            if _MIN_FLOWING_SHARE * WINDOW_SECONDS <= flowing < (1.0 - _STORM_SHARE) * WINDOW_SECONDS:
                 # The window held a storm that served nothing: what it served is less than the
                 # limit by the storm's share. Come down to it (the provider may truly have lowered
                 # its limit), but climb back to the rate served while calls flowed: a 429 that the
                 # refusal rule took for the limit's (chance makes a run of random refusals now and
-                # then) would otherwise leave the peak, and so the pace, far under the limit.
+                # then) would otherwise leave the peak, and so the pace, far under the limit. Only
+                # once calls flowed for a third of a window: sooner, they measure the burst that
+                # the storm's end let through (two answers in 0.6 s read as 200 a minute under a
+                # limit of 120, and the climb back to it brought 429s every ten seconds).
                 peak = min(self.cap, max(peak, self._served_flowing / max(_MIN_MEASURE_SPAN, flowing)))
         self.rate = max(floor, decrease * current)
         self._peak = peak = max(peak, self.rate)

@@ -65,7 +65,7 @@ from collections.abc import Callable
 from typing import Final, final
 
 from .._values._config import RateLimitConfig
-from ._discovery import _MIN_FIRST_ESTIMATE, _MIN_MEASURE_SPAN, _STORM_SHARE
+from ._discovery import _MIN_FIRST_ESTIMATE, _MIN_FLOWING_SHARE, _MIN_MEASURE_SPAN, _STORM_SHARE
 from ._limits import PACE_CREDIT, WINDOW_SECONDS
 
 __all__ = ["DISCOVERY_LUA", "HEAR_EVERY", "SharedDiscovery"]
@@ -82,6 +82,7 @@ local d_probe, d_cap, d_first = tonumber(ARGV[i + 4]), math.huge, tonumber(ARGV[
 if ARGV[i + 5] ~= '' then d_cap = tonumber(ARGV[i + 5]) end
 local d_credit, d_span = tonumber(ARGV[i + 7]), tonumber(ARGV[i + 8])
 local d_flowing_full = @FLOWING_FULL@  -- seconds of a window that must have flowed to measure by its count
+local d_flowing_least = @FLOWING_LEAST@  -- seconds that must have flowed for their rate to say anything
 i = i + 9
 local NEVER = -1e300
 local d_names = {'dact', 'dgen', 'drate', 'dpeak', 'dslope', 'dpslope', 'dgrown', 'dlim', 'dtat', 'dans',
@@ -173,7 +174,7 @@ local function d_limited(gen, asked)
     local served = math.max(d_floor, d_count(sv) / 60)
     current = math.min(current, served)
     peak = math.min(d_cap, served)
-    if flowing < d_flowing_full then  -- a storm took part of the window: back up to what flowed
+    if d_flowing_least <= flowing and flowing < d_flowing_full then  -- a storm took part: back to what flowed
       peak = math.min(d_cap, math.max(peak, D.dsvf / math.max(d_span, flowing)))
     end
   end
@@ -236,8 +237,10 @@ local function d_finish()  -- saves the state; returns the generation and the ra
   return tostring(D.dgen), rate
 end
 """
+# The same constants for both rule books.
 DISCOVERY_LUA: Final = _DISCOVERY_TEMPLATE.replace(
-    "@FLOWING_FULL@", repr((1.0 - _STORM_SHARE) * WINDOW_SECONDS))  # one constant for both rule books
+    "@FLOWING_FULL@", repr((1.0 - _STORM_SHARE) * WINDOW_SECONDS)).replace(
+    "@FLOWING_LEAST@", repr(_MIN_FLOWING_SHARE * WINDOW_SECONDS))
 
 Event = tuple[str, int, int]  # ("a", answers, highest generation) or ("r", generation, asked: 0/1)
 
