@@ -27,9 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from .._values._jsonl_row import prompt_problem, sample_problem
 from .._values._prompts import PARAM_KEYS, ROW_KEYS
-from ._input_jsonl import prompt_problem
-from ._input_records import InputError, InputRecord, sample_problem
+from ._input_records import InputError, InputRecord
 
 __all__ = ["CSV_FIELD_LIMIT", "csv_entries", "decoded_lines"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final, NamedTuple, final
 
-__all__ = ["MAX_REPORTED", "InputError", "InputProblems", "InputRecord", "sample_problem"]
+__all__ = ["MAX_REPORTED", "InputError", "InputProblems", "InputRecord"]
 
 MAX_REPORTED: Final = 20
 """Problems reported for one file; the rest are counted."""
@@ -64,9 +64,3 @@ class InputRecord(NamedTuple):
     sample: int = 0
     """Which sample of its request the item is (the row's ``"sample"``): part of its cache key."""
 
-
-def sample_problem(value: object) -> str | None:
-    """Why ``value`` cannot be a row's ``"sample"`` (a whole number >= 0), or ``None``."""
-    if type(value) is not int or value < 0:
-        return f"must be a whole number >= 0 (which sample of the request the item is), not {value!r:.40}"
-    return None
