@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, final
 
-from .._values._jsonl_row import FAST_KEYS, NESTING_CHECK_AT, SCAN, Row, RowProblem, decode_row, read_row
-from ._input_records import MAX_REPORTED, InputError, InputRecord
+from .._values._jsonl_row import FAST_KEYS, NESTING_CHECK_AT, SCAN, Row, RowProblem, read_row
+from ._input_records import MAX_REPORTED, InputError, InputRecord, decode_line
 
 __all__ = [
     "JsonlPart",
@@ -36,11 +36,6 @@ _BLOCK: Final = 1 << 22
 _FEED_BLOCK: Final = 1 << 20
 """Bytes read at a time while the run takes the items: a block's lines are held until the run has
 taken them all, so a smaller block keeps the run's footprint small."""
-
-
-def _decode_line(path: Path, raw: bytes, number: int) -> str | InputError:
-    text = decode_row(raw)
-    return InputError(path, text.problem, line=number) if isinstance(text, RowProblem) else text
 
 
 def jsonl_blocks(
@@ -68,7 +63,7 @@ def jsonl_blocks(
                 try:
                     lines: list[str | InputError] = list(block[:cut].decode("utf-8").split("\n"))
                 except UnicodeDecodeError:
-                    lines = [_decode_line(path, raw, number + n)
+                    lines = [decode_line(path, raw, number + n)
                              for n, raw in enumerate(block[:cut].split(b"\n"), start=1)]
                 lines.pop()  # what follows the last newline: nothing
                 if start == 0 and number == 0:
@@ -76,7 +71,7 @@ def jsonl_blocks(
                 yield number + 1, lines
                 number += len(lines)
             if rest:  # a last line without its newline
-                text = _decode_line(path, rest, number + 1)
+                text = decode_line(path, rest, number + 1)
                 yield number + 1, [_no_bom(text) if start == 0 and number == 0 else text]
     except OSError as exc:
         raise InputError(path, f"cannot read it: {exc.strerror or exc}") from None

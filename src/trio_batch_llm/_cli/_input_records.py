@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final, NamedTuple, final
 
-__all__ = ["MAX_REPORTED", "InputError", "InputProblems", "InputRecord"]
+from .._values._jsonl_row import RowProblem, decode_row
+
+__all__ = ["MAX_REPORTED", "InputError", "InputProblems", "InputRecord", "decode_line"]
 
 MAX_REPORTED: Final = 20
 """Problems reported for one file; the rest are counted."""
@@ -64,3 +66,8 @@ class InputRecord(NamedTuple):
     sample: int = 0
     """Which sample of its request the item is (the row's ``"sample"``): part of its cache key."""
 
+
+def decode_line(path: Path, raw: bytes, number: int) -> str | InputError:
+    """Line ``number`` of either input format as text, or where it is not UTF-8."""
+    text = decode_row(raw)
+    return InputError(path, text.problem, line=number) if isinstance(text, RowProblem) else text
