@@ -20,12 +20,12 @@ import anyio.abc
 
 from .._admission import QuotaRegistry, QuotaScope
 from .._backends import leaves_the_loop
+from .._core._deliveries import unwrap_group
+from .._core._leases import Lease, lease_registry
+from .._core._ledger import CleanupLedger, CleanupStep, LedgerStatistics
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
-from ._deliveries import unwrap_group
-from ._leases import Lease, lease_registry
-from ._ledger import CleanupLedger, CleanupStep, LedgerStatistics
 
 __all__ = ["ExecutorHost", "HostStatistics", "RuntimeTasks"]
 
