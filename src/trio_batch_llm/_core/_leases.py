@@ -34,6 +34,8 @@ from typing import Literal, Protocol, final
 import anyio
 import anyio.lowlevel
 
+from ._per_loop import PerLoop
+
 __all__ = [
     "LeaseRegistry",
     "LeaseRegistryStatistics",
@@ -324,14 +326,9 @@ def _abandon(registry: LeaseRegistry, entry: _Entry, token: int) -> None:
         registry._drop_if_unused(entry)
 
 
-_REGISTRY: anyio.lowlevel.RunVar[LeaseRegistry] = anyio.lowlevel.RunVar("trio_batch_llm.lease_registry")
+_REGISTRY: PerLoop[LeaseRegistry] = PerLoop("trio_batch_llm.lease_registry", LeaseRegistry)
 
 
 def lease_registry() -> LeaseRegistry:
     """The lease registry of the running event loop (created on first use; never shared across loops)."""
-    try:
-        return _REGISTRY.get()
-    except LookupError:
-        registry = LeaseRegistry()
-        _REGISTRY.set(registry)
-        return registry
+    return _REGISTRY.get()
