@@ -32,7 +32,7 @@ from ._processor import ParallelBatchProcessor
 from ._unowned import StreamBlock
 
 if TYPE_CHECKING:
-    from .._core._host import ExecutorHost
+    from .._host._executor import ExecutorHost
 
 __all__ = ["ResultStream", "call", "call_result", "process_prompts", "process_stream"]
 

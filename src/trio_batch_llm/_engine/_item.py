@@ -56,7 +56,7 @@ from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
     from .._admission import Admission
-    from .._core._host import ExecutorHost
+    from .._host._executor import ExecutorHost
     from .._observe._hooks import Hooks
     from .._strategies._base import LLMCallStrategy
     from .._values._config import ProcessorConfig

@@ -26,9 +26,9 @@ import anyio
 import anyio.lowlevel
 
 from .._artifacts import prepare_resume
-from .._core._host import ExecutorHost, RuntimeTasks
 from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
-from .._core._owner import HostedOwner
+from .._host._executor import ExecutorHost, RuntimeTasks
+from .._host._owner import HostedOwner
 from .._observe._hooks import Hooks
 from .._observe._log import log_stop
 from .._observe._progress import make_progress
