@@ -51,7 +51,7 @@ class BatchRequests:
 
     def __init__(self, *, base_url: str, headers: Mapping[str, str], secret: Secret | None,
                  error_of: ErrorOf, request_timeout: float, start_before: float,
-                 client: Any = None) -> None:
+                 client: object | None = None) -> None:
         from .openai import _http  # lazily: `import trio_batch_llm` stays httpx2-free
 
         self._http = _http

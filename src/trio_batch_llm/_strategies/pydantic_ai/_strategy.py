@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 import sniffio
 
@@ -71,12 +71,12 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
 
     def __init__(
         self,
-        agent: Any,
+        agent: object,
         *,
-        model: Any = None,
-        deps: Any = None,
-        output_type: Any = None,
-        usage_limits: Any = None,
+        model: object | None = None,
+        deps: object | None = None,
+        output_type: object | None = None,
+        usage_limits: object | None = None,
         model_settings: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
         cacheable: bool | None = None,
@@ -126,12 +126,12 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         self._shape = shape
         self._schema = _schema_of(shape)  # once: every item's cache key reads it
         if is_pydantic_model_class(shape):
-            self.response_model = shape
+            self.response_model = cast(type, shape)  # a pydantic model class, just checked
 
     # -- what the strategy is ------------------------------------------------------------------
 
     @property
-    def model(self) -> Any:
+    def model(self) -> object | None:
         """The model the runs use: ``model=``, else the agent's."""
         return self._model if self._model is not None else getattr(self.agent, "model", None)
 
@@ -153,7 +153,7 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         """One scope per provider model and address: strategies over one agent (or one model) share it."""
         return ("pydantic-ai", *_model_parts(self.model))
 
-    def decode_output(self, stored: Any) -> Any:
+    def decode_output(self, stored: object) -> object:
         """A stored output back to the ``output_type`` (a pydantic model, a dataclass, a list of them)."""
         if stored is None or self._shape is str or self._shape is None:
             return stored
@@ -162,7 +162,7 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         try:
             from pydantic import TypeAdapter
 
-            return TypeAdapter(self._shape).validate_python(stored)
+            return TypeAdapter(cast("type[object]", self._shape)).validate_python(stored)
         except Exception:  # noqa: BLE001 - not a type pydantic can rebuild (an output function): as stored
             return stored
 
