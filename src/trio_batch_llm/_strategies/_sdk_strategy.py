@@ -13,6 +13,8 @@ scrubbed of the key and carrying its answer's rate-limit headers.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any
 
 from .._admission import RATE_LIMIT_METADATA_KEY, rate_limit_headers
@@ -21,7 +23,16 @@ from .._values._prompts import LLMRequest
 from ._keys import Secret
 from .openai._compatible import _EndpointStrategy
 
-__all__ = ["SdkStrategy", "report_rate_limits", "scrub_key"]
+__all__ = ["SdkStrategy", "import_extra", "report_rate_limits", "scrub_key"]
+
+
+def import_extra(module: str, needs: str) -> ModuleType:
+    """``module``, imported when a strategy is constructed (never by ``import trio_batch_llm``); without
+    it, an ImportError saying what ``needs`` it and which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(needs) from exc
 
 
 class SdkStrategy(_EndpointStrategy):

@@ -27,7 +27,7 @@ from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import redact_url
 from .._batch import BatchEndpoint
 from .._keys import Secret, provider_api_key
-from .._sdk_strategy import SdkStrategy
+from .._sdk_strategy import SdkStrategy, import_extra
 from ..openai._compatible import _DEFAULT_TIMEOUT
 from ._errors import sdk_verdict
 from ._requests import REFUSED_PARAMS, build_params, request_problem
@@ -87,7 +87,7 @@ class AnthropicStrategy(SdkStrategy):
         self,
         model: str,
         *,
-        client: object | None = None,
+        client: object = None,
         api_key: str | None = None,
         api_key_env: str | None = None,
         base_url: str | None = None,
@@ -101,12 +101,8 @@ class AnthropicStrategy(SdkStrategy):
         headers: Mapping[str, str] | None = None,
         timeout: float | None = _DEFAULT_TIMEOUT,
     ) -> None:
-        try:
-            import anthropic
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "AnthropicStrategy needs the anthropic SDK: pip install 'trio-batch-llm[anthropic]'"
-            ) from exc
+        anthropic = import_extra("anthropic", "AnthropicStrategy needs the anthropic SDK: "
+                                              "pip install 'trio-batch-llm[anthropic]'")
         self._anthropic = anthropic
         if not isinstance(cache_system_prompt, bool):
             raise ConfigurationError("cache_system_prompt", cache_system_prompt, "must be True or False")

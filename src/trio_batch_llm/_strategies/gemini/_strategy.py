@@ -72,7 +72,7 @@ class GeminiStrategy(StructuredOutputStrategy):
         self,
         model: str,
         *,
-        client: object | None = None,
+        client: object = None,
         api_key: str | None = None,
         api_key_env: str | None = None,
         base_url: str | None = None,

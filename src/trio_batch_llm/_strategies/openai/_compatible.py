@@ -290,7 +290,7 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         base_url: str,
         api_key: str | None = None,
         api: str = "chat",
-        client: object | None = None,
+        client: object = None,
         concurrency: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         system_prompt: str | None = None,

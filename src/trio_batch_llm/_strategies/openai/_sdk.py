@@ -29,7 +29,7 @@ from ..._values._results import RetryState, TokenUsage
 from ..._values._retry_after import retry_after_from_headers
 from ..._values._urls import is_openai_api, redact_url
 from .._keys import Secret, endpoint_api_key
-from .._sdk_strategy import SdkStrategy
+from .._sdk_strategy import SdkStrategy, import_extra
 from ._compatible import _DEFAULT_TIMEOUT
 from ._wire import parse_response_body
 from ._wire_errors import status_batch_stop, status_category
@@ -80,7 +80,7 @@ class OpenAIStrategy(SdkStrategy):
         self,
         model: str = "gpt-4o-mini",
         *,
-        client: object | None = None,
+        client: object = None,
         api: str = "responses",
         base_url: str | None = None,
         api_key: str | None = None,
@@ -95,12 +95,8 @@ class OpenAIStrategy(SdkStrategy):
         params: Mapping[str, Any] | None = None,
         response_model: type | Mapping[str, Any] | None = None,
     ) -> None:
-        try:
-            import openai
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "OpenAIStrategy needs the openai SDK: pip install 'trio-batch-llm[openai]'"
-            ) from exc
+        openai = import_extra("openai", "OpenAIStrategy needs the openai SDK: "
+                                        "pip install 'trio-batch-llm[openai]'")
         self._openai = openai
         self._sdk_client_class = openai.AsyncOpenAI
         if client is not None:
@@ -143,7 +139,7 @@ class OpenAIStrategy(SdkStrategy):
             if isinstance(exc, self._openai.APIStatusError):  # credits or quota spent: the batch stops
                 stops = status_batch_stop(exc.status_code, exc.body)
                 if stops is not None:
-                    exc.stops_batch = stops  # type: ignore[attr-defined]  # read duck-typed by the engine
+                    exc.stops_batch = stops  # read duck-typed by the engine
             raise
         text, usage, metadata = parse_response_body(self.api, raw.parse().to_dict(mode="json"))
         metadata["api"] = self.api

@@ -28,6 +28,7 @@ from ..._values._models import is_pydantic_model_class
 from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
 from .._base import LLMCallStrategy
+from .._sdk_strategy import import_extra
 from ._convert import REFUSED_PARAMS, history_problem, run_input, settings_of, token_usage
 from ._errors import classify_agent_error, stops_batch_of
 
@@ -73,22 +74,20 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         self,
         agent: object,
         *,
-        model: object | None = None,
-        deps: object | None = None,
-        output_type: object | None = None,
-        usage_limits: object | None = None,
+        model: object = None,
+        deps: object = None,
+        output_type: object = None,
+        usage_limits: object = None,
         model_settings: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
         cacheable: bool | None = None,
     ) -> None:
-        try:
-            from pydantic_ai.agent import AbstractAgent
-            from pydantic_ai.models import Model
-            from pydantic_ai.usage import UsageLimits
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "PydanticAIStrategy needs pydantic-ai: pip install 'trio-batch-llm[pydantic-ai]'"
-            ) from exc
+        import_extra("pydantic_ai", "PydanticAIStrategy needs pydantic-ai: "
+                                    "pip install 'trio-batch-llm[pydantic-ai]'")
+        from pydantic_ai.agent import AbstractAgent
+        from pydantic_ai.models import Model
+        from pydantic_ai.usage import UsageLimits
+
         if not isinstance(agent, AbstractAgent):
             raise ConfigurationError("agent", type(agent).__name__, "must be a pydantic_ai Agent")
         if model is not None and not isinstance(model, (str, Model)):
