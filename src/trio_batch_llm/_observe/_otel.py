@@ -99,7 +99,7 @@ class OpenTelemetryObserver:
     :class:`AttemptStarted` event's own provider and model win over them.
     """
 
-    def __init__(self, *, tracer: object | None = None, tracer_provider: object | None = None,
+    def __init__(self, *, tracer: object = None, tracer_provider: object = None,
                  system: str | None = None, model: str | None = None,
                  clock: Callable[[], int] = time.time_ns) -> None:
         trace = _import_otel()

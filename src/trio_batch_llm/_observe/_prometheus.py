@@ -67,7 +67,7 @@ class PrometheusCollector:
     ``scope``; an empty string when a call leaves one out).
     """
 
-    def __init__(self, *, registry: object | None = None, prefix: str = "trio_batch_llm",
+    def __init__(self, *, registry: object = None, prefix: str = "trio_batch_llm",
                  buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
                  label_names: Iterable[str] = ("model", "scope")) -> None:
         self._core = _import_metrics_core()
