@@ -116,6 +116,21 @@ class BatchRequests:
             raise ProviderError(f"{method} {path}: the answer is not JSON",
                                 category=ErrorCategory.PARSE, status_code=reply.status_code) from None
 
+    async def content(self, path: str) -> bytes:
+        """The body of a 2xx reply to ``GET path`` (a result file)."""
+        reply = await self.send("GET", path)
+        content: bytes = reply.content
+        return content
+
+    async def page(self, path: str, *, size: tuple[str, int],
+                   cursor: tuple[str, str | None]) -> Mapping[str, Any]:
+        """One page of a listing: ``size`` is ``(parameter, count)``, ``cursor`` ``(parameter, value)`` once
+        a page gave one; ``{}`` where the provider has no listing (404) or answers no object."""
+        params: dict[str, str | int] = {size[0]: size[1]}
+        if cursor[1] is not None:
+            params[cursor[0]] = cursor[1]
+        return await self.found(page_of, "GET", path, params=params) or {}
+
     async def found(self, read: Callable[[Any], T], method: str, path: str, **kwargs: Any) -> T | None:
         """``read`` of the decoded JSON of a 2xx reply; ``None`` where the provider answers 404 (no such
         batch, no listing)."""

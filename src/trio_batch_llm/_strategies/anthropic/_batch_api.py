@@ -42,7 +42,6 @@ from .._batch_requests import (
     InlineBatchEndpoint,
     InlineEndpointSettings,
     json_line,
-    page_of,
 )
 from .._batch_requests import create_outcome_unknown as outcome_unknown
 
@@ -206,9 +205,7 @@ class AnthropicBatchConnection(InlineBatchConnection):
         batch_info(await self._requests.json("POST", f"{_PATH}/{batch_id}/cancel"))
 
     async def download(self, file_id: str) -> bytes:
-        reply = await self._requests.send("GET", f"{_PATH}/{file_id}/results")
-        content: bytes = reply.content
-        return content
+        return await self._requests.content(f"{_PATH}/{file_id}/results")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The ended batch whose custom ids carry the tag of ``key=value``; ``None`` if none has (yet)."""
@@ -216,10 +213,7 @@ class AnthropicBatchConnection(InlineBatchConnection):
         await self._requests.gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            params: dict[str, str | int] = {"limit": _LIST_PAGE}
-            if after is not None:
-                params["after_id"] = after
-            page = await self._requests.found(page_of, "GET", _PATH, params=params) or {}
+            page = await self._requests.page(_PATH, size=("limit", _LIST_PAGE), cursor=("after_id", after))
             data = page.get("data") if isinstance(page, Mapping) else None
             if not isinstance(data, list) or not data:
                 return None

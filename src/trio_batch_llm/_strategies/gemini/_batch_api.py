@@ -38,7 +38,6 @@ from .._batch_requests import (
     InlineBatchEndpoint,
     InlineEndpointSettings,
     json_line,
-    page_of,
 )
 from .._batch_requests import create_outcome_unknown as outcome_unknown
 
@@ -246,19 +245,15 @@ class GeminiBatchConnection(InlineBatchConnection):
 
     async def download(self, file_id: str) -> bytes:
         """The finished batch itself (its answers are inline)."""
-        reply = await self._requests.send("GET", f"{self._root}/{_name(file_id)}")
-        content: bytes = reply.content
-        return content
+        return await self._requests.content(f"{self._root}/{_name(file_id)}")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The newest batch whose ``displayName`` metadata has ``key == value``; ``None`` if none has."""
         await self._requests.gate()
         token: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            params: dict[str, str | int] = {"pageSize": _LIST_PAGE}
-            if token is not None:
-                params["pageToken"] = token
-            page = await self._requests.found(page_of, "GET", f"{self._root}/batches", params=params) or {}
+            page = await self._requests.page(f"{self._root}/batches", size=("pageSize", _LIST_PAGE),
+                                             cursor=("pageToken", token))
             operations = page.get("operations") if isinstance(page, Mapping) else None
             for entry in operations if isinstance(operations, list) else ():
                 if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):

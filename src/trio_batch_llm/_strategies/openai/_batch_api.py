@@ -25,7 +25,7 @@ from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
 from ..._values._prompts import LLMRequest
 from .._batch import BatchInfo, BatchItemOutcome, SendMark
-from .._batch_requests import BatchRequests, EndpointSettings, ProviderBatchEndpoint, page_of
+from .._batch_requests import BatchRequests, EndpointSettings, ProviderBatchEndpoint
 from .._batch_requests import create_outcome_unknown as outcome_unknown
 from ._batch_lines import decode_result_files, request_line
 from ._wire import API_PATHS, Api, prompt_text_of_request
@@ -170,9 +170,7 @@ class OpenAIBatchConnection:
         batch_info(await self._requests.json("POST", f"/batches/{batch_id}/cancel"))
 
     async def download(self, file_id: str) -> bytes:
-        reply = await self._requests.send("GET", f"/files/{file_id}/content")
-        content: bytes = reply.content
-        return content
+        return await self._requests.content(f"/files/{file_id}/content")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The newest batch whose metadata has ``key == value``; ``None`` if the listing has none.
@@ -183,10 +181,7 @@ class OpenAIBatchConnection:
         await self._requests.gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            params: dict[str, str | int] = {"limit": _LIST_PAGE}
-            if after is not None:
-                params["after"] = after
-            page = await self._requests.found(page_of, "GET", "/batches", params=params) or {}
+            page = await self._requests.page("/batches", size=("limit", _LIST_PAGE), cursor=("after", after))
             data = page.get("data") if isinstance(page, Mapping) else None
             if not isinstance(data, list) or not data:
                 return None
