@@ -26,6 +26,7 @@ import anyio
 import anyio.lowlevel
 
 from .._artifacts import prepare_resume
+from .._artifacts._protocol import ArtifactStore
 from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
 from .._host._executor import ExecutorHost, RuntimeTasks
 from .._host._owner import HostedOwner
@@ -83,7 +84,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         middlewares: Sequence[Any] | None = None,
         observers: Sequence[Any] | None = None,
         progress_callback: Callable[[int, int | None, str], Any] | Progress | None = None,
-        artifact_store: Any = None,
+        artifact_store: ArtifactStore | None = None,
         resume: ResumePolicy = ResumePolicy.NONE,
         host: ExecutorHost | None = None,
         post_processor_timeout: float | FromConfig | None = FROM_CONFIG,

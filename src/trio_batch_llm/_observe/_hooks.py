@@ -86,13 +86,13 @@ class Middleware:
     - ``on_error(item, exc, attempt)``: told about each failed attempt.
     """
 
-    def before(self, item: LLMWorkItem[Any]) -> Any:
+    def before(self, item: LLMWorkItem[Any]) -> object:
         return None
 
-    def after(self, item: LLMWorkItem[Any], result: WorkItemResult[Any]) -> Any:
+    def after(self, item: LLMWorkItem[Any], result: WorkItemResult[Any]) -> object:
         return None
 
-    def on_error(self, item: LLMWorkItem[Any], exc: Exception, attempt: int) -> Any:
+    def on_error(self, item: LLMWorkItem[Any], exc: Exception, attempt: int) -> object:
         return None
 
 
