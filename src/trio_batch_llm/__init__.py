@@ -154,7 +154,7 @@ from ._values._stop_reasons import StopReason as StopReason
 from ._values._structured import StructuredOutputError as StructuredOutputError
 from ._values._timing import AttemptTiming as AttemptTiming
 from ._values._timing import ItemTiming as ItemTiming
-from ._values._tokens import TokenEstimate as TokenEstimate
+from ._values._token_estimates import TokenEstimate as TokenEstimate
 from ._version import __version__ as __version__
 
 __all__ = [

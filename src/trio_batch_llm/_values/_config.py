@@ -27,7 +27,7 @@ from ._errors import ConfigurationError
 from ._quota_backend import RedisQuotaBackend
 from ._ramp import StartupRampConfig
 from ._response_cache import CacheMode, ResponseCache, as_response_cache, check_cache_mode
-from ._tokens import RequestTokens, TokenEstimate
+from ._token_estimates import RequestTokens, TokenEstimate, default_token_estimator
 
 if TYPE_CHECKING:
     from ._results import TokenUsage
@@ -43,7 +43,6 @@ __all__ = [
     "RateLimitConfig",
     "ResumePolicy",
     "RetryConfig",
-    "default_token_estimator",
 ]
 
 DEFAULT_WORKERS: Final = 5
@@ -276,11 +275,6 @@ class GuardrailConfig:
         if not math.isfinite(cost) or cost < 0:
             raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, not a finite number >= 0")
         return cost
-
-
-def default_token_estimator(prompt: str) -> int:
-    """A cheap, deliberately generous estimate: about four characters a token, plus room for output."""
-    return len(prompt) // 4 + 256
 
 
 @final
