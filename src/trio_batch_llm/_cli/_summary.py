@@ -26,9 +26,8 @@ from typing import Any, Final, final
 from .._engine._item_run import THROTTLED_BY_429S
 from .._values._batch_result import NEW_ONLY, _cached_note, replayed_line  # BatchResult.summary's parts
 from .._values._categories import ErrorCategory
-from .._values._cost import DEFAULT_MODEL_RATES
+from .._values._cost import DEFAULT_MODEL_RATES, CostSum, cost_line, dollars
 from .._values._headline import termination_headline
-from .._values._pricing import CostSum, cost_line, dollars
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from .._values._stop_reasons import stopped_line
 

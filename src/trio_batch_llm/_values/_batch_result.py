@@ -9,18 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Generic, TypeVar, final
 
+from ._cost import Rates, cost_line, dollars, estimate
 from ._export_json import export_dict, json_default
 from ._headline import termination_headline
 from ._models import is_pydantic_model_class
-from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line, dollars
 from ._results import BatchTermination, WorkItemResult, add_usage, is_not_run
 from ._stop_reasons import stopped_line
 
 __all__ = ["NEW_ONLY", "BatchResult", "replayed_line"]
 
 TOutput = TypeVar("TOutput")
-
-_BUILT_IN: Final[Mapping[str, Rates]] = BUILT_IN_FIGURES
 
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
@@ -55,14 +53,16 @@ def replayed_line(tokens: Mapping[str, int], cost: float | None) -> str:
             + "   from the checkpoint: spent by an earlier run, not counted above")
 
 
+def _model(result: WorkItemResult[Any]) -> object:
+    """The model a result names (``metadata["model"]``), which prices it in a table of rates."""
+    return result.metadata.get("model") if isinstance(result.metadata, Mapping) else None
+
+
 def _cost(results: list[WorkItemResult[Any]], rates: Rates | Mapping[str, Rates] | None, *,
           made_calls: bool = True) -> float | None:
     if not made_calls:
         return 0.0
-    costs = CostSum(rates, table=_BUILT_IN)
-    for r in results:
-        costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
-    return costs.total
+    return estimate(rates, ((r.token_usage, _model(r)) for r in results))
 
 
 @final
@@ -194,11 +194,7 @@ class BatchResult(Generic[TOutput]):
         """Dollars the response cache saved: the cached results' original usage (``saved_usage``),
         priced as :meth:`estimated_cost` prices ``token_usage`` (``rates`` alike). ``None`` when no
         cached result has token counts, or one that has them cannot be priced."""
-        costs = CostSum(rates, table=_BUILT_IN)
-        for r in self.results:
-            if r.cached:
-                costs.add(r.saved_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
-        return costs.total
+        return estimate(rates, ((r.saved_usage, _model(r)) for r in self.results if r.cached))
 
     def estimated_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
         """Estimated dollars for the tokens of every result (replayed ones and failed attempts included,
@@ -211,10 +207,7 @@ class BatchResult(Generic[TOutput]):
         counts, or when one that has them cannot be priced (no model, or a model not in the table):
         a partial sum would understate the cost.
         """
-        costs = CostSum(rates, table=_BUILT_IN)
-        for r in self.results:
-            costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
-        return costs.total
+        return _cost(self.results, rates)
 
     # --- this run's own results apart from the replayed ones (a resume): adding up runs counts
     # each call once only when it adds up the new figures ------------------------------------------

@@ -7,13 +7,9 @@ setting fails before any work starts.
 
 from __future__ import annotations
 
-import decimal
 import enum
-import math
-import numbers
 import os
 import random
-import reprlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
@@ -23,6 +19,7 @@ from ._breaker_config import CircuitBreakerConfig, check_circuit_breaker
 from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
 from ._config_warnings import warn_if_suspicious
+from ._cost import run_cost_function
 from ._errors import ConfigurationError
 from ._quota_backend import RedisQuotaBackend
 from ._ramp import StartupRampConfig
@@ -38,7 +35,6 @@ __all__ = [
     "ArtifactIdentity",
     "FromConfig",
     "GuardrailConfig",
-    "InvalidCost",
     "ProcessorConfig",
     "RateLimitConfig",
     "ResumePolicy",
@@ -56,9 +52,6 @@ class FromConfig(enum.Enum):
 
 
 FROM_CONFIG: Final = FromConfig.VALUE
-
-_SHORT: Final = reprlib.Repr()
-_SHORT.maxlong = _SHORT.maxstring = _SHORT.maxother = 60
 
 
 class AbortMode(enum.Enum):
@@ -207,10 +200,6 @@ class RateLimitConfig:
         non_negative("blip_retry_seconds", self.blip_retry_seconds)
 
 
-class InvalidCost(ValueError):
-    """``cost_function`` raised, or returned something that is not a finite number >= 0."""
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
@@ -259,22 +248,10 @@ class GuardrailConfig:
             )
 
     def item_cost(self, usage: TokenUsage) -> float:
-        """``cost_function(usage)`` as a float; :class:`InvalidCost` when it is not a valid cost
+        """``cost_function(usage)`` as a float; :class:`~._cost.InvalidCost` when it is not a valid cost
         (its ``__cause__`` is the exception ``cost_function`` raised, if it raised)."""
         assert self.cost_function is not None
-        try:
-            value: object = self.cost_function(usage)
-        except Exception as exc:  # the user's function failed: the cost is unknown
-            raise InvalidCost(f"cost_function raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
-            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, which is not a number")
-        try:
-            cost = float(value)
-        except (OverflowError, ValueError):  # an int beyond a float, a Decimal signalling NaN
-            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, too large for a float") from None
-        if not math.isfinite(cost) or cost < 0:
-            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, not a finite number >= 0")
-        return cost
+        return run_cost_function(self.cost_function, usage)
 
 
 @final
