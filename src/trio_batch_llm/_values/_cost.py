@@ -42,8 +42,6 @@ __all__ = [
     "ModelRates",
     "Rates",
     "call_cost",
-    "cost_line",
-    "dollars",
     "estimate",
     "price",
     "rates_for",
@@ -221,17 +219,6 @@ def rates_for(model: object, table: Mapping[str, Rates]) -> Rates | None:
         base = _SNAPSHOT_SUFFIX.sub("", model)
         found = table.get(base) if base != model else None
     return found
-
-
-def cost_line(cost: float, *, built_in: bool) -> str:
-    """The summary's cost line (``BatchResult.summary`` and the command line's lay it out alike)."""
-    basis = f"built-in rates of {_RATES_AS_OF}" if built_in else "given rates"
-    return f"  cost        {dollars(cost):>10}   estimated, {basis}"
-
-
-def dollars(cost: float) -> str:
-    """A cost as the summaries show it: cents above $100, else four decimals (small batches keep theirs)."""
-    return f"${cost:,.2f}" if cost >= 100 else f"${cost:.4f}"
 
 
 _RATE_FIELDS: Final = ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok")
