@@ -1,4 +1,4 @@
-"""Frozen, validated configuration records and the pure backoff math.
+"""Frozen, validated configuration records (backoff arithmetic: :mod:`._backoff`; prices: :mod:`._cost`).
 
 Every record validates itself at construction and raises
 :class:`ConfigurationError` naming the field and the offending value, so a bad
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
+from . import _backoff
 from ._artifact_identity import ArtifactIdentity as ArtifactIdentity
 from ._breaker_config import CircuitBreakerConfig, check_circuit_breaker
 from ._categories import ErrorCategory
@@ -110,27 +111,17 @@ class RetryConfig:
 
     def backoff_ceiling(self, retry_number: int) -> float:
         """The largest wait before retry ``retry_number`` (0 for the first retry)."""
-        try:
-            raw = self.initial_wait * self.exponential_base**retry_number
-        except OverflowError:
-            return self.max_wait
-        return min(self.max_wait, raw)
+        return _backoff.backoff_ceiling(self, retry_number)
 
     def backoff(self, retry_number: int, rng: random.Random | None = None) -> float:
         """The wait before retry ``retry_number``: ``uniform(0, ceiling)`` with jitter."""
-        ceiling = self.backoff_ceiling(retry_number)
-        if not self.jitter:
-            return ceiling
-        return (rng or random).uniform(0.0, ceiling)
+        return _backoff.backoff(self, retry_number, rng)
 
     def wait_before_retry(
         self, retry_number: int, retry_after: float | None, rng: random.Random | None = None
     ) -> float:
         """Backoff for ``retry_number``, raised to ``retry_after`` when that is larger."""
-        wait = self.backoff(retry_number, rng)
-        if self.respect_retry_after and retry_after is not None and retry_after > wait:
-            return retry_after
-        return wait
+        return _backoff.wait_before_retry(self, retry_number, retry_after, rng)
 
 
 @final
