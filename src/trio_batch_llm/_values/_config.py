@@ -111,17 +111,19 @@ class RetryConfig:
 
     def backoff_ceiling(self, retry_number: int) -> float:
         """The largest wait before retry ``retry_number`` (0 for the first retry)."""
-        return _backoff.backoff_ceiling(self, retry_number)
+        return _backoff.ceiling(retry_number, initial_wait=self.initial_wait,
+                                exponential_base=self.exponential_base, max_wait=self.max_wait)
 
     def backoff(self, retry_number: int, rng: random.Random | None = None) -> float:
         """The wait before retry ``retry_number``: ``uniform(0, ceiling)`` with jitter."""
-        return _backoff.backoff(self, retry_number, rng)
+        return _backoff.jittered(self.backoff_ceiling(retry_number), jitter=self.jitter, rng=rng)
 
     def wait_before_retry(
         self, retry_number: int, retry_after: float | None, rng: random.Random | None = None
     ) -> float:
         """Backoff for ``retry_number``, raised to ``retry_after`` when that is larger."""
-        return _backoff.wait_before_retry(self, retry_number, retry_after, rng)
+        return _backoff.at_least(self.backoff(retry_number, rng),
+                                 retry_after if self.respect_retry_after else None)
 
 
 @final

@@ -10,7 +10,7 @@ cannot drift apart.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Final, Protocol
 
 from ._cost import DEFAULT_MODEL_RATES_AS_OF, Rates
@@ -32,20 +32,15 @@ NEW_ONLY: Final = " (new items only)"
 
 
 class SummarizedBatch(Protocol):
-    """What :func:`batch_summary` reads of a :class:`BatchResult` (its figures, priced by it)."""
+    """What :func:`batch_summary` reads of a :class:`BatchResult`: its record, its figures and prices."""
 
-    @property
-    def results(self) -> Sequence[WorkItemResult[Any]]: ...
-    @property
-    def termination(self) -> BatchTermination: ...
-    @property
-    def total_items(self) -> int: ...
-    @property
-    def succeeded(self) -> int: ...
-    @property
-    def failed(self) -> int: ...
-    @property
-    def wall_time(self) -> float: ...
+    results: list[WorkItemResult[Any]]
+    termination: BatchTermination
+    total_items: int
+    succeeded: int
+    failed: int
+    wall_time: float
+
     @property
     def cache_hits(self) -> int: ...
     @property
