@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from trio_batch_llm import RateLimitConfig
 from trio_batch_llm._admission import parse_rate_limit_headers
 from trio_batch_llm._admission._core import QuotaCore
-from trio_batch_llm._values._tokens import RequestTokens, TokenCharge, TokenEstimate, output_part
+from trio_batch_llm._values._token_estimates import RequestTokens, TokenCharge, TokenEstimate, output_part
 from trio_batch_llm._values._usage import UsedTokens, used_tokens
 
 NO_RAMP = RateLimitConfig(slow_start_seconds=0.0)

@@ -17,7 +17,7 @@ from trio_batch_llm import (
 )
 from trio_batch_llm._cli._render import describe
 from trio_batch_llm._runs._schema import RunSnapshot, SourceCheckpoint
-from trio_batch_llm._values._pricing import BATCH_PRICE_FACTORS, RATE_SOURCES
+from trio_batch_llm._values._cost import BATCH_PRICE_FACTORS, RATE_SOURCES
 
 # Anthropic's convention (issue 33): input_tokens counts every input token; of them 200,000 were cache
 # reads and 100,000 cache writes.
@@ -63,7 +63,7 @@ def test_batch_result_prices_cache_writes_by_model() -> None:
     ],
 )
 def test_the_built_in_table_has_claude_and_gemini(model: str, figures: tuple[Any, ...]) -> None:
-    from trio_batch_llm._values._pricing import rates_for
+    from trio_batch_llm._values._cost import rates_for
 
     rates = rates_for(model, DEFAULT_MODEL_RATES)
     assert rates is not None, model

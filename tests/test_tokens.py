@@ -12,10 +12,10 @@ import pytest
 
 import trio_batch_llm
 from trio_batch_llm import CallableStrategy, ConfigurationError, LLMCallPool, ProcessorConfig, TokenEstimate
-from trio_batch_llm._engine._tokens import load_tokenizer, tokenizer_unloaded
-from trio_batch_llm._engine._tokens import request_tokens as _request_tokens
-from trio_batch_llm._values import _tokens
-from trio_batch_llm._values._tokens import DEFAULT_OUTPUT_ALLOWANCE, RequestTokens, prompt_text
+from trio_batch_llm._engine import _tokenizer
+from trio_batch_llm._engine._tokenizer import load_tokenizer, tokenizer_unloaded
+from trio_batch_llm._engine._tokenizer import request_tokens as _request_tokens
+from trio_batch_llm._values._token_estimates import DEFAULT_OUTPUT_ALLOWANCE, RequestTokens, prompt_text
 
 pytestmark = pytest.mark.anyio
 
@@ -97,8 +97,8 @@ def fake_tiktoken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     module = types.ModuleType("tiktoken")
     module.encoding_for_model = encoding_for_model  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tiktoken", module)
-    monkeypatch.setattr(_tokens, "_encoders", {})
-    monkeypatch.setattr("trio_batch_llm._engine._tokens._TIKTOKEN_INSTALLED", True)
+    monkeypatch.setattr(_tokenizer, "_encoders", {})
+    monkeypatch.setattr("trio_batch_llm._engine._tokenizer._TIKTOKEN_INSTALLED", True)
     return asked
 
 

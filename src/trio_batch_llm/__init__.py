@@ -113,6 +113,7 @@ from ._values._config import RetryConfig as RetryConfig
 from ._values._cost import DEFAULT_MODEL_RATES as DEFAULT_MODEL_RATES
 from ._values._cost import DEFAULT_MODEL_RATES_AS_OF as DEFAULT_MODEL_RATES_AS_OF
 from ._values._cost import ModelRates as ModelRates
+from ._values._cost import Rates as Rates
 from ._values._details import ResponseDetails as ResponseDetails
 from ._values._details import ToolCall as ToolCall
 from ._values._errors import AdmissionClosedError as AdmissionClosedError
@@ -127,14 +128,12 @@ from ._values._errors import CleanupInterruptedError as CleanupInterruptedError
 from ._values._errors import ConfigurationError as ConfigurationError
 from ._values._errors import DatabaseUnavailableError as DatabaseUnavailableError
 from ._values._errors import ItemDeadlineExceeded as ItemDeadlineExceeded
-from ._values._errors import LLMCallError as LLMCallError
 from ._values._errors import ProviderError as ProviderError
 from ._values._errors import QueueFullError as QueueFullError
 from ._values._errors import QuotaBackendError as QuotaBackendError
 from ._values._errors import RunSourceError as RunSourceError
 from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
-from ._values._pricing import Rates as Rates
 from ._values._prompts import LLMRequest as LLMRequest
 from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
 from ._values._ramp import StartupRampConfig as StartupRampConfig
@@ -145,6 +144,7 @@ from ._values._response_cache import RedisResponseCache as RedisResponseCache
 from ._values._response_cache import ResponseCache as ResponseCache
 from ._values._response_cache import SqliteResponseCache as SqliteResponseCache
 from ._values._results import BatchTermination as BatchTermination
+from ._values._results import LLMCallError as LLMCallError
 from ._values._results import RetryState as RetryState
 from ._values._results import TokenUsage as TokenUsage
 from ._values._results import WorkItemResult as WorkItemResult
@@ -154,7 +154,7 @@ from ._values._stop_reasons import StopReason as StopReason
 from ._values._structured import StructuredOutputError as StructuredOutputError
 from ._values._timing import AttemptTiming as AttemptTiming
 from ._values._timing import ItemTiming as ItemTiming
-from ._values._tokens import TokenEstimate as TokenEstimate
+from ._values._token_estimates import TokenEstimate as TokenEstimate
 from ._version import __version__ as __version__
 
 __all__ = [

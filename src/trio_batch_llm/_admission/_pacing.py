@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Final, NamedTuple, final
 
 from .._values._config import RateLimitConfig
-from .._values._tokens import output_part
+from .._values._token_estimates import output_part
 from .._values._usage import UsedTokens
 from ._discovery import Discovery
 from ._headers import RateLimitObservation

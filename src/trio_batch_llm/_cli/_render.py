@@ -27,8 +27,13 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
 from .._observe._display import LogProgress, TerminalProgressBar
 from .._observe._snapshot import Progress, ProgressSnapshot
 from .._values._batch_result import BatchResult
-from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF
-from .._values._pricing import BATCH_PRICE_FACTORS, price, rates_for
+from .._values._cost import (
+    BATCH_PRICE_FACTORS,
+    DEFAULT_MODEL_RATES,
+    DEFAULT_MODEL_RATES_AS_OF,
+    price,
+    rates_for,
+)
 from .._values._results import BatchTermination
 from .._values._urls import REDACTED, redact_urls
 from ._command import EXIT_FAILED, EXIT_USAGE

@@ -24,13 +24,18 @@ from array import array
 from typing import Any, Final, final
 
 from .._engine._item_run import THROTTLED_BY_429S
-from .._values._batch_result import NEW_ONLY, _cached_note, replayed_line  # BatchResult.summary's parts
 from .._values._categories import ErrorCategory
-from .._values._cost import DEFAULT_MODEL_RATES
-from .._values._headline import termination_headline
-from .._values._pricing import CostSum, cost_line, dollars
+from .._values._cost import DEFAULT_MODEL_RATES, CostSum
 from .._values._results import BatchTermination, WorkItemResult, add_usage, is_not_run
-from .._values._stop_reasons import stopped_line
+from .._values._summary import (  # BatchResult.summary's lines
+    NEW_ONLY,
+    cached_note,
+    cost_line,
+    dollars,
+    replayed_line,
+    stopped_line,
+    termination_headline,
+)
 
 __all__ = ["EXACT_VALUES", "LatencySketch", "RunSummary", "cache_line"]
 
@@ -182,7 +187,7 @@ class RunSummary:
             + (f"   new {new:,}" if self.replayed else ""),
             f"  retries     {self.retries:>10,}",
             f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
-            f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
+            f"   out {tokens.get('output_tokens', 0):,}" + cached_note(tokens),
         ]
         # As BatchResult.new_cost: a run that made no call spent nothing.
         cost = self.cost.total if new else 0.0

@@ -352,7 +352,7 @@ async def call(
 
     Overlapping calls on one strategy share its limits (see :func:`call_result`).
     """
-    from .._values._errors import LLMCallError
+    from .._values._results import LLMCallError
 
     result = await call_result(strategy, prompt, config=config, error_classifier=error_classifier)
     if result.success:

@@ -52,7 +52,7 @@ from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
 from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
 from ._throttled import admit_within_budget, over_budget, spent
-from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
+from ._tokenizer import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
     from .._admission import Admission

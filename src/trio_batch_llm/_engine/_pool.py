@@ -23,10 +23,10 @@ from .._observe._log import FailureLog
 from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
-from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallError, QueueFullError
+from .._values._errors import AdmissionClosedError, ConfigurationError, QueueFullError
 from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, Prompt
-from .._values._results import WorkItemResult
+from .._values._results import LLMCallError, WorkItemResult
 from .._values._stop_reasons import StopReason
 from ._cached import open_item_cache
 from ._classifier_objects import ClassifierArg

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Final, final
 
 from .._values._categories import ErrorCategory
-from .._values._config import AbortMode, GuardrailConfig, InvalidCost
+from .._values._config import AbortMode, GuardrailConfig
+from .._values._cost import InvalidCost
 from .._values._results import BatchTermination, TerminationKind, WorkItemResult
 from .._values._stats import RunCounters
 from .._values._stop_reasons import StopReason

@@ -1,7 +1,8 @@
 """``ArtifactIdentity``: what a checkpoint was produced by (provider, model, versions).
 
-Its own module since the configuration records outgrew one file; :mod:`._config`
-still exports it, where the engine and the stores have always imported it from.
+Its own module, not one of :mod:`._config`'s records: the stores, the runs and the
+strategies name it, and none of them needs a processor's configuration to do so
+(:mod:`._config` re-exports it, where the engine has always imported it from).
 """
 
 from __future__ import annotations

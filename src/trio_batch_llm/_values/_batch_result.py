@@ -1,68 +1,41 @@
-"""The batch result: every item's result, how the batch ended, totals and a readable summary."""
+"""The batch record: every item's result, how the batch ended, its totals and their prices, its JSON.
+
+Its readable summary is laid out by :mod:`._summary`, its prices computed by :mod:`._cost`.
+"""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
+from ._cost import Rates, estimate
 from ._export_json import export_dict, json_default
-from ._headline import termination_headline
 from ._models import is_pydantic_model_class
-from ._pricing import BUILT_IN_FIGURES, CostSum, Rates, cost_line, dollars
 from ._results import BatchTermination, WorkItemResult, add_usage, is_not_run
-from ._stop_reasons import stopped_line
+from ._summary import batch_summary
 
-__all__ = ["NEW_ONLY", "BatchResult", "replayed_line"]
+__all__ = ["BatchResult"]
 
 TOutput = TypeVar("TOutput")
-
-_BUILT_IN: Final[Mapping[str, Rates]] = BUILT_IN_FIGURES
-
-
-def _percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return 0.0
-    index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
-    return sorted_values[index]
 
 
 def _percent(part: int, whole: int) -> float:
     return 100.0 * part / whole if whole > 0 else 0.0
 
 
-def _cached_note(tokens: Mapping[str, int]) -> str:
-    """The tokens line's prompt-cache part: cached input tokens and their share, when there are any."""
-    cached = tokens.get("cached_input_tokens", 0)
-    if cached <= 0:
-        return ""
-    return f"   cached {cached:,} ({_percent(cached, tokens.get('input_tokens', 0)):.1f} %)"
-
-
-NEW_ONLY: Final = " (new items only)"
-"""After the items/s of a resume: replayed results are not throughput."""
-
-
-def replayed_line(tokens: Mapping[str, int], cost: float | None) -> str:
-    """The summary's line for replayed results (:meth:`BatchResult.summary` and the command line's
-    lay it out alike): their tokens and cost, which the run that made them spent."""
-    return (f"  replayed    {tokens.get('total_tokens', 0):>10,}   tokens"
-            f" (in {tokens.get('input_tokens', 0):,}   out {tokens.get('output_tokens', 0):,})"
-            + (f"   {dollars(cost)}" if cost is not None else "")
-            + "   from the checkpoint: spent by an earlier run, not counted above")
+def _model(result: WorkItemResult[Any]) -> object:
+    """The model a result names (``metadata["model"]``), which prices it in a table of rates."""
+    return result.metadata.get("model") if isinstance(result.metadata, Mapping) else None
 
 
 def _cost(results: list[WorkItemResult[Any]], rates: Rates | Mapping[str, Rates] | None, *,
           made_calls: bool = True) -> float | None:
     if not made_calls:
         return 0.0
-    costs = CostSum(rates, table=_BUILT_IN)
-    for r in results:
-        costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
-    return costs.total
+    return estimate(rates, ((r.token_usage, _model(r)) for r in results))
 
 
 @final
@@ -194,11 +167,7 @@ class BatchResult(Generic[TOutput]):
         """Dollars the response cache saved: the cached results' original usage (``saved_usage``),
         priced as :meth:`estimated_cost` prices ``token_usage`` (``rates`` alike). ``None`` when no
         cached result has token counts, or one that has them cannot be priced."""
-        costs = CostSum(rates, table=_BUILT_IN)
-        for r in self.results:
-            if r.cached:
-                costs.add(r.saved_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
-        return costs.total
+        return estimate(rates, ((r.saved_usage, _model(r)) for r in self.results if r.cached))
 
     def estimated_cost(self, rates: Rates | Mapping[str, Rates] | None = None) -> float | None:
         """Estimated dollars for the tokens of every result (replayed ones and failed attempts included,
@@ -211,10 +180,7 @@ class BatchResult(Generic[TOutput]):
         counts, or when one that has them cannot be priced (no model, or a model not in the table):
         a partial sum would understate the cost.
         """
-        costs = CostSum(rates, table=_BUILT_IN)
-        for r in self.results:
-            costs.add(r.token_usage, r.metadata.get("model") if isinstance(r.metadata, Mapping) else None)
-        return costs.total
+        return _cost(self.results, rates)
 
     # --- this run's own results apart from the replayed ones (a resume): adding up runs counts
     # each call once only when it adds up the new figures ------------------------------------------
@@ -278,55 +244,7 @@ class BatchResult(Generic[TOutput]):
         calls, items/s over new items only; a ``replayed`` line shows the replayed results' tokens
         and cost apart (spent by the run that made them), so adding up runs counts no call twice.
         """
-        executed = [r for r in self.results if not r.replayed]
-        retries = sum(max(0, r.attempts - 1) for r in executed)
-        tokens = self.new_tokens()
-        replayed = len(self.results) - len(executed)
-        not_run = sum(1 for r in self.results if is_not_run(r))
-        ran = [r for r in executed if not is_not_run(r)]
-        rate = len(ran) / self.wall_time if self.wall_time > 0 else 0.0
-        lines = [
-            termination_headline(self.termination),
-            f"  items       {self.total_items:>10,}   succeeded {self.succeeded:,}"
-            f"   failed {self.failed - not_run:,}" + (f"   not run {not_run:,}" if not_run else "")
-            + f"   replayed {replayed:,}" + (f"   new {len(ran):,}" if replayed else ""),
-            f"  retries     {retries:>10,}",
-            f"  tokens      {tokens.get('total_tokens', 0):>10,}   in {tokens.get('input_tokens', 0):,}"
-            f"   out {tokens.get('output_tokens', 0):,}" + _cached_note(tokens),
-        ]
-        cost = self.new_cost(rates)
-        if cost is not None:
-            lines.append(cost_line(cost, built_in=rates is None))
-        if any(r.cache_key is not None for r in self.results):  # a response cache was used
-            hits, misses = self.cache_hits, self.cache_misses
-            saved = self.cache_savings(rates)
-            hit_rate = _percent(hits, hits + misses)
-            lines.append(f"  cache hits  {hits:>10,}   misses {misses:,}   rate {hit_rate:.1f} %"
-                         + (f"   saved {dollars(saved)}" if saved is not None else ""))
-        if replayed:
-            lines.append(replayed_line(self.replayed_tokens(), self.replayed_cost(rates)))
-        lines += [
-            f"  wall time   {self.wall_time:>10.3f} s   {rate:,.0f} items/s" + NEW_ONLY * bool(replayed),
-        ]
-        categories: dict[str, int] = {}
-        for r in self.results:
-            if not r.success and r.error_category is not None and not is_not_run(r):
-                categories[r.error_category.value] = categories.get(r.error_category.value, 0) + 1
-        if categories:
-            detail = ", ".join(f"{k} {v:,}" for k, v in sorted(categories.items()))
-            lines.append(f"  failures    {detail}")
-        if line := stopped_line(Counter(r.stop_reason.value for r in self.results if r.stop_reason)):
-            lines.append(line)  # why the items that did not run to their own end did not
-        fenced = sum(1 for r in executed if r.metadata.get("fence_recovered") is True)
-        if fenced:  # structured answers that came wrapped in a markdown code fence, unwrapped
-            lines.append(f"  structured  {fenced:,} answers recovered from a code fence")
-        if ran:
-            lines.append("                    p50        p95        p99")
-            for label, attr in (("admission", "admission_wait"), ("execution", "execution")):
-                values = sorted(getattr(r.timing, attr) for r in ran)
-                p = [_percentile(values, q) * 1000 for q in (0.5, 0.95, 0.99)]
-                lines.append(f"  {label:<11}{p[0]:>8.1f}ms {p[1]:>8.1f}ms {p[2]:>8.1f}ms")
-        return "\n".join(lines)
+        return batch_summary(self, rates)
 
     def to_json(self) -> str:
         """Strict JSON (no ``NaN``/``Infinity``); ValueError naming the item if an output holds one."""

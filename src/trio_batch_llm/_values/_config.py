@@ -1,4 +1,4 @@
-"""Frozen, validated configuration records and the pure backoff math.
+"""Frozen, validated configuration records (backoff arithmetic: :mod:`._backoff`; prices: :mod:`._cost`).
 
 Every record validates itself at construction and raises
 :class:`ConfigurationError` naming the field and the offending value, so a bad
@@ -7,27 +7,25 @@ setting fails before any work starts.
 
 from __future__ import annotations
 
-import decimal
 import enum
-import math
-import numbers
 import os
 import random
-import reprlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
+from . import _backoff
 from ._artifact_identity import ArtifactIdentity as ArtifactIdentity
 from ._breaker_config import CircuitBreakerConfig, check_circuit_breaker
 from ._categories import ErrorCategory
 from ._checks import fraction, non_negative, positive, whole
 from ._config_warnings import warn_if_suspicious
+from ._cost import run_cost_function
 from ._errors import ConfigurationError
 from ._quota_backend import RedisQuotaBackend
 from ._ramp import StartupRampConfig
 from ._response_cache import CacheMode, ResponseCache, as_response_cache, check_cache_mode
-from ._tokens import RequestTokens, TokenEstimate
+from ._token_estimates import RequestTokens, TokenEstimate, default_token_estimator
 
 if TYPE_CHECKING:
     from ._results import TokenUsage
@@ -38,12 +36,10 @@ __all__ = [
     "ArtifactIdentity",
     "FromConfig",
     "GuardrailConfig",
-    "InvalidCost",
     "ProcessorConfig",
     "RateLimitConfig",
     "ResumePolicy",
     "RetryConfig",
-    "default_token_estimator",
 ]
 
 DEFAULT_WORKERS: Final = 5
@@ -57,9 +53,6 @@ class FromConfig(enum.Enum):
 
 
 FROM_CONFIG: Final = FromConfig.VALUE
-
-_SHORT: Final = reprlib.Repr()
-_SHORT.maxlong = _SHORT.maxstring = _SHORT.maxother = 60
 
 
 class AbortMode(enum.Enum):
@@ -118,27 +111,19 @@ class RetryConfig:
 
     def backoff_ceiling(self, retry_number: int) -> float:
         """The largest wait before retry ``retry_number`` (0 for the first retry)."""
-        try:
-            raw = self.initial_wait * self.exponential_base**retry_number
-        except OverflowError:
-            return self.max_wait
-        return min(self.max_wait, raw)
+        return _backoff.ceiling(retry_number, initial_wait=self.initial_wait,
+                                exponential_base=self.exponential_base, max_wait=self.max_wait)
 
     def backoff(self, retry_number: int, rng: random.Random | None = None) -> float:
         """The wait before retry ``retry_number``: ``uniform(0, ceiling)`` with jitter."""
-        ceiling = self.backoff_ceiling(retry_number)
-        if not self.jitter:
-            return ceiling
-        return (rng or random).uniform(0.0, ceiling)
+        return _backoff.jittered(self.backoff_ceiling(retry_number), jitter=self.jitter, rng=rng)
 
     def wait_before_retry(
         self, retry_number: int, retry_after: float | None, rng: random.Random | None = None
     ) -> float:
         """Backoff for ``retry_number``, raised to ``retry_after`` when that is larger."""
-        wait = self.backoff(retry_number, rng)
-        if self.respect_retry_after and retry_after is not None and retry_after > wait:
-            return retry_after
-        return wait
+        return _backoff.at_least(self.backoff(retry_number, rng),
+                                 retry_after if self.respect_retry_after else None)
 
 
 @final
@@ -208,10 +193,6 @@ class RateLimitConfig:
         non_negative("blip_retry_seconds", self.blip_retry_seconds)
 
 
-class InvalidCost(ValueError):
-    """``cost_function`` raised, or returned something that is not a finite number >= 0."""
-
-
 @final
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
@@ -260,27 +241,10 @@ class GuardrailConfig:
             )
 
     def item_cost(self, usage: TokenUsage) -> float:
-        """``cost_function(usage)`` as a float; :class:`InvalidCost` when it is not a valid cost
+        """``cost_function(usage)`` as a float; :class:`~._cost.InvalidCost` when it is not a valid cost
         (its ``__cause__`` is the exception ``cost_function`` raised, if it raised)."""
         assert self.cost_function is not None
-        try:
-            value: object = self.cost_function(usage)
-        except Exception as exc:  # the user's function failed: the cost is unknown
-            raise InvalidCost(f"cost_function raised {type(exc).__name__}: {exc}") from exc
-        if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
-            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, which is not a number")
-        try:
-            cost = float(value)
-        except (OverflowError, ValueError):  # an int beyond a float, a Decimal signalling NaN
-            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, too large for a float") from None
-        if not math.isfinite(cost) or cost < 0:
-            raise InvalidCost(f"cost_function returned {_SHORT.repr(value)}, not a finite number >= 0")
-        return cost
-
-
-def default_token_estimator(prompt: str) -> int:
-    """A cheap, deliberately generous estimate: about four characters a token, plus room for output."""
-    return len(prompt) // 4 + 256
+        return run_cost_function(self.cost_function, usage)
 
 
 @final

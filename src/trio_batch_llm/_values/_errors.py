@@ -9,7 +9,7 @@ built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
     └── BatchLLMError                      (alias: AsyncBatchLLMError)
         ├── ConfigurationError             (also ValueError)
         ├── ProviderError                  a strategy's own word on a failure
-        ├── LLMCallError                   (also RuntimeError) call()/submit() failed
+        ├── LLMCallError                   (also RuntimeError) call()/submit() failed [1]
         ├── ItemDeadlineExceeded           (also TimeoutError) item total deadline
         ├── QueueFullError                 (also RuntimeError) pool past max_pending
         ├── AdmissionClosedError           (also RuntimeError) owner no longer admits
@@ -24,6 +24,10 @@ built-in base, so code that catches ``RuntimeError``, ``TimeoutError`` or
         ├── RunStateError                  (also RuntimeError) a durable run's status forbids it
         └── RunSourceError                 (also ValueError) a run's source cannot continue it
 
+[1] Defined in :mod:`._results`, beside the :class:`WorkItemResult` it carries:
+this module is the ground of ``_values`` (every record raises from it), so it
+refers to no record; the one error that holds a record sits above records.
+
 Provider SDK exceptions and exceptions raised by user strategies are never
 wrapped: they reach the caller (or ``WorkItemResult.exception``) as themselves.
 Cancellation, ``KeyboardInterrupt`` and ``SystemExit`` are never converted.
@@ -32,13 +36,10 @@ Cancellation, ``KeyboardInterrupt`` and ``SystemExit`` are never converted.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._categories import ErrorCategory
 from ._usage import check_token_usage
-
-if TYPE_CHECKING:
-    from ._results import WorkItemResult
 
 __all__ = [
     "AdmissionClosedError",
@@ -53,7 +54,6 @@ __all__ = [
     "ConfigurationError",
     "DatabaseUnavailableError",
     "ItemDeadlineExceeded",
-    "LLMCallError",
     "ProviderError",
     "QueueFullError",
     "QuotaBackendError",
@@ -120,14 +120,6 @@ class ProviderError(BatchLLMError):
         self.status_code = status_code
         self.token_usage = dict(token_usage) if token_usage else None
         self.metadata: dict[str, Any] = dict(metadata) if metadata else {}
-
-
-class LLMCallError(BatchLLMError, RuntimeError):
-    """A single call failed; ``result`` holds the failed :class:`WorkItemResult`."""
-
-    def __init__(self, message: str, *, result: WorkItemResult[Any] | None = None) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 class ItemDeadlineExceeded(BatchLLMError, TimeoutError):

@@ -1,15 +1,17 @@
-"""Per-item results, token usage and timing, and how a batch ended (the batch: :mod:`._batch_result`)."""
+"""Per-item result records: a result, its usage, retry state, how a batch ended, and the error carrying one.
+
+The batch's record is :mod:`._batch_result`; every price is :mod:`._cost`'s.
+"""
 
 from __future__ import annotations
 
-import statistics as _stats
 from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final, Generic, Literal, TypedDict, TypeVar, final
 
 from ._categories import ErrorCategory
 from ._details import DETAILS_METADATA_KEY, ResponseDetails
-from ._pricing import BUILT_IN_FIGURES, Rates
+from ._errors import BatchLLMError
 from ._stop_reasons import StopReason, stop_reason_of
 from ._timing import ItemTiming
 from ._urls import redact_urls
@@ -19,6 +21,7 @@ from ._usage import usage_total as usage_total  # where the engine has always im
 __all__ = [
     "BatchTermination",
     "ItemTiming",
+    "LLMCallError",
     "RetryState",
     "TerminationKind",
     "TokenUsage",
@@ -27,8 +30,6 @@ __all__ = [
 
 TOutput = TypeVar("TOutput")
 
-
-_BUILT_IN: Final[Mapping[str, Rates]] = BUILT_IN_FIGURES
 TerminationKind = Literal[
     "completed", "batch_deadline", "budget_exhausted", "aborted", "interrupted", "provider_retired"
 ]
@@ -193,5 +194,9 @@ def is_not_run(result: WorkItemResult[Any]) -> bool:
     return not result.success and result.attempts == 0 and result.error_category in NOT_RUN_CATEGORIES
 
 
-def mean(values: list[float]) -> float:
-    return _stats.fmean(values) if values else 0.0
+class LLMCallError(BatchLLMError, RuntimeError):
+    """A single call failed; ``result`` holds the failed :class:`WorkItemResult`."""
+
+    def __init__(self, message: str, *, result: WorkItemResult[Any] | None = None) -> None:
+        super().__init__(message)
+        self.result = result

@@ -14,10 +14,9 @@ an abort, a full pool and a pause no longer share one text-only ``not_executed``
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["StopReason", "stop_reason_of", "stopped_line"]
+__all__ = ["StopReason", "stop_reason_of"]
 
 
 class StopReason(enum.StrEnum):
@@ -55,10 +54,3 @@ def stop_reason_of(value: Any) -> StopReason | None:
         return StopReason(value)
     except ValueError:
         return None
-
-
-def stopped_line(counts: Mapping[str, int]) -> str | None:
-    """The summaries' line counting results by stop reason (``None`` when no result has one)."""
-    if not counts:
-        return None
-    return "  stopped     " + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items()))

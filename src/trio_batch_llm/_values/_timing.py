@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, final
 
-from ._pricing import BUILT_IN_FIGURES, price, rates_for
+from ._cost import call_cost
 
 __all__ = ["AttemptTiming", "ItemTiming"]
 
@@ -64,16 +64,7 @@ class AttemptTiming:
         a model not in the table, or a ``cost_function`` that failed (the budget reports that).
 
         Priced when read, not when the call ended: the item path pays nothing for it."""
-        usage = self.token_usage
-        if not usage:
-            return None
-        if self.cost_function is not None:
-            try:
-                return float(self.cost_function(usage))
-            except Exception:  # noqa: BLE001 - an unknown cost; a budget's own charge reports the failure
-                return None
-        rates = rates_for(self.model, BUILT_IN_FIGURES)
-        return price(rates, usage) if rates is not None else None
+        return call_cost(self.token_usage, self.model, self.cost_function)
 
 
 @final

@@ -1,18 +1,21 @@
-"""Token estimates for TPM admission: the public :class:`TokenEstimate` and the estimator used per request.
+"""Token estimates for TPM admission: the public :class:`TokenEstimate` and the arithmetic of a charge.
 
 A request is admitted with ``input estimate + output allowance`` tokens. The
-input estimate is a tiktoken count when tiktoken is installed and knows the
-strategy's model, else about four characters a token; the output allowance is
-the request's ``max_output_tokens`` (item params over strategy params) when one
-is set, else :data:`DEFAULT_OUTPUT_ALLOWANCE`. A user ``token_estimator`` may
-return an ``int`` (the input estimate: the request's max output is added) or a
-:class:`TokenEstimate` (used whole: its output part is the allowance).
+input estimate is a count function's (a tiktoken count when tiktoken is
+installed and knows the strategy's model, else about four characters a token);
+the output allowance is the request's ``max_output_tokens`` (item params over
+strategy params) when one is set, else :data:`DEFAULT_OUTPUT_ALLOWANCE`. A user
+``token_estimator`` may return an ``int`` (the input estimate: the request's max
+output is added) or a :class:`TokenEstimate` (used whole: its output part is the
+allowance).
+
+Pure values: loading tiktoken (an import, perhaps a download, in a worker thread,
+cached per process) is the runtime's job, :mod:`.._engine._tokenizer`, which hands
+its count function in here.
 """
 
 from __future__ import annotations
 
-import importlib
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, final
@@ -24,12 +27,11 @@ __all__ = [
     "RequestTokens",
     "TokenCharge",
     "TokenEstimate",
-    "cached_tiktoken_counter",
     "character_tokens",
+    "default_token_estimator",
     "max_output_tokens",
     "output_part",
     "prompt_text",
-    "tiktoken_counter",
 ]
 
 DEFAULT_OUTPUT_ALLOWANCE: Final = 256
@@ -73,6 +75,11 @@ def character_tokens(text: str) -> int:
     return len(text) // 4
 
 
+def default_token_estimator(prompt: str) -> int:
+    """A cheap, deliberately generous estimate: about four characters a token, plus room for output."""
+    return character_tokens(prompt) + DEFAULT_OUTPUT_ALLOWANCE
+
+
 def prompt_text(prompt: object) -> str:
     """The text of a prompt for counting: a ``str``, or the text parts of chat messages joined."""
     if isinstance(prompt, str):
@@ -104,47 +111,6 @@ def max_output_tokens(*layers: Mapping[str, Any] | None) -> int | None:
             if value is not None:
                 return _count(f"params[{key!r}]", value)
     return None
-
-
-_encoders: dict[str, Callable[[str], int] | None] = {}
-_encoders_lock = threading.Lock()
-
-
-def cached_tiktoken_counter(model: str | None) -> tuple[bool, Callable[[str], int] | None]:
-    """``(True, counter)`` when :func:`tiktoken_counter` has answered for ``model`` already (or
-    there is no model), else ``(False, None)``: a first load, which may block."""
-    if not model:
-        return True, None
-    with _encoders_lock:
-        if model in _encoders:
-            return True, _encoders[model]
-    return False, None
-
-
-def tiktoken_counter(model: str | None) -> Callable[[str], int] | None:
-    """A tiktoken token count for ``model``, or ``None``: tiktoken absent, model unknown to it,
-    or its encoding not loadable (tiktoken downloads encodings on first use; offline that fails).
-
-    Blocking on a first call per model (import, perhaps a download attempt): call it in a
-    worker thread. The answer, ``None`` included, is cached per model for the process.
-    """
-    if not model:
-        return None
-    with _encoders_lock:
-        if model in _encoders:
-            return _encoders[model]
-    counter: Callable[[str], int] | None
-    try:
-        tiktoken = importlib.import_module("tiktoken")  # optional (the [tiktoken] extra), imported late
-        encoding = tiktoken.encoding_for_model(model)
-        encoding.encode("probe")  # surfaces a broken download now, not on the hot path
-
-        def counter(text: str) -> int:
-            return len(encoding.encode(text, disallowed_special=()))
-    except Exception:  # noqa: BLE001 - no tiktoken, unknown model, no network: use the character estimate
-        counter = None
-    with _encoders_lock:
-        return _encoders.setdefault(model, counter)
 
 
 @final
