@@ -1,7 +1,8 @@
-"""The SQL of a PostgreSQL runs database: tables, migrations and the snapshot query.
+"""The PostgreSQL runs tables: their DDL and the ordered migrations that create them.
 
 The tables mirror SQLite's (:mod:`._sqlite_tables`: the same columns, the
-same meaning, so both decode with one function); counters are ``BIGINT`` and
+same meaning, so both are read by :mod:`._rows`' one query and decoded by
+its one function); counters are ``BIGINT`` and
 times ISO-8601 text, as there. The schema's version lives in its own table,
 ``trio_batch_llm_schema`` (one row per component; ours is ``runs``), and
 :data:`MIGRATIONS` is the ordered list of steps from an empty database: a
@@ -15,13 +16,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from .._schema import LIVE_SUBMISSION_STATES, UNRESOLVED_SUBMISSION_STATES
 from ._leases import DRIVERS_TABLE_SQL
 
-__all__ = [
-    "LIVE", "MIGRATIONS", "MIGRATION_LOCK", "SCHEMA_TABLE", "SCHEMA_VERSION", "SNAPSHOT",
-    "SUBMISSION_COLUMNS",
-]
+__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "SCHEMA_TABLE", "SCHEMA_VERSION"]
 
 SCHEMA_TABLE: Final = "trio_batch_llm_schema"
 # pg_advisory_xact_lock key of the migration (any fixed 64-bit number; "tbllruns" in ASCII).
@@ -107,25 +104,3 @@ _V2: Final = (
 # (version, statements): applied in order above the stored version, in one transaction.
 MIGRATIONS: Final[tuple[tuple[int, tuple[str, ...]], ...]] = ((1, _V1), (2, _V2))
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
-
-_LIVE: Final = ", ".join(f"'{state}'" for state in sorted(LIVE_SUBMISSION_STATES))
-_UNRESOLVED: Final = ", ".join(f"'{state}'" for state in sorted(UNRESOLVED_SUBMISSION_STATES))
-_RUN_COLUMNS: Final = (
-    "run_id, mode, identity, config, status, termination, source_position, source_cursor,"
-    " source_fingerprint, source_last_item, source_exhausted, items, done, succeeded, failed,"
-    " input_tokens, output_tokens, total_tokens, last_sequence, created_at, updated_at"
-)
-LIVE: Final = _LIVE
-SNAPSHOT: Final = (
-    f"SELECT {_RUN_COLUMNS},"
-    f" (SELECT COALESCE(SUM(s.items), 0)::bigint FROM run_submissions s"
-    f"  WHERE s.run_id = runs.run_id AND s.state IN ({_LIVE})),"
-    f" (SELECT COUNT(*) FROM run_submissions s WHERE s.run_id = runs.run_id AND s.state IN ({_LIVE})),"
-    f" (SELECT s.submission_id FROM run_submissions s"
-    f"  WHERE s.run_id = runs.run_id AND s.state IN ({_UNRESOLVED}) ORDER BY s.seq LIMIT 1)"
-    " FROM runs WHERE run_id = %s"
-)
-SUBMISSION_COLUMNS: Final = (
-    "submission_id, run_id, scope, state, items, tokens, input_file_id, batch_id, detail,"
-    " created_at, updated_at"
-)
