@@ -55,8 +55,8 @@ from . import _postgres_writes as writes
 from ._conninfo import display, is_postgres_store, is_postgres_url, secret_of
 from ._dialect import POSTGRES, Dialect
 from ._postgres_tables import MIGRATION_LOCK, MIGRATIONS, SCHEMA_TABLE, SCHEMA_VERSION
-from ._rows import utc_now
 from ._sql import SqlRunRepository
+from ._tables import utc_now
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "PostgresRunRepository", "is_postgres_store", "is_postgres_url"]
 

@@ -33,7 +33,7 @@ from typing import Any
 from .._schema import NewItem, NewResult, NewSubmission, SourceCheckpoint
 from . import _writes as shared
 from ._dialect import POSTGRES
-from ._rows import utc_now
+from ._tables import utc_now
 
 __all__ = ["insert_items", "lock_run", "mark_done", "reserve"]
 

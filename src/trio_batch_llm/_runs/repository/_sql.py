@@ -27,26 +27,12 @@ from typing import ClassVar, Generic, Literal, TypeVar
 
 from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
 from ..._values._errors import ArtifactMismatchError
-from .._schema import (
-    LIVE_SUBMISSION_STATES,
-    NewItem,
-    NewResult,
-    NewSubmission,
-    PendingItem,
-    RunSnapshot,
-    RunSpec,
-    RunStateError,
-    RunTermination,
-    SourceCheckpoint,
-    StoredResult,
-    SubmissionRecord,
-    SubmissionState,
-)
+from .. import _schema as schema
 from . import _leases as leases
 from . import _writes as writes
 from ._dialect import Connection, Dialect
 from ._leases import LeaseReport
-from ._rows import (
+from ._tables import (
     ALL_SUBMISSION_STATES,
     SNAPSHOT,
     SUBMISSION_COLUMNS,
@@ -95,17 +81,18 @@ class SqlRunRepository(abc.ABC, Generic[C]):
     def _write(self, doing: str) -> contextlib.AbstractContextManager[C]: ...
 
     @abc.abstractmethod
-    def _insert_items(self, conn: C, run_id: str, items: Sequence[NewItem],
-                      checkpoint: SourceCheckpoint) -> None:
+    def _insert_items(self, conn: C, run_id: str, items: Sequence[schema.NewItem],
+                      checkpoint: schema.SourceCheckpoint) -> None:
         """Add the items (pending) and move the checkpoint: :func:`._writes.move_checkpoint`."""
 
     @abc.abstractmethod
-    def _mark_done(self, conn: C, run_id: str, results: Sequence[NewResult], *,
+    def _mark_done(self, conn: C, run_id: str, results: Sequence[schema.NewResult], *,
                    submission: str | None, lease: int | None) -> int:
         """Record results for the items still open (:func:`._writes.open_items`); how many."""
 
     @abc.abstractmethod
-    def _reserve(self, conn: C, run_id: str, submission: NewSubmission, capacity_limit: int | None) -> bool:
+    def _reserve(self, conn: C, run_id: str, submission: schema.NewSubmission,
+                 capacity_limit: int | None) -> bool:
         """Take capacity and items for a new submission, or False with nothing written."""
 
     # -- what an older SQLite file lacks (PostgreSQL has every column from its first version) --
@@ -123,15 +110,15 @@ class SqlRunRepository(abc.ABC, Generic[C]):
     def _knows_leases(self, conn: C) -> bool:
         return True
 
-    def _row(self, conn: C, run_id: str) -> RunSnapshot:
+    def _row(self, conn: C, run_id: str) -> schema.RunSnapshot:
         row = conn.execute(self._dialect.sql(self._snapshot_sql()), (run_id,)).fetchone()
         if row is None:
-            raise RunStateError(f"{self.location}: no run named {run_id!r}")
+            raise schema.RunStateError(f"{self.location}: no run named {run_id!r}")
         return decode_snapshot(tuple(row))
 
     # -- runs --------------------------------------------------------------------
 
-    def attach(self, spec: RunSpec) -> RunSnapshot:
+    def attach(self, spec: schema.RunSpec) -> schema.RunSnapshot:
         d = self._dialect
         identity_json = canonical_json(spec.identity.to_dict())
         with self._write(f"opening run {spec.run_id!r}") as conn:
@@ -156,12 +143,12 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                     f"not {identity_json}; use another run id"
                 )
             if mode != spec.mode:
-                raise RunStateError(
+                raise schema.RunStateError(
                     f"{self.location}: run {spec.run_id!r} runs in mode {mode!r}, not {spec.mode!r}"
                 )
             return self._row(conn, spec.run_id)
 
-    def snapshot(self, run_id: str) -> RunSnapshot:
+    def snapshot(self, run_id: str) -> schema.RunSnapshot:
         with self._read(f"reading run {run_id!r}") as conn:
             return self._row(conn, run_id)
 
@@ -170,14 +157,8 @@ class SqlRunRepository(abc.ABC, Generic[C]):
             rows = conn.execute(f"SELECT run_id FROM runs ORDER BY {self._dialect.run_order}").fetchall()
             return [run_id for (run_id,) in rows]
 
-    def transition(
-        self,
-        run_id: str,
-        *,
-        from_statuses: frozenset[str],
-        to: str,
-        termination: RunTermination | None,
-    ) -> tuple[bool, RunSnapshot]:
+    def transition(self, run_id: str, *, from_statuses: frozenset[str], to: str,
+                   termination: schema.RunTermination | None) -> tuple[bool, schema.RunSnapshot]:
         d = self._dialect
         term = json.dumps(termination.to_dict()) if termination is not None else None
         among, params = d.any_of("status", sorted(from_statuses))
@@ -191,8 +172,8 @@ class SqlRunRepository(abc.ABC, Generic[C]):
             ).rowcount
             return changed == 1, self._row(conn, run_id)
 
-    def complete(self, run_id: str) -> tuple[bool, RunSnapshot]:
-        term = json.dumps(RunTermination("completed").to_dict())
+    def complete(self, run_id: str) -> tuple[bool, schema.RunSnapshot]:
+        term = json.dumps(schema.RunTermination("completed").to_dict())
         with self._write(f"completing run {run_id!r}") as conn:
             # The guard is in the statement, not in the caller: incomplete ingestion is never
             # terminal, and an item recorded or ingested by another driver meanwhile is counted.
@@ -207,12 +188,13 @@ class SqlRunRepository(abc.ABC, Generic[C]):
 
     # -- items and results -------------------------------------------------------
 
-    def ingest(self, run_id: str, items: Sequence[NewItem], checkpoint: SourceCheckpoint) -> RunSnapshot:
+    def ingest(self, run_id: str, items: Sequence[schema.NewItem],
+               checkpoint: schema.SourceCheckpoint) -> schema.RunSnapshot:
         with self._write(f"ingesting {len(items)} item(s) into run {run_id!r}") as conn:
             self._insert_items(conn, run_id, items, checkpoint)
             return self._row(conn, run_id)
 
-    def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[PendingItem]:
+    def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[schema.PendingItem]:
         with self._read(f"reading the pending items of run {run_id!r}") as conn:
             rows = conn.execute(
                 self._dialect.sql(
@@ -221,9 +203,10 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 ),
                 (run_id, after_ingest_seq, limit),
             ).fetchall()
-        return [PendingItem(*row) for row in rows]
+        return [schema.PendingItem(*row) for row in rows]
 
-    def record(self, run_id: str, results: Sequence[NewResult], *, lease: int | None = None) -> RunSnapshot:
+    def record(self, run_id: str, results: Sequence[schema.NewResult], *,
+               lease: int | None = None) -> schema.RunSnapshot:
         d = self._dialect
         with self._write(f"recording {len(results)} result(s) of run {run_id!r}") as conn:
             if lease is not None:
@@ -237,7 +220,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 leases.count_done(conn, d, run_id, lease, recorded)
             return self._row(conn, run_id)
 
-    def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
+    def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[schema.StoredResult]:
         d = self._dialect
         with self._read(f"reading the results of run {run_id!r}") as conn:
             rows = conn.execute(
@@ -245,7 +228,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                       " WHERE run_id = ? AND sequence > ? ORDER BY sequence LIMIT ?"),
                 (run_id, after_sequence, d.no_limit if limit is None else limit),
             ).fetchall()
-        return [StoredResult(seq, item_id, text) for seq, item_id, text in rows]
+        return [schema.StoredResult(seq, item_id, text) for seq, item_id, text in rows]
 
     # -- leases (many drivers per run: :mod:`._leases`) ---------------------------
 
@@ -254,7 +237,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
             return leases.open_lease(conn, self._dialect, self.location, run_id, driver_id,
                                      lease_seconds=lease_seconds, now=self._clock())
 
-    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
+    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[schema.PendingItem]:
         with self._write(f"leasing items of run {run_id!r}") as conn:
             return leases.lease_items(conn, self._dialect, self.location, run_id, lease, limit=limit,
                                       now=self._clock())
@@ -285,27 +268,19 @@ class SqlRunRepository(abc.ABC, Generic[C]):
     # -- provider-batch submissions ---------------------------------------------
 
     def reserve_submission(
-        self, run_id: str, submission: NewSubmission, *, capacity_limit: int | None
+        self, run_id: str, submission: schema.NewSubmission, *, capacity_limit: int | None
     ) -> bool:
         check_new_submission(submission, capacity_limit)
         with self._write(f"reserving submission {submission.submission_id!r} of run {run_id!r}") as conn:
             return self._reserve(conn, run_id, submission, capacity_limit)
 
-    def update_submission(
-        self,
-        run_id: str,
-        submission_id: str,
-        *,
-        from_states: frozenset[str],
-        to: SubmissionState,
-        input_file_id: str | None = None,
-        batch_id: str | None = None,
-        detail: str | None = None,
-    ) -> bool:
+    def update_submission(self, run_id: str, submission_id: str, *, from_states: frozenset[str],
+                          to: schema.SubmissionState, input_file_id: str | None = None,
+                          batch_id: str | None = None, detail: str | None = None) -> bool:
         d = self._dialect
         # Ending a submission must move its items too: only abandon/finish may leave a live state.
-        check_states(frozenset({to}), LIVE_SUBMISSION_STATES, "update_submission's to")
-        check_states(from_states, LIVE_SUBMISSION_STATES, "update_submission's from_states")
+        check_states(frozenset({to}), schema.LIVE_SUBMISSION_STATES, "update_submission's to")
+        check_states(from_states, schema.LIVE_SUBMISSION_STATES, "update_submission's from_states")
         if not from_states:
             return False
         among, params = d.any_of("state", sorted(from_states))
@@ -328,22 +303,16 @@ class SqlRunRepository(abc.ABC, Generic[C]):
         with self._write(f"abandoning submission {submission_id!r} of run {run_id!r}") as conn:
             return writes.abandon(conn, self._dialect, run_id, submission_id, to, detail)
 
-    def finish_submission(
-        self,
-        run_id: str,
-        submission_id: str,
-        results: Sequence[NewResult],
-        retry_item_ids: Sequence[str],
-        *,
-        detail: str | None = None,
-        unrun_item_ids: Sequence[str] = (),
-    ) -> RunSnapshot:
+    def finish_submission(self, run_id: str, submission_id: str, results: Sequence[schema.NewResult],
+                          retry_item_ids: Sequence[str], *, detail: str | None = None,
+                          unrun_item_ids: Sequence[str] = ()) -> schema.RunSnapshot:
         with self._write(f"finishing submission {submission_id!r} of run {run_id!r}") as conn:
             writes.finish(conn, self._dialect, self.location, run_id, submission_id, results,
                           unrun_item_ids=unrun_item_ids, detail=detail, mark_done=self._mark_done)
             return self._row(conn, run_id)
 
-    def submissions(self, run_id: str, *, states: frozenset[str] | None = None) -> list[SubmissionRecord]:
+    def submissions(self, run_id: str, *,
+                    states: frozenset[str] | None = None) -> list[schema.SubmissionRecord]:
         if not self._reads_submissions() or (states is not None and not states):
             return []
         where, params = "", tuple[object, ...]()
@@ -358,9 +327,9 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 ),
                 (run_id, *params),
             ).fetchall()
-        return [SubmissionRecord(*row) for row in rows]
+        return [schema.SubmissionRecord(*row) for row in rows]
 
-    def submission_items(self, run_id: str, submission_id: str) -> list[PendingItem]:
+    def submission_items(self, run_id: str, submission_id: str) -> list[schema.PendingItem]:
         if not self._reads_submissions():
             return []
         with self._read(f"reading the items of submission {submission_id!r}") as conn:
@@ -371,7 +340,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 ),
                 (run_id, submission_id),
             ).fetchall()
-        return [PendingItem(*row) for row in rows]
+        return [schema.PendingItem(*row) for row in rows]
 
     def held_tokens(self, scope: str) -> int:
         if not self._reads_submissions():

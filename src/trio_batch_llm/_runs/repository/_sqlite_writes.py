@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from .._schema import NewItem, NewResult, NewSubmission, SourceCheckpoint
 from . import _writes as shared
 from ._dialect import SQLITE
-from ._rows import utc_now
+from ._tables import utc_now
 from ._writes import lock_run
 
 __all__ = ["insert_items", "mark_done", "reserve"]

@@ -17,7 +17,7 @@ from typing import Protocol, TypeVar
 
 from .._schema import NewResult, NewSubmission, RunStateError, SourceCheckpoint
 from ._dialect import Connection, Dialect
-from ._rows import LIVE, utc_now
+from ._tables import LIVE, utc_now
 
 __all__ = [
     "MarkDone", "abandon", "add_done", "finish", "held_tokens", "lock_run", "move_checkpoint",

@@ -1,8 +1,10 @@
-"""The run tables as both dialects read them: column lists, the snapshot query, row decoding, checks.
+"""The run tables both dialects share: their DDL, column lists, the snapshot query, row decoding.
 
 The SQLite and PostgreSQL tables (:mod:`._sqlite_tables`, :mod:`._postgres_tables`)
-have the same columns with the same meaning, so one query reads a run from
-either and one function decodes the row. Nothing here opens or commits anything.
+are created from one text (:func:`create_tables`, spelled with each engine's
+types) and have the same columns with the same meaning, so one query reads a
+run from either and one function decodes the row. Nothing here opens or
+commits anything.
 """
 
 from __future__ import annotations
@@ -22,9 +24,97 @@ from .._schema import (
 )
 
 __all__ = [
-    "ALL_SUBMISSION_STATES", "LIVE", "RUN_COLUMNS", "SNAPSHOT", "SUBMISSION_COLUMNS", "UNRESOLVED",
-    "check_new_submission", "check_states", "decode_snapshot", "is_count", "utc_now",
+    "ALL_SUBMISSION_STATES", "INDEXES", "LIVE", "RUN_COLUMNS", "SNAPSHOT", "SUBMISSION_COLUMNS", "UNRESOLVED",
+    "check_new_submission", "check_states", "create_tables", "decode_snapshot", "is_count", "utc_now",
 ]
+
+_TABLES: Final = (
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id TEXT PRIMARY KEY,
+        mode TEXT NOT NULL,
+        identity TEXT NOT NULL,
+        identity_fingerprint TEXT NOT NULL,
+        config TEXT NOT NULL,
+        status TEXT NOT NULL,
+        termination TEXT,
+        source_position {big} NOT NULL DEFAULT 0,
+        source_cursor {big},
+        source_fingerprint TEXT,
+        source_last_item TEXT,
+        source_exhausted INTEGER NOT NULL DEFAULT 0,
+        items {big} NOT NULL DEFAULT 0,
+        done {big} NOT NULL DEFAULT 0,
+        succeeded {big} NOT NULL DEFAULT 0,
+        failed {big} NOT NULL DEFAULT 0,
+        input_tokens {big} NOT NULL DEFAULT 0,
+        output_tokens {big} NOT NULL DEFAULT 0,
+        total_tokens {big} NOT NULL DEFAULT 0,
+        last_sequence {big} NOT NULL DEFAULT 0,
+        {created_seq}created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    )""",
+    # Prompt and context are kept only while the item is pending (a resume needs them).
+    """CREATE TABLE IF NOT EXISTS run_items (
+        run_id TEXT NOT NULL{of_run},
+        item_id TEXT NOT NULL,
+        ingest_seq {big} NOT NULL,
+        fingerprint TEXT NOT NULL,
+        prompt TEXT,
+        context TEXT,
+        state TEXT NOT NULL,
+        result_sequence {big},
+        attempts INTEGER NOT NULL DEFAULT 0,
+        submission TEXT,
+        PRIMARY KEY (run_id, item_id)
+    ){without_rowid}""",
+    """CREATE TABLE IF NOT EXISTS run_results (
+        run_id TEXT NOT NULL{of_run},
+        sequence {big} NOT NULL,
+        item_id TEXT NOT NULL,
+        success INTEGER NOT NULL,
+        error_category TEXT,
+        result TEXT NOT NULL,
+        PRIMARY KEY (run_id, sequence)
+    ){without_rowid}""",
+    # seq: creation order across the store (a rowid is not stable under VACUUM).
+    """CREATE TABLE IF NOT EXISTS run_submissions (
+        submission_id TEXT PRIMARY KEY,
+        seq {serial} UNIQUE,
+        run_id TEXT NOT NULL{of_run},
+        scope TEXT NOT NULL,
+        state TEXT NOT NULL,
+        items {big} NOT NULL,
+        tokens {big} NOT NULL,
+        input_file_id TEXT,
+        batch_id TEXT,
+        detail TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    )""",
+)
+INDEXES: Final = (
+    "CREATE INDEX IF NOT EXISTS run_items_by_state ON run_items (run_id, state, ingest_seq)",
+    # Partial: only batched items carry a submission, so the index stays as small as the open batches.
+    "CREATE INDEX IF NOT EXISTS run_items_by_submission ON run_items (run_id, submission, ingest_seq)"
+    " WHERE submission IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS run_submissions_by_scope ON run_submissions (scope, state)",
+    "CREATE INDEX IF NOT EXISTS run_submissions_by_run ON run_submissions (run_id, state)",
+)
+
+
+def create_tables(*, big: str, serial: str, created_seq: str, of_run: str,
+                  without_rowid: str) -> tuple[str, ...]:
+    """The four run tables (without leases' ``run_drivers``), spelled with a dialect's words.
+
+    ``big``: the type of a counter; ``serial``: the type of the submissions' creation order;
+    ``created_seq``: a column that orders runs created within one timestamp (or nothing);
+    ``of_run``: a foreign key to the run; ``without_rowid``: a SQLite table option. The texts
+    are those a database created before this function holds: changing them changes no table
+    already created, so each dialect's words must stay as they are."""
+    words = {"big": big, "serial": serial, "created_seq": created_seq, "of_run": of_run,
+             "without_rowid": without_rowid}
+    return tuple(table.format(**words) for table in _TABLES)
+
 
 RUN_COLUMNS: Final = (
     "run_id, mode, identity, config, status, termination, source_position, source_cursor,"
