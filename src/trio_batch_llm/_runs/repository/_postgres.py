@@ -91,6 +91,8 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 def _claim_key(run_id: str) -> int:
+    # Advisory locks take a 64-bit key: a salted digest of the run id, so a run's key collides
+    # neither with another run's (2**-64) nor with the keys other applications use on the server.
     digest = hashlib.sha256(_CLAIM_SALT + run_id.encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -311,6 +313,8 @@ class PostgresRunRepository(SqlRunRepository[Any]):
 
     @staticmethod
     def _lock(conn: Any, run_id: str) -> bool:
+        # Session-level (not _xact_): it outlives our short transactions and dies with the
+        # connection, so a killed driver's claim is free at once; "try": a claim is never waited for.
         return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (_claim_key(run_id),)).fetchone()[0])
 
     def try_claim(self, run_id: str) -> bool:
