@@ -34,6 +34,7 @@ class FileClaims:
         self._held: dict[str, int] = {}
 
     def _lock_path(self, key: str) -> Path:
+        # A digest, not the key: a run id may hold any character (a slash, a NUL) and any length.
         digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
         return self._directory / f"{digest}.lock"
 
@@ -44,10 +45,12 @@ class FileClaims:
         path = self._lock_path(key)
         try:
             path.parent.mkdir(exist_ok=True)
+            # O_CLOEXEC: a child process started meanwhile (a provider's CLI, a test's subprocess)
+            # must not inherit the descriptor, or the claim would outlive this process in it.
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         except OSError as exc:
             raise ArtifactStoreError(f"{path}: cannot open the lock file: {exc}") from exc
-        if not _lock_nowait(fd):
+        if not _lock_nowait(fd):  # tried, never waited for: the caller reports the run as taken
             os.close(fd)
             return False
         self._held[key] = fd
@@ -56,7 +59,9 @@ class FileClaims:
     def release(self, key: str) -> None:
         fd = self._held.pop(key, None)
         if fd is not None:
-            os.close(fd)  # closing the descriptor drops the lock
+            # Closing the descriptor drops the lock. The file stays: unlinking it would let another
+            # process lock a new file under the same name while a third still holds the old one.
+            os.close(fd)
 
     def release_all(self) -> None:
         for key in list(self._held):

@@ -1,13 +1,14 @@
 """``PostgresRunRepository``: run state in a PostgreSQL database (psycopg 3, synchronous).
 
-Over 400 lines because it implements the whole RunRepository protocol, one short method per call.
-
-The same tables and behaviour as :class:`SqliteRunRepository`
-(:mod:`._postgres_tables`), for runs that many processes on many machines
-drive. Synchronous and blocking like SQLite: the async side calls it from its
+The PostgreSQL dialect of :class:`SqlRunRepository` (:mod:`._sql`), which
+holds the run-state logic: the same tables and behaviour as
+:class:`SqliteRunRepository` (:mod:`._postgres_tables`), for runs that many
+processes on many machines drive. This module holds what only PostgreSQL
+does: the connection (and reconnecting), its errors, and claims by advisory
+lock. Synchronous and blocking like SQLite: the async side calls it from its
 worker gate (:class:`RepositoryClient`; psycopg's own async API is
 asyncio-only). Each public method is one transaction, as :mod:`._protocol`
-asks (:mod:`._postgres_writes` holds the longer ones).
+asks (:mod:`._postgres_writes` holds the writes PostgreSQL spells its own way).
 
 The right to drive a run is a session-level advisory lock: it dies with the
 connection, so a killed process's claim is free at once. If the connection
@@ -35,54 +36,27 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final, Literal, final
+from typing import Any, ClassVar, Final, final
 
-from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
-from ..._values._errors import (
-    ArtifactMismatchError,
-    ArtifactStoreError,
-    ConfigurationError,
-    DatabaseUnavailableError,
-)
+from ..._values._errors import ArtifactStoreError, ConfigurationError, DatabaseUnavailableError
 from ..._values._urls import REDACTED
 from .._schema import (
-    LIVE_SUBMISSION_STATES,
     ClaimLostError,
     NewItem,
     NewResult,
     NewSubmission,
-    PendingItem,
     RunSnapshot,
-    RunSpec,
     RunStateError,
-    RunTermination,
     SourceCheckpoint,
-    StoredResult,
-    SubmissionRecord,
-    SubmissionState,
 )
-from . import _leases as leases
 from . import _postgres_writes as writes
 from ._conninfo import display, is_postgres_store, is_postgres_url, secret_of
-from ._leases import POSTGRES, LeaseReport
-from ._postgres_tables import (
-    MIGRATION_LOCK,
-    MIGRATIONS,
-    SCHEMA_TABLE,
-    SCHEMA_VERSION,
-    SNAPSHOT,
-    SUBMISSION_COLUMNS,
-)
-from ._sqlite_tables import (
-    ALL_SUBMISSION_STATES,
-    check_new_submission,
-    check_states,
-    decode_snapshot,
-    utc_now,
-)
+from ._dialect import POSTGRES, Dialect
+from ._postgres_tables import MIGRATION_LOCK, MIGRATIONS, SCHEMA_TABLE, SCHEMA_VERSION
+from ._sql import SqlRunRepository
+from ._tables import utc_now
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "PostgresRunRepository", "is_postgres_store", "is_postgres_url"]
 
@@ -117,12 +91,14 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 def _claim_key(run_id: str) -> int:
+    # Advisory locks take a 64-bit key: a salted digest of the run id, so a run's key collides
+    # neither with another run's (2**-64) nor with the keys other applications use on the server.
     digest = hashlib.sha256(_CLAIM_SALT + run_id.encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
 @final
-class PostgresRunRepository:
+class PostgresRunRepository(SqlRunRepository[Any]):
     """Runs in a PostgreSQL database named by a ``postgresql://`` URL or a libpq keyword string;
     see the module docstring.
 
@@ -136,6 +112,8 @@ class PostgresRunRepository:
     usual. Our transactions never wait between statements, so any bound well
     above a scheduling hiccup is safe.
     """
+
+    _dialect: ClassVar[Dialect] = POSTGRES
 
     def __init__(
         self,
@@ -310,233 +288,33 @@ class PostgresRunRepository:
             with conn.transaction():
                 yield conn
 
-    def _row(self, conn: Any, run_id: str) -> RunSnapshot:
-        row = conn.execute(SNAPSHOT, (run_id,)).fetchone()
-        if row is None:
-            raise RunStateError(f"{self._location}: no run named {run_id!r}")
-        return decode_snapshot(tuple(row))
+    # -- the writes PostgreSQL spells its own way (:mod:`._postgres_writes`) ---------
 
-    # -- runs --------------------------------------------------------------------
+    def _insert_items(self, conn: Any, run_id: str, items: Sequence[NewItem],
+                      checkpoint: SourceCheckpoint) -> None:
+        writes.insert_items(conn, self._location, run_id, items, checkpoint)
 
-    def attach(self, spec: RunSpec) -> RunSnapshot:
-        identity_json = canonical_json(spec.identity.to_dict())
-        with self._write(f"opening run {spec.run_id!r}") as conn:
-            now = utc_now()
-            conn.execute(
-                "INSERT INTO runs (run_id, mode, identity, identity_fingerprint, config, status,"
-                " created_at, updated_at) VALUES (%s, %s, %s, %s, %s, 'running', %s, %s)"
-                " ON CONFLICT (run_id) DO NOTHING",
-                (spec.run_id, spec.mode, identity_json, identity_fingerprint(spec.identity),
-                 canonical_json(spec.config), now, now),
-            )
-            mode, fingerprint, stored_identity = conn.execute(
-                "SELECT mode, identity_fingerprint, identity FROM runs WHERE run_id = %s", (spec.run_id,)
-            ).fetchone()
-            if fingerprint != identity_fingerprint(spec.identity):
-                raise ArtifactMismatchError(
-                    f"{self._location}: run {spec.run_id!r} was created under identity {stored_identity}, "
-                    f"not {identity_json}; use another run id"
-                )
-            if mode != spec.mode:
-                raise RunStateError(
-                    f"{self._location}: run {spec.run_id!r} runs in mode {mode!r}, not {spec.mode!r}"
-                )
-            return self._row(conn, spec.run_id)
+    def _mark_done(self, conn: Any, run_id: str, results: Sequence[NewResult], *,
+                   submission: str | None, lease: int | None) -> int:
+        return writes.mark_done(conn, self._location, run_id, results, submission=submission, lease=lease)
 
-    def snapshot(self, run_id: str) -> RunSnapshot:
-        with self._read(f"reading run {run_id!r}") as conn:
-            return self._row(conn, run_id)
-
-    def run_ids(self) -> list[str]:
-        with self._read("listing the runs") as conn:
-            rows = conn.execute("SELECT run_id FROM runs ORDER BY created_at, created_seq").fetchall()
-            return [run_id for (run_id,) in rows]
-
-    def transition(
-        self,
-        run_id: str,
-        *,
-        from_statuses: frozenset[str],
-        to: str,
-        termination: RunTermination | None,
-    ) -> tuple[bool, RunSnapshot]:
-        term = json.dumps(termination.to_dict()) if termination is not None else None
-        with self._write(f"changing the status of run {run_id!r}") as conn:
-            changed = conn.execute(
-                "UPDATE runs SET status = %s, termination = %s, updated_at = %s"
-                " WHERE run_id = %s AND status = ANY(%s)",
-                (to, term, utc_now(), run_id, sorted(from_statuses)),
-            ).rowcount
-            return changed == 1, self._row(conn, run_id)
-
-    def complete(self, run_id: str) -> tuple[bool, RunSnapshot]:
-        term = json.dumps(RunTermination("completed").to_dict())
-        with self._write(f"completing run {run_id!r}") as conn:
-            changed = conn.execute(
-                "UPDATE runs SET status = 'completed', termination = %s, updated_at = %s"
-                " WHERE run_id = %s AND status = 'running' AND source_exhausted = 1 AND done = items",
-                (term, utc_now(), run_id),
-            ).rowcount
-            return changed == 1, self._row(conn, run_id)
-
-    # -- items and results -------------------------------------------------------
+    def _reserve(self, conn: Any, run_id: str, submission: NewSubmission, capacity_limit: int | None) -> bool:
+        return writes.reserve(conn, self._location, run_id, submission, capacity_limit)
 
     def ingest(self, run_id: str, items: Sequence[NewItem], checkpoint: SourceCheckpoint) -> RunSnapshot:
+        # One ingester at a time: a claim lost while the connection was down may be another
+        # process's now, and two ingesters would read the source twice from one checkpoint.
         if run_id in self._lost_claims:
             raise ClaimLostError(f"{self._location}: the claim on run {run_id!r} was lost to another "
                                  "process while the connection was down; that one ingests now")
-        with self._write(f"ingesting {len(items)} item(s) into run {run_id!r}") as conn:
-            writes.insert_items(conn, self._location, run_id, items, checkpoint)
-            return self._row(conn, run_id)
-
-    def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[PendingItem]:
-        with self._read(f"reading the pending items of run {run_id!r}") as conn:
-            rows = conn.execute(
-                "SELECT ingest_seq, item_id, prompt, context, attempts FROM run_items"
-                " WHERE run_id = %s AND state = 'pending' AND ingest_seq > %s ORDER BY ingest_seq LIMIT %s",
-                (run_id, after_ingest_seq, limit),
-            ).fetchall()
-        return [PendingItem(*row) for row in rows]
-
-    def record(self, run_id: str, results: Sequence[NewResult], *, lease: int | None = None) -> RunSnapshot:
-        with self._write(f"recording {len(results)} result(s) of run {run_id!r}") as conn:
-            if lease is not None:
-                writes.lock_run(conn, self._location, run_id)  # lock order: the run, then its lease
-                leases.check_lease(conn, POSTGRES, run_id, lease, now=self._clock())
-            recorded = writes.mark_done(conn, self._location, run_id, results, submission=None, lease=lease)
-            if lease is not None and recorded:
-                leases.count_done(conn, POSTGRES, run_id, lease, recorded)
-            return self._row(conn, run_id)
-
-    # -- leases (many drivers per run: :mod:`._leases`) ---------------------------
-
-    def open_lease(self, run_id: str, driver_id: str, *, lease_seconds: float) -> int:
-        with self._write(f"opening a lease on run {run_id!r}") as conn:
-            return leases.open_lease(conn, POSTGRES, self._location, run_id, driver_id,
-                                     lease_seconds=lease_seconds, now=self._clock())
-
-    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
-        with self._write(f"leasing items of run {run_id!r}") as conn:
-            return leases.lease_items(conn, POSTGRES, self._location, run_id, lease, limit=limit,
-                                      now=self._clock())
-
-    def renew_lease(self, run_id: str, lease: int) -> bool:
-        with self._write(f"renewing a lease on run {run_id!r}") as conn:
-            return leases.renew_lease(conn, POSTGRES, run_id, lease, now=self._clock())
-
-    def close_lease(self, run_id: str, lease: int) -> int:
-        with self._write(f"closing a lease on run {run_id!r}") as conn:
-            return leases.close_lease(conn, POSTGRES, self._location, run_id, lease)
-
-    def start_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> list[str]:
-        with self._write(f"starting {len(item_ids)} call(s) of run {run_id!r}") as conn:
-            return leases.start_calls(conn, POSTGRES, self._location, run_id, lease, list(item_ids),
-                                      now=self._clock())
-
-    def unstart_calls(self, run_id: str, lease: int, item_ids: Sequence[str]) -> None:
-        with self._write(f"forgetting {len(item_ids)} call start(s) of run {run_id!r}") as conn:
-            leases.unstart_calls(conn, POSTGRES, self._location, run_id, lease, list(item_ids))
-
-    def lease_report(self, run_id: str) -> LeaseReport:
-        with self._read(f"reading the drivers of run {run_id!r}") as conn:
-            return leases.report(conn, POSTGRES, run_id, now=self._clock())
-
-    def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
-        with self._read(f"reading the results of run {run_id!r}") as conn:
-            rows = conn.execute(
-                "SELECT sequence, item_id, result FROM run_results"
-                " WHERE run_id = %s AND sequence > %s ORDER BY sequence LIMIT %s",
-                (run_id, after_sequence, limit),
-            ).fetchall()
-        return [StoredResult(seq, item_id, text) for seq, item_id, text in rows]
-
-    # -- provider-batch submissions ---------------------------------------------
-
-    def reserve_submission(
-        self, run_id: str, submission: NewSubmission, *, capacity_limit: int | None
-    ) -> bool:
-        check_new_submission(submission, capacity_limit)
-        with self._write(f"reserving submission {submission.submission_id!r} of run {run_id!r}") as conn:
-            return writes.reserve(conn, self._location, run_id, submission, capacity_limit)
-
-    def update_submission(
-        self,
-        run_id: str,
-        submission_id: str,
-        *,
-        from_states: frozenset[str],
-        to: SubmissionState,
-        input_file_id: str | None = None,
-        batch_id: str | None = None,
-        detail: str | None = None,
-    ) -> bool:
-        check_states(frozenset({to}), LIVE_SUBMISSION_STATES, "update_submission's to")
-        check_states(from_states, LIVE_SUBMISSION_STATES, "update_submission's from_states")
-        if not from_states:
-            return False
-        with self._write(f"updating submission {submission_id!r} of run {run_id!r}") as conn:
-            changed = conn.execute(
-                "UPDATE run_submissions SET state = %s, input_file_id = COALESCE(%s, input_file_id),"
-                " batch_id = COALESCE(%s, batch_id), detail = COALESCE(%s, detail), updated_at = %s"
-                " WHERE run_id = %s AND submission_id = %s AND state = ANY(%s)",
-                (to, input_file_id, batch_id, detail, utc_now(), run_id, submission_id, sorted(from_states)),
-            ).rowcount
-            return bool(changed == 1)
-
-    def abandon_submission(
-        self, run_id: str, submission_id: str, *, to: Literal["abandoned", "cancelled"], detail: str | None
-    ) -> int:
-        if to not in ("abandoned", "cancelled"):
-            raise ValueError(f"abandon_submission's to must be 'abandoned' or 'cancelled', not {to!r}")
-        with self._write(f"abandoning submission {submission_id!r} of run {run_id!r}") as conn:
-            return writes.abandon(conn, run_id, submission_id, to, detail)
-
-    def finish_submission(
-        self,
-        run_id: str,
-        submission_id: str,
-        results: Sequence[NewResult],
-        retry_item_ids: Sequence[str],
-        *,
-        detail: str | None = None,
-        unrun_item_ids: Sequence[str] = (),
-    ) -> RunSnapshot:
-        with self._write(f"finishing submission {submission_id!r} of run {run_id!r}") as conn:
-            writes.finish(conn, self._location, run_id, submission_id, results,
-                          unrun_item_ids=unrun_item_ids, detail=detail)
-            return self._row(conn, run_id)
-
-    def submissions(self, run_id: str, *, states: frozenset[str] | None = None) -> list[SubmissionRecord]:
-        if states is not None and not states:
-            return []
-        where, params = "", list[Any]()
-        if states is not None:
-            check_states(states, ALL_SUBMISSION_STATES, "submissions' states")
-            where, params = " AND state = ANY(%s)", [sorted(states)]
-        with self._read(f"reading the submissions of run {run_id!r}") as conn:
-            rows = conn.execute(
-                f"SELECT {SUBMISSION_COLUMNS} FROM run_submissions WHERE run_id = %s{where} ORDER BY seq",
-                (run_id, *params),
-            ).fetchall()
-        return [SubmissionRecord(*row) for row in rows]
-
-    def submission_items(self, run_id: str, submission_id: str) -> list[PendingItem]:
-        with self._read(f"reading the items of submission {submission_id!r}") as conn:
-            rows = conn.execute(
-                "SELECT ingest_seq, item_id, prompt, context, attempts FROM run_items"
-                " WHERE run_id = %s AND submission = %s AND state = 'batched' ORDER BY ingest_seq",
-                (run_id, submission_id),
-            ).fetchall()
-        return [PendingItem(*row) for row in rows]
-
-    def held_tokens(self, scope: str) -> int:
-        with self._read(f"reading the tokens held by scope {scope!r}") as conn:
-            return writes.held_tokens(conn, scope)
+        return super().ingest(run_id, items, checkpoint)
 
     # -- claims ------------------------------------------------------------------
 
     @staticmethod
     def _lock(conn: Any, run_id: str) -> bool:
+        # Session-level (not _xact_): it outlives our short transactions and dies with the
+        # connection, so a killed driver's claim is free at once; "try": a claim is never waited for.
         return bool(conn.execute("SELECT pg_try_advisory_lock(%s)", (_claim_key(run_id),)).fetchone()[0])
 
     def try_claim(self, run_id: str) -> bool:

@@ -1,10 +1,10 @@
-"""The run repository protocol: what any storage of durable runs must provide (SQLite today).
+"""The run repository protocol: what any storage of durable runs must provide (SQLite, PostgreSQL).
 
 The run side (:mod:`.._run` and its drivers) talks to storage only through
 :class:`RunRepository`, a synchronous protocol called from one worker thread
 at a time, never on the event loop (:class:`RepositoryClient`). Each method is
-one transaction, which any implementation (SQLite here; PostgreSQL beside it
-later, in ``_postgres.py``) has to provide:
+one transaction, which any implementation has to provide (both of ours are
+:class:`SqlRunRepository`, ``_sql.py``, plus a dialect: ``_sqlite.py``, ``_postgres.py``):
 
 * ``ingest`` commits a slice of new items *and* the source checkpoint that
   follows them, together;
@@ -22,7 +22,7 @@ later, in ``_postgres.py``) has to provide:
 
 Sequences must become visible to readers in order (a reader that saw ``n``
 never later sees a new result numbered below ``n``); SQLite's single writer
-gives that for free.
+gives that for free, PostgreSQL the run's row lock taken before the sequence is read.
 
 Provider-batch *submissions* (see :mod:`.._schema`):
 

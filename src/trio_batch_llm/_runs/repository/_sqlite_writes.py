@@ -1,21 +1,29 @@
-"""The statements of :class:`SqliteRunRepository`'s multi-statement write transactions.
+"""The SQLite spelling of the writes that differ per dialect: new items, results, reservations.
 
 Each function runs on a connection already inside ``BEGIN IMMEDIATE``: the
 repository opens, commits and rolls back, nothing here does. Raising inside
 one (a ``ValueError`` for a bad slice or submission) rolls the whole
 transaction back, so each repository call writes all of its rows or none.
+``BEGIN IMMEDIATE`` takes the database's one write lock before the first
+read, so everything a function reads (the run's counters, a scope's held
+capacity) stays true until its commit, whichever connection or process
+writes next: the reason these need no row locks and no replay checks (a
+SQLite call is never retried after an answer lost on the way back). What
+both dialects write alike is :mod:`._writes`.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from pathlib import Path
 
-from .._schema import NewItem, NewResult, NewSubmission, RunStateError, SourceCheckpoint
-from ._sqlite_tables import LIVE, utc_now
+from .._schema import NewItem, NewResult, NewSubmission, SourceCheckpoint
+from . import _writes as shared
+from ._dialect import SQLITE
+from ._tables import utc_now
+from ._writes import lock_run
 
-__all__ = ["abandon", "finish", "held_tokens", "insert_items", "mark_done", "reserve"]
+__all__ = ["insert_items", "mark_done", "reserve"]
 
 
 def insert_items(conn: sqlite3.Connection, run_id: str, items: Sequence[NewItem],
@@ -33,14 +41,10 @@ def insert_items(conn: sqlite3.Connection, run_id: str, items: Sequence[NewItem]
             rows,
         )
     except sqlite3.IntegrityError:
+        # The primary key (run_id, item_id) refused a repeated id; the rollback drops the rows
+        # inserted before it, so the message may name it without anything half-written.
         raise ValueError(_duplicate(conn, run_id, items)) from None
-    conn.execute(
-        "UPDATE runs SET items = items + ?, source_position = ?, source_cursor = ?,"
-        " source_fingerprint = ?, source_last_item = ?, source_exhausted = ?, updated_at = ?"
-        " WHERE run_id = ?",
-        (len(items), checkpoint.position, checkpoint.cursor, checkpoint.fingerprint,
-         checkpoint.last_item_id, int(checkpoint.exhausted), utc_now(), run_id),
-    )
+    shared.move_checkpoint(conn, SQLITE, run_id, len(items), checkpoint)
 
 
 def _duplicate(conn: sqlite3.Connection, run_id: str, items: Sequence[NewItem]) -> str:
@@ -67,15 +71,13 @@ def mark_done(conn: sqlite3.Connection, run_id: str, results: Sequence[NewResult
 
     ``submission`` None: only pending items (or, with ``lease``, only items leased under
     that token); else only items still batched in that submission."""
-    where, extra = "state = 'pending'", list[str | int]()
-    if submission is not None:
-        where, extra = "state = 'batched' AND submission = ?", [submission]
-    elif lease is not None:
-        where, extra = "state = 'leased' AND lease_token = ?", [lease]
+    where, extra = shared.open_items(submission, lease)
     (sequence,) = conn.execute("SELECT last_sequence FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-    done = succeeded = inp = out = total = 0
+    recorded: list[NewResult] = []
     for result in results:
         sequence_if_new = sequence + 1
+        # The state condition makes the update its own check: the item is still open *now*,
+        # inside the write lock, so a repeated or late result finds nothing to mark.
         marked = conn.execute(
             "UPDATE run_items SET state = 'done', result_sequence = ?, prompt = NULL, context = NULL,"
             f" submission = NULL, lease_token = NULL WHERE run_id = ? AND item_id = ? AND {where}",
@@ -90,37 +92,19 @@ def mark_done(conn: sqlite3.Connection, run_id: str, results: Sequence[NewResult
             (run_id, sequence, result.item_id, int(result.success), result.error_category,
              result.result_json),
         )
-        done += 1
-        succeeded += int(result.success)
-        inp += result.input_tokens
-        out += result.output_tokens
-        total += result.total_tokens
-    conn.execute(
-        "UPDATE runs SET done = done + ?, succeeded = succeeded + ?, failed = failed + ?,"
-        " input_tokens = input_tokens + ?, output_tokens = output_tokens + ?,"
-        " total_tokens = total_tokens + ?, last_sequence = ?, updated_at = ? WHERE run_id = ?",
-        (done, succeeded, done - succeeded, inp, out, total, sequence, utc_now(), run_id),
-    )
-    return done
+        recorded.append(result)
+    shared.add_done(conn, SQLITE, run_id, recorded, sequence)
+    return len(recorded)
 
 
-def held_tokens(conn: sqlite3.Connection, scope: str) -> int:
-    (held,) = conn.execute(
-        f"SELECT COALESCE(SUM(tokens), 0) FROM run_submissions WHERE scope = ? AND state IN ({LIVE})",
-        (scope,),
-    ).fetchone()
-    return int(held)
-
-
-def reserve(conn: sqlite3.Connection, path: Path, run_id: str, submission: NewSubmission,
+def reserve(conn: sqlite3.Connection, location: str, run_id: str, submission: NewSubmission,
             capacity_limit: int | None) -> bool:
     """Take the capacity and the items of a new ``reserved`` submission; False (nothing written)
     if the scope has no room. The caller's BEGIN IMMEDIATE took the write lock first, so the
     capacity read cannot go stale before the insert, whichever connection or process reserves."""
     sid = submission.submission_id
-    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
-        raise RunStateError(f"{path}: no run named {run_id!r}")
-    held = held_tokens(conn, submission.scope)
+    lock_run(conn, SQLITE, location, run_id)  # here only: no such run raises RunStateError
+    held = shared.held_tokens(conn, SQLITE, submission.scope)
     if capacity_limit is not None and held + submission.tokens > capacity_limit:
         return False
     now = utc_now()
@@ -132,73 +116,14 @@ def reserve(conn: sqlite3.Connection, path: Path, run_id: str, submission: NewSu
             (sid, run_id, submission.scope, len(submission.item_ids), submission.tokens, now, now),
         )
     except sqlite3.IntegrityError:
-        raise ValueError(f"{path}: submission id {sid!r} is taken") from None
+        raise ValueError(f"{location}: submission id {sid!r} is taken") from None
     taken = conn.executemany(
         "UPDATE run_items SET state = 'batched', submission = ?"
         " WHERE run_id = ? AND item_id = ? AND state = 'pending'",
         [(sid, run_id, item_id) for item_id in submission.item_ids],
     ).rowcount
     if taken != len(submission.item_ids):
-        raise ValueError(_not_pending(conn, path, run_id, submission))  # rolls everything back
+        # Rolls everything back, the submission's row included: no half-reserved batch.
+        raise ValueError(shared.not_pending(conn, SQLITE, location, run_id, submission))
     conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (now, run_id))
     return True
-
-
-def _not_pending(conn: sqlite3.Connection, path: Path, run_id: str, submission: NewSubmission) -> str:
-    for item_id in submission.item_ids:
-        row = conn.execute(
-            "SELECT state, submission FROM run_items WHERE run_id = ? AND item_id = ?", (run_id, item_id)
-        ).fetchone()
-        if row is None or row != ("batched", submission.submission_id):
-            state = "not an item of this run" if row is None else f"{row[0]!r}"
-            if row is not None and row[0] == "batched":
-                state += f" (in submission {row[1]!r})"
-            return (
-                f"{path}: run {run_id!r}: item {item_id!r} is {state}, not 'pending';"
-                f" submission {submission.submission_id!r} was not reserved"
-            )
-    return f"{path}: run {run_id!r}: submission {submission.submission_id!r}: items not pending"
-
-
-def abandon(conn: sqlite3.Connection, run_id: str, submission_id: str, to: str, detail: str | None) -> int:
-    """End a live submission without results; its batched items back to pending. How many went back."""
-    if not _end_submission(conn, run_id, submission_id, to, detail, LIVE):
-        return 0
-    returned = conn.execute(
-        "UPDATE run_items SET state = 'pending', submission = NULL"
-        " WHERE run_id = ? AND submission = ? AND state = 'batched'",
-        (run_id, submission_id),
-    ).rowcount
-    conn.execute("UPDATE runs SET updated_at = ? WHERE run_id = ?", (utc_now(), run_id))
-    return int(returned)
-
-
-def finish(conn: sqlite3.Connection, run_id: str, submission_id: str, results: Sequence[NewResult], *,
-           unrun_item_ids: Sequence[str], detail: str | None) -> None:
-    """End a ``submitted`` submission with its results (nothing changes if it is not ``submitted``)."""
-    if not _end_submission(conn, run_id, submission_id, "finished", detail, "'submitted'"):
-        return  # finished already (or never sent)
-    mark_done(conn, run_id, results, submission=submission_id)
-    conn.executemany(  # never ran at the provider: back to pending without using an attempt
-        "UPDATE run_items SET state = 'pending', submission = NULL"
-        " WHERE run_id = ? AND submission = ? AND state = 'batched' AND item_id = ?",
-        [(run_id, submission_id, item_id) for item_id in unrun_item_ids],
-    )
-    # Whatever is still batched here has no result: the retry list and the rest alike
-    # (an item of the retry list that got a result above stays done).
-    conn.execute(
-        "UPDATE run_items SET state = 'pending', submission = NULL, attempts = attempts + 1"
-        " WHERE run_id = ? AND submission = ? AND state = 'batched'",
-        (run_id, submission_id),
-    )
-
-
-def _end_submission(conn: sqlite3.Connection, run_id: str, submission_id: str, to: str,
-                    detail: str | None, from_sql: str) -> bool:
-    """Move the submission to ``to`` if its state is in ``from_sql`` (a literal SQL list)."""
-    changed = conn.execute(
-        "UPDATE run_submissions SET state = ?, detail = COALESCE(?, detail), updated_at = ?"
-        f" WHERE run_id = ? AND submission_id = ? AND state IN ({from_sql})",
-        (to, detail, utc_now(), run_id, submission_id),
-    ).rowcount
-    return changed == 1
