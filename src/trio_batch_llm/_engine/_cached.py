@@ -150,8 +150,8 @@ class ItemCache:
             extra={"cache": self._display, "error_type": type(exc).__name__},
         )
 
-    def answer(self, strategy: LLMCallStrategy[Any], output: Any, usage: Mapping[str, int],
-               meta: Any) -> CachedAnswer | None:
+    def answer(self, strategy: LLMCallStrategy[Any], output: object, usage: Mapping[str, int],
+               meta: object) -> CachedAnswer | None:
         """What the cache keeps of a validated success, or ``None``: not kept (a refusal, unless
         ``cache_refusals``; an output a checkpoint could not keep faithfully)."""
         metadata = dict(meta) if isinstance(meta, Mapping) else {}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
 
 import anyio
 
+from .._artifacts import ArtifactStore
 from .._artifacts._identity import adopt_identity
 from .._observe._log import FailureLog
 from .._observe._progress import make_progress
@@ -102,7 +103,7 @@ async def process_prompts(
     concurrency: int | None = None,
     progress: ProgressArg = False,
     preserve_order: bool = False,
-    artifact_store: Any = None,
+    artifact_store: ArtifactStore | None = None,
     resume: ResumePolicy = ResumePolicy.NONE,
     **processor_kwargs: Unpack[ProcessorOptions],
 ) -> BatchResult[TOutput]:
@@ -206,7 +207,7 @@ def process_stream(
     config: ProcessorConfig | None = None,
     concurrency: int | None = None,
     progress: ProgressArg = False,
-    artifact_store: Any = None,
+    artifact_store: ArtifactStore | None = None,
     resume: ResumePolicy = ResumePolicy.NONE,
     **processor_kwargs: Unpack[ProcessorOptions],
 ) -> StreamBlock[ResultStream[TOutput]]:
@@ -247,7 +248,7 @@ async def _stream_block(
     config: ProcessorConfig | None = None,
     concurrency: int | None = None,
     progress: ProgressArg = False,
-    artifact_store: Any = None,
+    artifact_store: ArtifactStore | None = None,
     resume: ResumePolicy = ResumePolicy.NONE,
     **processor_kwargs: Unpack[ProcessorOptions],
 ) -> AsyncIterator[ResultStream[TOutput]]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 import anyio
 import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._artifacts import ResumePlan
 from .._values._errors import AdmissionClosedError, QueueFullError
@@ -17,9 +18,12 @@ from .._values._stats import RunCounters
 from ._inputs import CheckedItems, DuplicateTracker, check_request
 from ._stops import StopPolicy
 
-__all__ = ["Intake"]
+__all__ = ["Intake", "ItemQueue"]
 
 TOutput = TypeVar("TOutput")
+
+ItemQueue: TypeAlias = MemoryObjectReceiveStream[LLMWorkItem[TOutput]]
+"""The receiving end of a processor's input: each worker reads a clone of it."""
 
 
 class Intake(Generic[TOutput]):
@@ -120,7 +124,7 @@ class Intake(Generic[TOutput]):
             send(item)
         return stop, None
 
-    async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: Any) -> None:
+    async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: str | None) -> None:
         """Put an accepted item on the queue: waiting for room (``wait``), or refused at once when full.
 
         ``stopped`` names the batch's stop for the error when the input is closed.

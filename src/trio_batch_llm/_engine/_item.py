@@ -50,7 +50,7 @@ from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
 from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
-from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
+from ._item_run import Binding, Failure, ItemRun, Retries, Usage, as_triple, release_attempt, start_deadline
 from ._throttled import admit_within_budget, over_budget, spent
 from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
@@ -233,15 +233,15 @@ class ItemRunner(Generic[TOutput]):
                 else:
                     self.attempt_returned(run, held, usage, meta)
                     try:
-                        output = self.parse(binding, output, meta)
+                        parsed = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
                         run.switch("backoff", self._clock())  # its call ended here, as a raising call's
                         guard.set_deadline(run.start_limit)
                         outcome = Failure(exc, binding.classify(exc), parse_stage=True)
                     else:
-                        result = run.succeeded(output, meta, self._clock())
+                        result = run.succeeded(parsed, meta, self._clock())
                         if run.claim is not None:  # a cache miss's validated answer: kept for the next asker
-                            await self.keep_answer(run, output, usage, meta)
+                            await self.keep_answer(run, parsed, usage, meta)
                         return result
                 if (result := await self.back_off(run, outcome)) is not None:
                     return result
@@ -273,7 +273,8 @@ class ItemRunner(Generic[TOutput]):
             cache.undecodable(run.item.item_id, exc)
             return None
 
-    async def keep_answer(self, run: ItemRun[TOutput], output: Any, usage: Any, meta: Any) -> None:
+    async def keep_answer(self, run: ItemRun[TOutput], output: TOutput, usage: Usage,
+                          meta: object) -> None:
         """A miss ended in a validated success: settle its claim with the answer the cache keeps."""
         claim, run.claim = run.claim, None
         cache = self.cache
@@ -349,7 +350,8 @@ class ItemRunner(Generic[TOutput]):
             guard.set_deadline(run.outer)
         return timeout
 
-    def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Any, meta: Any) -> None:
+    def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Usage,
+                         meta: object) -> None:
         """Stage 2, the call answered: its usage is the item's, its admission goes back."""
         run.calling = False
         if usage:
@@ -357,7 +359,7 @@ class ItemRunner(Generic[TOutput]):
             self.used(run, usage, meta)
         release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
 
-    def used(self, run: ItemRun[TOutput], usage: Any, meta: Any) -> None:
+    def used(self, run: ItemRun[TOutput], usage: Usage, meta: object) -> None:
         """The call under way reported ``usage``: its AttemptTiming record carries a copy, priced when
         read by the config's ``cost_function``, else by ``meta``'s model (else the strategy's)."""
         if isinstance(usage, Mapping):
@@ -381,7 +383,7 @@ class ItemRunner(Generic[TOutput]):
         wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
         return Failure(exc, verdict, wait)
 
-    def parse(self, binding: Binding, raw: Any, meta: Any) -> Any:
+    def parse(self, binding: Binding, raw: object, meta: object) -> TOutput:
         """Stage 3: the call's raw output -> the item's output (``strategy.parse_output``).
 
         A parse failure (any ``Exception``; ``ProviderError(category=PARSE)`` says so, as
@@ -389,8 +391,9 @@ class ItemRunner(Generic[TOutput]):
         retried at once, without backoff: asking again is the remedy, and the provider is not
         overloaded. A strategy that does not override ``parse_output`` costs nothing here."""
         if binding.parses:
-            return binding.strategy.parse_output(raw, meta if isinstance(meta, dict) else {})
-        return raw
+            parsed: TOutput = binding.strategy.parse_output(raw, meta if isinstance(meta, dict) else {})
+            return parsed
+        return raw  # type: ignore[return-value]  # no parse stage: the raw output is the item's
 
     def decide(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | float:
         """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one."""

@@ -10,18 +10,19 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar, cast, final
 
 from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
 from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
+from .._values._prompts import Prompt
 from .._values._requests import LLMWorkItem
-from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
+from .._values._results import ItemTiming, RetryState, TokenUsage, WorkItemResult, usage_total
 from .._values._stop_reasons import StopReason
 from .._values._usage import check_token_usage, used_tokens
 from ._breaker_gate import tell_gate
-from ._classify import Classification, classify
+from ._classify import Classification, ErrorClassifier, classify
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
@@ -29,12 +30,23 @@ if TYPE_CHECKING:
     from ._breaker_gate import BreakerGate
 
 __all__ = [
-    "THROTTLED_BY_429S", "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple",
+    "THROTTLED_BY_429S", "Answer", "Binding", "CallUsage", "Failure", "ItemRun", "Retries", "TokenEstimate",
+    "Usage", "UserClassifier", "as_triple",
     "rate_limit_observation", "release_attempt", "start_deadline",
 ]
 
 TOutput = TypeVar("TOutput")
-UserClassifier = Callable[[Exception], Any]
+UserClassifier: TypeAlias = ErrorClassifier
+TokenEstimate: TypeAlias = Callable[[Prompt, Mapping[str, object] | None], int]
+"""A request's tokens from its prompt and params (the config's ``token_estimator`` as bound)."""
+Usage: TypeAlias = Mapping[str, int] | None
+"""A call's token usage, checked (:func:`as_triple`): counts by :class:`TokenUsage` key, or unknown."""
+Answer: TypeAlias = tuple[object, Usage, object]
+"""A call's answer, checked: ``(raw output, token usage, metadata)``."""
+ExecuteText: TypeAlias = Callable[[str, int, float | None, RetryState | None], Awaitable[tuple[object, ...]]]
+"""``LLMCallStrategy.execute``, bound."""
+CallUsage: TypeAlias = tuple[dict[str, int], str | None, Callable[[TokenUsage], float] | None]
+"""What a call in flight reported: its usage, its model, what prices it (its AttemptTiming record's)."""
 
 _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
 THROTTLED_BY_429S: Final = "throttled by 429s"
@@ -53,9 +65,9 @@ class Binding:
         strategy: LLMCallStrategy[Any],
         quota: QuotaScope,
         *,
-        estimate: Callable[[Any, Mapping[str, Any] | None], int] | None,
+        estimate: TokenEstimate | None,
         user_classifier: UserClassifier | None,
-        estimator: Callable[[Any, Mapping[str, Any] | None], int] | None = None,
+        estimator: TokenEstimate | None = None,
     ) -> None:
         self.strategy = strategy
         """Prepared on the owner's host."""
@@ -72,11 +84,11 @@ class Binding:
         """The circuit breaker of ``quota`` for this owner (``None``: off)."""
         takes_requests = (type(strategy).execute_request is not LLMCallStrategy.execute_request
                           or "execute_request" in getattr(strategy, "__dict__", ()))
-        self.execute_text: Callable[..., Awaitable[Any]] | None = None if takes_requests else strategy.execute
+        self.execute_text: ExecuteText | None = None if takes_requests else strategy.execute
         """``strategy.execute`` when ``execute_request`` is the default, which only passes the text
         on: the attempt calls it directly, one coroutine frame fewer per call in flight."""
 
-    def tokens(self, prompt: Any, params: Mapping[str, Any] | None = None) -> int:
+    def tokens(self, prompt: Prompt, params: Mapping[str, object] | None = None) -> int:
         """The tokens a request of ``prompt`` with the item's ``params`` is admitted with (input
         estimate + output allowance): 0 unless a TPM limit is set or reported.
 
@@ -109,23 +121,24 @@ class Failure:
         """Non-zero for a 429 that said capacity remains (a blip): only this item waits, not its scope."""
 
 
-def as_triple(returned: Any) -> tuple[Any, Any, Any]:
+def as_triple(returned: tuple[object, ...]) -> Answer:
     """``execute()``'s answer as ``(output, usage, metadata)``; async-batch-llm's ``(output, usage)`` too.
 
     Its token usage is checked here, inside the attempt: a bad report is that item's failure
     (``TypeError``/``ValueError``: a ``LOGIC_ERROR``), never a crash of the batch."""
     if type(returned) is tuple and len(returned) == 2:
-        check_token_usage(returned[1], _ANSWER)
-        return returned[0], returned[1], {}
-    output, usage, meta = returned
-    check_token_usage(usage, _ANSWER)
-    return output, usage, meta
+        output, usage = returned
+        meta: object = {}
+    else:
+        output, usage, meta = returned
+    check_token_usage(usage, _ANSWER)  # a mapping of counts, or None, from here on
+    return output, cast("Usage", usage), meta
 
 
 _ANSWER = "the strategy's answer"
 
 
-def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitObservation | None:
+def rate_limit_observation(source: object, now: Callable[[], float]) -> RateLimitObservation | None:
     """What an answer said about the provider's limits, read on the quota scope's clock ``now``.
 
     ``source`` is a success's metadata or a failure's ``metadata`` attribute: a strategy puts
@@ -143,9 +156,9 @@ def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitOb
 def release_attempt(
     run: ItemRun[Any],
     held: Admission,
-    usage: Any,
+    usage: Usage,
     *,
-    meta: Any,
+    meta: object,
     exc: Exception | None,
     verdict: Classification | None,
 ) -> float:
@@ -187,7 +200,7 @@ class Retries:
         self.state: RetryState | None = None
 
 
-def _metadata(meta: Any) -> dict[str, Any]:
+def _metadata(meta: object) -> dict[str, Any]:
     if meta is None:
         return {}
     if isinstance(meta, dict):
@@ -274,7 +287,7 @@ class ItemRun(Generic[TOutput]):
         self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
         self.waiting = False  # parked for its next call (admission, the breaker, a backoff): a stop ends it
-        self.call_usage: tuple[Any, ...] | None = None  # the call's (usage, model, pricer): its record's
+        self.call_usage: CallUsage | None = None  # the call's (usage, model, pricer): its record's
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)
         self.retries: Retries | None = None
@@ -325,7 +338,7 @@ class ItemRun(Generic[TOutput]):
 
     # --- its result ----------------------------------------------------------------
 
-    def succeeded(self, output: Any, meta: Any, now: float) -> WorkItemResult[TOutput]:
+    def succeeded(self, output: TOutput, meta: object, now: float) -> WorkItemResult[TOutput]:
         item = self.item
         return WorkItemResult(
             item_id=item.item_id,

@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from .._artifacts import prepare_resume
+from .._artifacts import ArtifactStore, prepare_resume
 from .._core._host import ExecutorHost, RuntimeTasks
 from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
 from .._core._owner import HostedOwner
@@ -83,7 +83,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         middlewares: Sequence[Any] | None = None,
         observers: Sequence[Any] | None = None,
         progress_callback: Callable[[int, int | None, str], Any] | Progress | None = None,
-        artifact_store: Any = None,
+        artifact_store: ArtifactStore | None = None,
         resume: ResumePolicy = ResumePolicy.NONE,
         host: ExecutorHost | None = None,
         post_processor_timeout: float | FromConfig | None = FROM_CONFIG,

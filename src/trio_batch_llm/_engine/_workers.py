@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import anyio
 
@@ -22,6 +22,7 @@ from .._values._ramp import StartupRampConfig
 from .._values._results import BatchTermination, WorkItemResult
 from ._collector import CollectorPause
 from ._guards import DeadlineWatcher, Guard
+from ._intake import ItemQueue
 from ._item import ItemRunner
 from ._item_run import ItemRun
 from ._publish import Publisher
@@ -79,7 +80,8 @@ class Crew(Generic[TOutput]):
         self.interrupted = False
         """Whether a worker was cancelled (the batch did not run to its end)."""
 
-    def start(self, runtime: RuntimeTasks, recv: Any, count: int, *, started_at: float) -> None:
+    def start(self, runtime: RuntimeTasks, recv: ItemQueue[TOutput], count: int, *,
+              started_at: float) -> None:
         """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed."""
         ramp = self._ramp
         if ramp is not None:
@@ -131,7 +133,7 @@ class Crew(Generic[TOutput]):
         return True
 
     async def _work(  # noqa: ASYNC910 - receive() and drive() checkpoint
-        self, recv: Any, start_at: float | None = None
+        self, recv: ItemQueue[TOutput], start_at: float | None = None
     ) -> None:
         guard = self._watcher.guard(stop_deadline=self._stop_deadline)
         try:
@@ -174,7 +176,7 @@ class Crew(Generic[TOutput]):
             return False
         return True
 
-    async def _loop(self, recv: Any, guard: Guard) -> bool:  # noqa: ASYNC910 - receive() and drive() checkpoint
+    async def _loop(self, recv: ItemQueue[TOutput], guard: Guard) -> bool:  # noqa: ASYNC910 - receive() and drive() checkpoint
         """Run items in the guard's current scope; ``True`` once the queue is done, ``False`` to renew it."""
         runner = self._runner
         publisher = self._publisher
@@ -247,7 +249,7 @@ class Crew(Generic[TOutput]):
                 await publisher.drain(recv)
                 return True
 
-    async def _finish_stopped(self, recv: Any, guard: Guard) -> None:
+    async def _finish_stopped(self, recv: ItemQueue[TOutput], guard: Guard) -> None:
         """After a stop that cancelled this worker's guard: its item's result, then the queue's."""
         run: ItemRun[TOutput] | None = guard.run
         if run is not None:
