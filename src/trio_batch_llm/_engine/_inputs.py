@@ -108,7 +108,7 @@ def _to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> L
         return item_of_mapping(entry, index, strategy, f"prompts[{index}]")
     if isinstance(entry, tuple) and len(entry) in (2, 3):
         item_id, prompt = entry[0], entry[1]
-        context: Any = entry[2] if len(entry) == 3 else None
+        context: object = entry[2] if len(entry) == 3 else None
         _check_id(item_id, index)
         if not isinstance(prompt, (str, list)):
             raise TypeError(f"prompts[{index}] (item_id={item_id!r}): prompt={prompt!r} must be a str "

@@ -126,7 +126,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         """Requests admitted or waiting right now."""
         return self._pending
 
-    async def submit(self, prompt: Prompt, *, context: Any = None, timeout: float | None = None,
+    async def submit(self, prompt: Prompt, *, context: object = None, timeout: float | None = None,
                      params: Mapping[str, Any] | None = None) -> TOutput:
         """Run one request and return its output; raises :class:`LLMCallError` on failure.
 
@@ -141,7 +141,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         )
 
     async def submit_result(
-        self, prompt: Prompt, *, context: Any = None, timeout: float | None = None,
+        self, prompt: Prompt, *, context: object = None, timeout: float | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> WorkItemResult[TOutput]:
         """Run one request; provider failures come back as a failed result, never raised."""
@@ -174,7 +174,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             )
         return None
 
-    async def _run(self, prompt: Prompt, context: Any, timeout: float | None,
+    async def _run(self, prompt: Prompt, context: object, timeout: float | None,
                    params: Mapping[str, Any] | None = None) -> WorkItemResult[TOutput]:
         self._sequence += 1
         item = LLMWorkItem(
