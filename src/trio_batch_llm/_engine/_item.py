@@ -1,7 +1,7 @@
 """One item's path: admit → attempt → parse → decide, one function per stage, over a :class:`Binding`.
 
 Shared by the processor's workers and the pool's callers. A :class:`Binding` is what the
-path needs of one strategy, resolved once per owner (:mod:`._item_run`): nothing on the hot
+path needs of one strategy, resolved once per owner (:mod:`._binding`): nothing on the hot
 path calls back into the host. An :class:`ItemRun` is one item on its way; it survives its
 guard firing (:mod:`._guards`), so the caller can go on with it (the module is over 400 lines because
 its stages share one runner's state on the hot path; the breaker's part is in :mod:`._breaker_gate`)::
@@ -20,7 +20,7 @@ In :meth:`ItemRunner.drive`, per attempt:
   processor's ``call_start_deadline``);
 - :meth:`~ItemRunner.attempt`: one call under the attempt deadline, awaited in ``drive``;
   a failure is classified in :meth:`~ItemRunner.attempt_failed` (the one ``except
-  Exception`` boundary); :func:`~._item_run.release_attempt` gives the admission back;
+  Exception`` boundary); :func:`~._account.release_attempt` gives the admission back;
 - :meth:`~ItemRunner.parse`: the raw output becomes the item's output;
 - :meth:`~ItemRunner.decide`: a failed attempt becomes the item's result, or the wait
   before the next attempt (separate budgets for rate limits and other failures; no retry
@@ -46,11 +46,13 @@ from .._values._errors import AttemptTimedOut
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult, add_usage
 from .._values._stop_reasons import StopReason
+from ._account import Usage, as_triple, release_attempt
+from ._binding import Binding
 from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
 from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
-from ._item_run import Binding, Failure, ItemRun, Retries, Usage, as_triple, release_attempt, start_deadline
+from ._item_run import Failure, ItemRun, Retries, start_deadline
 from ._throttled import admit_within_budget, over_budget, spent
 from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 

@@ -1,108 +1,39 @@
-"""What the item path works on: a :class:`Binding` per strategy, an :class:`ItemRun` per item.
+"""An :class:`ItemRun`: one item on its way, the one record of its state, and the results built from it.
 
-Plain state and the results built from it; no awaits. The stages that change it are in
-:mod:`._item`. (Over 400 lines because an item's state and every result built from it share
-one class's slots: the response cache's claim and key joined them.)
+No awaits. The stages (:mod:`._item`) change it only through its methods. Long because
+an item's state, the booking of its time and every result built from it share one class's
+slots (the response cache's claim and key joined them); what a strategy is to the path is in
+:mod:`._binding`, what a call's answer gives back in :mod:`._account`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar, cast, final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar, final
 
-from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
-from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
-from .._values._prompts import Prompt
 from .._values._requests import LLMWorkItem
-from .._values._results import ItemTiming, RetryState, TokenUsage, WorkItemResult, usage_total
+from .._values._results import ItemTiming, RetryState, TokenUsage, WorkItemResult
 from .._values._stop_reasons import StopReason
-from .._values._usage import check_token_usage, used_tokens
-from ._breaker_gate import tell_gate
-from ._classify import Classification, ErrorClassifier, classify
 
 if TYPE_CHECKING:
-    from .._admission import Admission, QuotaScope
+    from .._admission import Admission
     from .._cache._flight import Claim
-    from ._breaker_gate import BreakerGate
+    from ._binding import Binding
+    from ._classify import Classification
 
-__all__ = [
-    "THROTTLED_BY_429S", "Answer", "Binding", "CallUsage", "Failure", "ItemRun", "Retries", "TokenEstimate",
-    "Usage", "UserClassifier", "as_triple",
-    "rate_limit_observation", "release_attempt", "start_deadline",
-]
+__all__ = ["THROTTLED_BY_429S", "CallUsage", "Failure", "ItemRun", "Retries", "start_deadline"]
 
 TOutput = TypeVar("TOutput")
-UserClassifier: TypeAlias = ErrorClassifier
-TokenEstimate: TypeAlias = Callable[[Prompt, Mapping[str, object] | None], int]
-"""A request's tokens from its prompt and params (the config's ``token_estimator`` as bound)."""
-Usage: TypeAlias = Mapping[str, int] | None
-"""A call's token usage, checked (:func:`as_triple`): counts by :class:`TokenUsage` key, or unknown."""
-Answer: TypeAlias = tuple[object, Usage, object]
-"""A call's answer, checked: ``(raw output, token usage, metadata)``."""
-ExecuteText: TypeAlias = Callable[[str, int, float | None, RetryState | None], Awaitable[tuple[object, ...]]]
-"""``LLMCallStrategy.execute``, bound."""
 CallUsage: TypeAlias = tuple[dict[str, int], str | None, Callable[[TokenUsage], float] | None]
 """What a call in flight reported: its usage, its model, what prices it (its AttemptTiming record's)."""
 
 _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
 THROTTLED_BY_429S: Final = "throttled by 429s"
 """What the error of a result a deadline (a stop) cut short while throttled says, with the seconds."""
-
-
-@final
-class Binding:
-    """One strategy as the item path uses it, resolved once per owner (``ItemRunner.bind``)."""
-
-    __slots__ = ("breaker", "estimate", "estimator", "execute_text", "parses", "quota", "strategy",
-                 "strategy_classifier", "user_classifier")
-
-    def __init__(
-        self,
-        strategy: LLMCallStrategy[Any],
-        quota: QuotaScope,
-        *,
-        estimate: TokenEstimate | None,
-        user_classifier: UserClassifier | None,
-        estimator: TokenEstimate | None = None,
-    ) -> None:
-        self.strategy = strategy
-        """Prepared on the owner's host."""
-        self.quota = quota
-        self.estimate = estimate
-        """The token estimator, when the config sets a TPM limit (``None``: reserve nothing)."""
-        self.estimator = estimator
-        """The config's token estimator, for a scope that learns a token budget (:meth:`tokens`)."""
-        self.strategy_classifier = strategy.classify_error
-        self.user_classifier = user_classifier
-        self.parses = type(strategy).parse_output is not LLMCallStrategy.parse_output
-        """Whether the strategy has a parse stage of its own (``parse_output`` overridden)."""
-        self.breaker: BreakerGate | None = None
-        """The circuit breaker of ``quota`` for this owner (``None``: off)."""
-        takes_requests = (type(strategy).execute_request is not LLMCallStrategy.execute_request
-                          or "execute_request" in getattr(strategy, "__dict__", ()))
-        self.execute_text: ExecuteText | None = None if takes_requests else strategy.execute
-        """``strategy.execute`` when ``execute_request`` is the default, which only passes the text
-        on: the attempt calls it directly, one coroutine frame fewer per call in flight."""
-
-    def tokens(self, prompt: Prompt, params: Mapping[str, object] | None = None) -> int:
-        """The tokens a request of ``prompt`` with the item's ``params`` is admitted with (input
-        estimate + output allowance): 0 unless a TPM limit is set or reported.
-
-        A scope that learns limits asks for estimates once the provider reports a token budget.
-        """
-        if self.estimate is not None:
-            return self.estimate(prompt, params)
-        if self.estimator is not None and self.quota.needs_token_estimate:
-            return self.estimator(prompt, params)
-        return 0
-
-    def classify(self, exc: Exception) -> Classification:
-        by_user, by_strategy = self.user_classifier, self.strategy_classifier
-        return classify(exc, strategy_classifier=by_strategy, user_classifier=by_user)
 
 
 @final
@@ -119,72 +50,6 @@ class Failure:
         """The call answered but its answer did not parse: retried without backoff."""
         self.wait = wait
         """Non-zero for a 429 that said capacity remains (a blip): only this item waits, not its scope."""
-
-
-def as_triple(returned: tuple[object, ...]) -> Answer:
-    """``execute()``'s answer as ``(output, usage, metadata)``; async-batch-llm's ``(output, usage)`` too.
-
-    Its token usage is checked here, inside the attempt: a bad report is that item's failure
-    (``TypeError``/``ValueError``: a ``LOGIC_ERROR``), never a crash of the batch."""
-    if type(returned) is tuple and len(returned) == 2:
-        output, usage = returned
-        meta: object = {}
-    else:
-        output, usage, meta = returned
-    check_token_usage(usage, _ANSWER)  # a mapping of counts, or None, from here on
-    return output, cast("Usage", usage), meta
-
-
-_ANSWER = "the strategy's answer"
-
-
-def rate_limit_observation(source: object, now: Callable[[], float]) -> RateLimitObservation | None:
-    """What an answer said about the provider's limits, read on the quota scope's clock ``now``.
-
-    ``source`` is a success's metadata or a failure's ``metadata`` attribute: a strategy puts
-    the answer's rate-limit headers under ``"rate_limit"`` there. Anything else gives ``None``,
-    without reading the clock (the uncontended release needs none).
-    """
-    if not isinstance(source, Mapping):
-        return None
-    headers = source.get(RATE_LIMIT_METADATA_KEY)
-    if not headers or not isinstance(headers, Mapping):
-        return None
-    return parse_rate_limit_headers(headers, now())
-
-
-def release_attempt(
-    run: ItemRun[Any],
-    held: Admission,
-    usage: Usage,
-    *,
-    meta: object,
-    exc: Exception | None,
-    verdict: Classification | None,
-) -> float:
-    """Give an attempt's admission back: the one place, for every call that returned or raised.
-
-    The rate-limit headers a success's ``meta`` or a failure's ``exc`` carries
-    (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
-    own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
-    A call cut short is released by ``ItemRunner.drive`` instead, with its usage unknown."""
-    run.held = None
-    if run.gated is not None and run.binding is not None:  # the breaker let it go: its outcome
-        tell_gate(run.binding.breaker, run.gated, run.item.item_id, verdict, exc)
-        run.gated = None
-    observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
-                                         held.now)
-    if verdict is not None:
-        if verdict.stops_batch is not None or verdict.category is ErrorCategory.SERVER:
-            # A per-day quota, a spend limit, an overload (529, 503) or any 5xx: it says nothing about
-            # the rate this scope may call at, so no cooldown and no lesson for discovery.
-            held.release(usage_total(usage), observation, answered=False, evidence=False)
-            return 0.0
-        if verdict.category is ErrorCategory.RATE_LIMIT:
-            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-            return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
-    held.release(used_tokens(usage), observation)  # its cache reads too: not held against an input budget
-    return 0.0
 
 
 @final

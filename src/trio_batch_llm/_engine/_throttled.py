@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from .._admission._throttle import ThrottleBudget, ThrottleBudgetSpent
 from .._values._categories import ErrorCategory
 from .._values._results import WorkItemResult
-from ._item_run import Binding, ItemRun
+from ._binding import Binding
+from ._item_run import ItemRun
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
