@@ -15,6 +15,7 @@ from .._values._categories import ErrorCategory
 from .._values._results import usage_total
 from .._values._usage import check_token_usage, used_tokens
 from ._breaker_gate import tell_gate
+from ._item_run import Usage
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Answer", "Usage", "as_triple", "rate_limit_observation", "release_attempt"]
 
-Usage: TypeAlias = Mapping[str, int] | None
-"""A call's token usage, checked (:func:`as_triple`): counts by ``TokenUsage`` key, or unknown."""
 Answer: TypeAlias = tuple[object, Usage, object]
 """A call's answer, checked: ``(raw output, token usage, metadata)``."""
 
@@ -76,10 +75,9 @@ def release_attempt(
     (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
     own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
     A call cut short is released by ``ItemRunner.drive`` instead, with its usage unknown."""
-    run.held = None
-    if run.gated is not None and run.binding is not None:  # the breaker let it go: its outcome
-        tell_gate(run.binding.breaker, run.gated, run.item.item_id, verdict, exc)
-        run.gated = None
+    gated = run.released()
+    if gated is not None and run.binding is not None:  # the breaker let it go: its outcome
+        tell_gate(run.binding.breaker, gated, run.item.item_id, verdict, exc)
     observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
                                          held.now)
     if verdict is not None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
@@ -44,7 +43,7 @@ from .._values._categories import ErrorCategory
 from .._values._config_warnings import warn_if_pool_too_small
 from .._values._errors import AttemptTimedOut
 from .._values._requests import LLMWorkItem
-from .._values._results import RetryState, WorkItemResult, add_usage
+from .._values._results import RetryState, WorkItemResult
 from .._values._stop_reasons import StopReason
 from ._account import Usage, as_triple, release_attempt
 from ._binding import Binding
@@ -52,7 +51,7 @@ from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
 from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
-from ._item_run import Failure, ItemRun, Retries, start_deadline
+from ._item_run import Failure, ItemRun, start_deadline
 from ._throttled import admit_within_budget, over_budget, spent
 from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
@@ -191,8 +190,7 @@ class ItemRunner(Generic[TOutput]):
         try:
             if guard.stopped is not None:
                 return STOPPED  # noqa: ASYNC910 - the worker's next receive checkpoints
-            if run.failed is not None:  # driven again after its attempt timed out
-                failure, run.failed = run.failed, None
+            if (failure := run.take_failure()) is not None:  # driven again after its attempt timed out
                 if (result := await self.back_off(run, failure)) is not None:
                     return result
             elif run.backoff_owed > 0:  # a late deadline broke its backoff off (cut): wait out the rest
@@ -210,18 +208,16 @@ class ItemRunner(Generic[TOutput]):
                 if binding is None or binding.strategy is not strategy:
                     binding = await self.bind(strategy)
                 self._last = binding
-            run.binding = binding
-            tokens = binding.tokens(run.item.prompt, run.item.params)
+            tokens = run.bind(binding)
             while True:
-                held = run.held = await self.admit(binding, run, tokens)
+                held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit (between calls), max_rate_limit_wait, a retired scope
                     retired = retired_result(run, self._breakers.stopped)
                     return retired or self.cut(run, guard)  # type: ignore[return-value]
                 # Stage 2's call is awaited here, not in attempt(): a cancellation unwinds one frame
                 # fewer per call in flight (a frame object and a traceback: ~2 µs a worker, asyncio).
-                timeout = self.attempt(run, guard)
+                timeout = self.attempt(run, held, guard)
                 state = run.retries.state if run.retries is not None else None
-                run.calling = True
                 try:
                     execute_text = binding.execute_text
                     if execute_text is not None:
@@ -237,7 +233,7 @@ class ItemRunner(Generic[TOutput]):
                     try:
                         parsed = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
-                        run.switch("backoff", self._clock())  # its call ended here, as a raising call's
+                        run.parse_failed(self._clock())
                         guard.set_deadline(run.start_limit)
                         outcome = Failure(exc, binding.classify(exc), parse_stage=True)
                     else:
@@ -249,12 +245,13 @@ class ItemRunner(Generic[TOutput]):
                     return result
         finally:
             guard.disarm()
-            if run.held is not None:
-                run.held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
-                run.held = None
-            if run.gated is not None and run.binding is not None:  # let go by the breaker, cut short
-                tell_gate(run.binding.breaker, run.gated, cut=True)  # (or its admission refused)
-                run.gated = None
+            if run.held is not None or run.gated is not None:
+                held = run.held
+                gated = run.released()
+                if held is not None:
+                    held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
+                if gated is not None and run.binding is not None:  # let go by the breaker, cut short
+                    tell_gate(run.binding.breaker, gated, cut=True)  # (or its admission refused)
 
     async def look_up(self, cache: ItemCache, run: ItemRun[TOutput]) -> WorkItemResult[TOutput] | None:
         """Stage 0 (:mod:`._cached`): the cache's answer as ``run``'s result, or ``None``: make the call
@@ -265,10 +262,10 @@ class ItemRunner(Generic[TOutput]):
         found = await cache.lookup(key)
         if found is None:
             return None  # the cache failed (said once): the item runs as without one
-        run.cache_key = key.digest
         if isinstance(found, Claim):
-            run.claim = found
+            run.looked_up(key.digest, found)
             return None
+        run.looked_up(key.digest, None)
         try:
             return cache.hit(run, key, found, self._clock())
         except Exception as exc:  # noqa: BLE001 - the strategy's decode_output: ask the provider instead
@@ -278,7 +275,7 @@ class ItemRunner(Generic[TOutput]):
     async def keep_answer(self, run: ItemRun[TOutput], output: TOutput, usage: Usage,
                           meta: object) -> None:
         """A miss ended in a validated success: settle its claim with the answer the cache keeps."""
-        claim, run.claim = run.claim, None
+        claim = run.take_claim()
         cache = self.cache
         assert claim is not None and cache is not None
         await cache.settle(claim, cache.answer(run.item.strategy, output, usage or {}, meta))
@@ -286,7 +283,7 @@ class ItemRunner(Generic[TOutput]):
     async def let_go(self, run: ItemRun[TOutput]) -> None:
         """``run`` ended other than in a success (a failure, a stop, a cancellation): its claim, if it
         holds one, is settled with nothing written. Its owner calls it, shielded within a bound."""
-        claim, run.claim = run.claim, None
+        claim = run.take_claim()
         if claim is not None and self.cache is not None:
             await self.cache.settle(claim, None)
         else:
@@ -301,13 +298,13 @@ class ItemRunner(Generic[TOutput]):
             return None
         gate = binding.breaker
         if gate is not None:  # the circuit breaker lets the attempt go at once, or it waits for its turn
-            run.gated = gate.try_enter()  # (no coroutine on the hot path)
+            run.gate_passed(gate.try_enter())  # (no coroutine on the hot path)
             if run.gated is None:
-                run.waiting = True
+                run.park()
                 try:
                     passed = await pass_gate(gate, run)
                 finally:
-                    run.waiting = False
+                    run.unpark()
                 if not passed or self.halted:
                     return None  # noqa: ASYNC910 - pass_gate() awaited: retired, past the start limit, a stop
         scope = binding.quota
@@ -318,7 +315,7 @@ class ItemRunner(Generic[TOutput]):
         # Booked by phase, so a wait cut short (by the item deadline, a stop) is counted too.
         cooling = scope.statistics().cooldown_remaining > 0
         run.switch("cooldown" if cooling else "admission_wait", clock())
-        run.waiting = True  # a stop cuts this wait short (the owner cancels its guard)
+        run.park()  # a stop cuts this wait short (the owner cancels its guard)
         try:
             if (admission := await admit_within_budget(scope, run, tokens, self._retry)) is None:
                 return None
@@ -330,7 +327,7 @@ class ItemRunner(Generic[TOutput]):
                 admission.release_unused()
                 raise
         finally:
-            run.waiting = False
+            run.unpark()
         # The guard fires at the start limit too; the clock said it first. A batch-stopping error
         # or a stop while it waited: the call must not go.
         if clock() >= run.start_limit or self._breakers.stopped is not None or self.halted:
@@ -338,13 +335,12 @@ class ItemRunner(Generic[TOutput]):
             return None
         return admission
 
-    def attempt(self, run: ItemRun[TOutput], guard: Guard) -> float | None:
+    def attempt(self, run: ItemRun[TOutput], held: Admission, guard: Guard) -> float | None:
         """Stage 2, before its call: count the attempt, start its clock and deadline; its timeout.
 
         :meth:`drive` awaits the call, then :meth:`attempt_returned` or :meth:`attempt_failed`."""
-        run.attempts += 1
         started = self._clock()
-        run.switch("execution", started)
+        run.start_call(held, started)
         timeout = self._attempt_timeout
         if timeout is not None and started + timeout < run.outer:
             guard.set_deadline(started + timeout)
@@ -355,32 +351,16 @@ class ItemRunner(Generic[TOutput]):
     def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Usage,
                          meta: object) -> None:
         """Stage 2, the call answered: its usage is the item's, its admission goes back."""
-        run.calling = False
-        if usage:
-            add_usage(run.usage, usage)
-            self.used(run, usage, meta)
+        run.call_answered(usage, meta, self._price_attempt)
         release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
-
-    def used(self, run: ItemRun[TOutput], usage: Usage, meta: object) -> None:
-        """The call under way reported ``usage``: its AttemptTiming record carries a copy, priced when
-        read by the config's ``cost_function``, else by ``meta``'s model (else the strategy's)."""
-        if isinstance(usage, Mapping):
-            model = meta.get("model") if isinstance(meta, Mapping) else None
-            if not isinstance(model, str) and run.binding is not None:
-                model = run.binding.strategy.model_name
-            run.call_usage = (dict(usage), model, self._price_attempt)
 
     def attempt_failed(
         self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
     ) -> Failure:
         """Stage 2, the call raised (or answered nothing :func:`as_triple` can read): classify it."""
-        run.calling = False
         failed_usage = getattr(exc, "token_usage", None)
-        if failed_usage:  # a failed but billed call: its record carries what it used
-            self.used(run, failed_usage, None)
-        run.switch("backoff", self._clock())
+        run.call_failed(failed_usage, self._price_attempt, self._clock())
         guard.set_deadline(run.start_limit)
-        add_usage(run.usage, failed_usage)
         verdict = binding.classify(exc)
         wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
         return Failure(exc, verdict, wait)
@@ -401,7 +381,7 @@ class ItemRunner(Generic[TOutput]):
         """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one."""
         exc, verdict = failure.exc, failure.verdict
         category = verdict.category
-        run.last_error = exc
+        retries = run.note_error(exc)
         if verdict.stops_batch is not None:  # final whatever its category, and the owner's batch ends
             error = f"{type(exc).__name__}: {exc}"
             self._breakers.stop_batch(run.binding.quota if run.binding is not None else None,
@@ -412,9 +392,6 @@ class ItemRunner(Generic[TOutput]):
             # did nothing wrong (tomorrow's quota may serve it): a durable run keeps it pending.
             result.stop_reason = StopReason.PROVIDER_RETIRED
             return result
-        retries = run.retries
-        if retries is None:
-            retries = run.retries = Retries()
         config = self._retry
         wait = 0.0
         if category is ErrorCategory.RATE_LIMIT:
@@ -449,7 +426,7 @@ class ItemRunner(Generic[TOutput]):
             return decision  # noqa: ASYNC910 - the failed attempt's execute() was a checkpoint
         if self.halted:  # stopped: no retry, so no on_error() and no backoff; admit() says STOPPED
             return None  # noqa: ASYNC910 - as above
-        run.backoff_owed = decision  # owed from now: see wait_out_backoff()
+        run.owe_backoff(decision)  # owed from now: see wait_out_backoff()
         retries = run.retries
         assert retries is not None
         state = retries.state
@@ -471,12 +448,12 @@ class ItemRunner(Generic[TOutput]):
         if self.halted:  # no retry follows: admit() says STOPPED
             await anyio.lowlevel.checkpoint()
             return
-        run.waiting = True  # a stop cuts this wait short (the owner cancels its guard)
+        run.park()  # a stop cuts this wait short (the owner cancels its guard)
         try:
             await anyio.sleep_until(until)
         finally:
-            run.waiting = False
-            run.backoff_owed = max(0.0, until - self._clock())
+            run.unpark()
+            run.owe_backoff(max(0.0, until - self._clock()))
 
     async def resume(self, run: ItemRun[TOutput], guard: Guard) -> WorkItemResult[TOutput] | None:
         """After ``run``'s guard fired mid-item, in its renewed scope: :meth:`cut`, or :meth:`drive` again."""
@@ -505,11 +482,9 @@ class ItemRunner(Generic[TOutput]):
             # attempt's answer or failure is counted already; inventing a timeout for it would
             # spend a retry twice. Drive on (what is left of a backoff is waited out).
             return RETRY
-        run.calling = False
-        run.switch("backoff", now)
         exc = AttemptTimedOut(f"attempt {run.attempts} timed out after {self._attempt_timeout} s")
         assert run.binding is not None
-        run.failed = Failure(exc, run.binding.classify(exc))
+        run.timed_out(Failure(exc, run.binding.classify(exc)), now)
         return RETRY
 
     def stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str) -> WorkItemResult[TOutput]:

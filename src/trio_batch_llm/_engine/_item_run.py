@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar, final
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
-from .._values._results import ItemTiming, RetryState, TokenUsage, WorkItemResult
+from .._values._results import ItemTiming, RetryState, TokenUsage, WorkItemResult, add_usage
 from .._values._stop_reasons import StopReason
 
 if TYPE_CHECKING:
@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     from ._binding import Binding
     from ._classify import Classification
 
-__all__ = ["THROTTLED_BY_429S", "CallUsage", "Failure", "ItemRun", "Retries", "start_deadline"]
+__all__ = ["THROTTLED_BY_429S", "CallUsage", "Failure", "ItemRun", "Retries", "Usage", "start_deadline"]
 
 TOutput = TypeVar("TOutput")
+Usage: TypeAlias = Mapping[str, int] | None
+"""A call's token usage, checked (:func:`~._account.as_triple`): counts by ``TokenUsage`` key, or unknown."""
 CallUsage: TypeAlias = tuple[dict[str, int], str | None, Callable[[TokenUsage], float] | None]
 """What a call in flight reported: its usage, its model, what prices it (its AttemptTiming record's)."""
 
@@ -190,6 +192,116 @@ class ItemRun(Generic[TOutput]):
             if refusing is not None:
                 total += max(0.0, now - max(refusing, self.mark))
         return total
+
+    # --- its own changes (the stages call these; nobody else sets its fields) -------------
+
+    def use(self, item: LLMWorkItem[TOutput]) -> None:
+        """Run ``item`` from now on: the item as its middlewares rewrote it (``added`` stays)."""
+        self.item = item
+
+    def bind(self, binding: Binding) -> int:
+        """Run with ``binding`` (its strategy's); the tokens its request is admitted with."""
+        self.binding = binding
+        return binding.tokens(self.item.prompt, self.item.params)
+
+    def looked_up(self, key: str, claim: Claim | None) -> None:
+        """The response cache was asked under ``key``; a miss holds ``claim`` until the item ends."""
+        self.cache_key = key
+        self.claim = claim
+
+    def take_claim(self) -> Claim | None:
+        """Its claim (``None``: none held), given up to the caller, who settles it exactly once."""
+        claim, self.claim = self.claim, None
+        return claim
+
+    def gate_passed(self, gated: bool | None) -> None:
+        """Its breaker let its next attempt go (``True``: as the probe); ``None``: it must wait."""
+        self.gated = gated
+
+    def park(self) -> None:
+        """It waits for its next call (admission, the breaker, a backoff): a stop may end the wait."""
+        self.waiting = True
+
+    def unpark(self) -> None:
+        self.waiting = False
+
+    def start_call(self, held: Admission, now: float) -> None:
+        """Admitted with ``held``: its next attempt's call starts now."""
+        self.held = held
+        self.attempts += 1
+        self.switch("execution", now)
+        self.calling = True
+
+    def call_answered(self, usage: Usage, meta: object, pricer: Callable[[TokenUsage], float] | None) -> None:
+        """Its call answered: what it used is the item's (and the attempt record's, priced by ``pricer``)."""
+        self.calling = False
+        if usage:
+            add_usage(self.usage, usage)
+            self._call_used(usage, meta, pricer)
+
+    def call_failed(self, usage: Usage, pricer: Callable[[TokenUsage], float] | None, now: float) -> None:
+        """Its call raised, having used ``usage`` (a failed but billed call): its backoff starts now."""
+        self.calling = False
+        if usage:  # a failed but billed call: its record carries what it used
+            self._call_used(usage, None, pricer)
+        self.switch("backoff", now)
+        add_usage(self.usage, usage)
+
+    def _call_used(self, usage: Usage, meta: object, pricer: Callable[[TokenUsage], float] | None) -> None:
+        # The AttemptTiming record carries a copy, priced when read by the config's cost_function
+        # (``pricer``), else by ``meta``'s model (else the strategy's).
+        if isinstance(usage, Mapping):
+            model = meta.get("model") if isinstance(meta, Mapping) else None
+            if not isinstance(model, str) and self.binding is not None:
+                model = self.binding.strategy.model_name
+            self.call_usage = (dict(usage), model, pricer)
+
+    def parse_failed(self, now: float) -> None:
+        """Its call answered but the answer did not parse: the call ended now, as a raising call's."""
+        self.switch("backoff", now)
+
+    def released(self) -> bool | None:
+        """Its admission is going back: no longer held. Returns what its breaker let go (``None``: nothing),
+        for the caller to tell the breaker that attempt's outcome, once."""
+        gated, self.gated, self.held = self.gated, None, None
+        return gated
+
+    def timed_out(self, failure: Failure, now: float) -> None:
+        """Its call in flight hit the attempt's deadline: a failed attempt, handled when driven again."""
+        self.calling = False
+        self.switch("backoff", now)
+        self.failed = failure
+
+    def take_failure(self) -> Failure | None:
+        """The attempt that timed out (:meth:`timed_out`), handed over once."""
+        failed, self.failed = self.failed, None
+        return failed
+
+    def note_error(self, exc: BaseException) -> Retries:
+        """A failed attempt's error, the item's last; its retry bookkeeping (made at the first failure)."""
+        self.last_error = exc
+        retries = self.retries
+        if retries is None:
+            retries = self.retries = Retries()
+        return retries
+
+    def owe_backoff(self, seconds: float) -> None:
+        """Seconds of backoff decided and not yet slept: a cancellation leaves the rest owed."""
+        self.backoff_owed = seconds
+
+    def throttled_from(self, since: float) -> None:
+        """A throttled wait began at ``since`` (a 429 of its own, or its scope refusing every call)."""
+        self.throttled_since = since
+
+    def throttle_given_up(self, streak: float | None) -> None:
+        """Its scope gave its admission wait up: ``max_rate_limit_wait`` ran out (``streak``: at once,
+        behind refusals longer than its bound)."""
+        self.throttle_spent = True
+        self.refused_streak = streak
+
+    def keep(self, result: WorkItemResult[TOutput]) -> None:
+        """Its result, kept while its worker renews its scope."""
+        self.result = result
 
     def _throttled_note(self, now: float) -> str:
         throttled = self.throttled_for(now)

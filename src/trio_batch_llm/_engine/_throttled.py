@@ -39,11 +39,10 @@ async def admit_within_budget(scope: QuotaScope, run: ItemRun[Any], tokens: int,
     try:
         admission = await scope.admit(tokens, throttle=budget)
     except ThrottleBudgetSpent as spent_:
-        run.throttle_spent = True
-        run.refused_streak = spent_.streak
+        run.throttle_given_up(spent_.streak)
         return None  # noqa: ASYNC910 - admit() checkpointed before it gave up
     if run.throttled_since is None and (refusing := scope.throttle.refusing_since) is not None:
-        run.throttled_since = max(refusing, run.mark)
+        run.throttled_from(max(refusing, run.mark))
     return admission
 
 
@@ -55,7 +54,7 @@ def over_budget(run: ItemRun[Any], category: ErrorCategory, wait: float, config:
     if limit is None or category is not ErrorCategory.RATE_LIMIT:
         return None
     if run.throttled_since is None:
-        run.throttled_since = now  # throttled from its 429 to its next call
+        run.throttled_from(now)  # throttled from its 429 to its next call
     assert run.binding is not None
     ahead = max(wait, run.binding.quota.statistics().cooldown_remaining)
     if run.throttled_for(now) + ahead >= limit:

@@ -222,7 +222,7 @@ class Crew(Generic[TOutput]):
                 if hooks is not None:
                     if self._observing:
                         hooks.emit(ItemStarted(item.item_id))
-                    run.item = await hooks.before_item(item)
+                    run.use(await hooks.before_item(item))
                 result = await runner.drive(run, guard)
             elif run.result is not None:
                 result = run.result  # finished in the instant its last scope was cancelled
@@ -233,7 +233,7 @@ class Crew(Generic[TOutput]):
             if guard.scope.cancel_called or guard.stopped is not None:
                 # Cancelled as the item finished (or about to be: a stop cancels every guard's
                 # scope from one callback on asyncio): leave this scope before awaiting anything.
-                run.result = result
+                run.keep(result)
                 return False  # noqa: ASYNC910 - drive() checkpointed
             if run.claim is not None:  # a cache miss that did not succeed: its claim goes, nothing written
                 await runner.let_go(run)
