@@ -9,18 +9,21 @@ into the host.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias, final
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, final
 
 from .._strategies._base import LLMCallStrategy
+from .._values._config_warnings import warn_if_pool_too_small
 from .._values._prompts import Prompt
 from .._values._results import RetryState
 from ._classify import Classification, ErrorClassifier, classify
+from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
     from .._admission import QuotaScope
-    from ._breaker_gate import BreakerGate
+    from .._values._config import ProcessorConfig
+    from ._breaker_gate import BreakerGate, Breakers
 
-__all__ = ["Binding", "ExecuteText", "TokenEstimate", "UserClassifier"]
+__all__ = ["Binding", "ExecuteText", "StrategyHost", "TokenEstimate", "UserClassifier", "resolve_binding"]
 
 UserClassifier: TypeAlias = ErrorClassifier
 TokenEstimate: TypeAlias = Callable[[Prompt, Mapping[str, object] | None], int]
@@ -79,3 +82,33 @@ class Binding:
     def classify(self, exc: Exception) -> Classification:
         by_user, by_strategy = self.user_classifier, self.strategy_classifier
         return classify(exc, strategy_classifier=by_strategy, user_classifier=by_user)
+
+
+class StrategyHost(Protocol):
+    """What resolving a Binding asks of its owner's host: the strategy prepared, and its quota scope."""
+
+    async def ensure_prepared(self, strategy: LLMCallStrategy[Any]) -> None: ...
+
+    def quota_scope(self, strategy: LLMCallStrategy[Any]) -> QuotaScope: ...
+
+
+async def resolve_binding(
+    strategy: LLMCallStrategy[Any], host: StrategyHost, config: ProcessorConfig,
+    user_classifier: UserClassifier | None, breakers: Breakers,
+) -> Binding:
+    """The Binding of ``strategy`` for one owner: prepared on ``host`` (its tokenizer loaded when the
+    config estimates tokens with it), its quota scope and that scope's breaker looked up."""
+    await host.ensure_prepared(strategy)
+    warn_if_pool_too_small(strategy, config.provider_concurrency)  # once per owner and strategy
+    if tokenizer_unloaded(strategy, config.token_estimator):
+        await load_tokenizer(strategy)
+    tokens = request_tokens(strategy, config.token_estimator)
+    binding = Binding(
+        strategy,
+        host.quota_scope(strategy),
+        estimate=tokens if config.max_tokens_per_minute is not None else None,
+        estimator=tokens,
+        user_classifier=user_classifier,
+    )
+    binding.breaker = breakers.of(binding.quota)
+    return binding

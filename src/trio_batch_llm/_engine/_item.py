@@ -1,10 +1,13 @@
 """One item's path: admit → attempt → parse → decide, one function per stage, over a :class:`Binding`.
 
-Shared by the processor's workers and the pool's callers. A :class:`Binding` is what the
-path needs of one strategy, resolved once per owner (:mod:`._binding`): nothing on the hot
-path calls back into the host. An :class:`ItemRun` is one item on its way; it survives its
-guard firing (:mod:`._guards`), so the caller can go on with it (the module is over 400 lines because
-its stages share one runner's state on the hot path; the breaker's part is in :mod:`._breaker_gate`)::
+Shared by the processor's workers and the pool's callers. Over 400 lines because it is the
+path's driver and its stages, which share one runner's state on the hot path; what each stage
+decides or builds is elsewhere: a strategy as the path uses it (:mod:`._binding`), the item's
+record and its results (:mod:`._item_run`), the cache's lookup (:mod:`._cached`), the breaker
+(:mod:`._breaker_item`), the account of an answer (:mod:`._account`), the retry rule
+(:mod:`._retry`), the throttle budget (:mod:`._throttled`). Nothing on the hot path calls back
+into the host. An :class:`ItemRun` survives its guard firing (:mod:`._guards`), so the caller
+can go on with it::
 
     result = await runner.drive(run, guard)     # in the guard's scope
     ...the scope caught a deadline or a stop; in the guard's next scope:
@@ -31,29 +34,26 @@ In :meth:`ItemRunner.drive`, per attempt:
 from __future__ import annotations
 
 import math
-import random
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
 
-from .._cache._flight import Claim
 from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
-from .._values._config_warnings import warn_if_pool_too_small
 from .._values._errors import AttemptTimedOut
 from .._values._requests import LLMWorkItem
 from .._values._results import RetryState, WorkItemResult
 from .._values._stop_reasons import StopReason
-from ._account import Usage, as_triple, release_attempt
-from ._binding import Binding
+from ._account import as_triple, release_attempt
+from ._binding import Binding, resolve_binding
 from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
 from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
-from ._item_run import Failure, ItemRun, start_deadline
-from ._throttled import admit_within_budget, over_budget, spent
-from ._tokens import load_tokenizer, request_tokens, tokenizer_unloaded
+from ._item_run import Failure, ItemRun, Usage, start_deadline
+from ._retry import retry_or_result
+from ._throttled import admit_within_budget, spent
 
 if TYPE_CHECKING:
     from .._admission import Admission
@@ -163,20 +163,7 @@ class ItemRunner(Generic[TOutput]):
         :meth:`drive` calls it for a strategy it has not seen, in the item's admission
         time; after that nothing is looked up per item.
         """
-        await self._host.ensure_prepared(strategy)
-        config = self._config
-        warn_if_pool_too_small(strategy, config.provider_concurrency)  # once per owner and strategy
-        if tokenizer_unloaded(strategy, config.token_estimator):
-            await load_tokenizer(strategy)
-        tokens = request_tokens(strategy, config.token_estimator)
-        binding = Binding(
-            strategy,
-            self._host.quota_scope(strategy),
-            estimate=tokens if config.max_tokens_per_minute is not None else None,
-            estimator=tokens,
-            user_classifier=self._classifier,
-        )
-        binding.breaker = self._breakers.of(binding.quota)
+        binding = await resolve_binding(strategy, self._host, self._config, self._classifier, self._breakers)
         self._bindings[id(strategy)] = binding
         return binding
 
@@ -199,7 +186,7 @@ class ItemRunner(Generic[TOutput]):
             # Before admission, and before the strategy is prepared: a hit takes no slot, no RPM/TPM
             # unit, no breaker turn, no call (a re-run answered whole by the cache opens no client).
             if (cache is not None and run.attempts == 0 and run.cache_key is None
-                    and (hit := await self.look_up(cache, run)) is not None):
+                    and (hit := await cache.look_up(run, self._clock)) is not None):
                 return hit  # noqa: ASYNC910 - a hit awaited the cache's lookup
             strategy = run.item.strategy
             binding = self._last
@@ -252,25 +239,6 @@ class ItemRunner(Generic[TOutput]):
                     held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
                 if gated is not None and run.binding is not None:  # let go by the breaker, cut short
                     tell_gate(run.binding.breaker, gated, cut=True)  # (or its admission refused)
-
-    async def look_up(self, cache: ItemCache, run: ItemRun[TOutput]) -> WorkItemResult[TOutput] | None:
-        """Stage 0 (:mod:`._cached`): the cache's answer as ``run``'s result, or ``None``: make the call
-        (a miss holds ``run.claim`` until the item ends; an item not cacheable, a failed cache: none)."""
-        key = cache.key(run.item)
-        if key is None:
-            return None  # noqa: ASYNC910 - drive() goes on to the call, which checkpoints
-        found = await cache.lookup(key)
-        if found is None:
-            return None  # the cache failed (said once): the item runs as without one
-        if isinstance(found, Claim):
-            run.looked_up(key.digest, found)
-            return None
-        run.looked_up(key.digest, None)
-        try:
-            return cache.hit(run, key, found, self._clock())
-        except Exception as exc:  # noqa: BLE001 - the strategy's decode_output: ask the provider instead
-            cache.undecodable(run.item.item_id, exc)
-            return None
 
     async def keep_answer(self, run: ItemRun[TOutput], output: TOutput, usage: Usage,
                           meta: object) -> None:
@@ -378,7 +346,8 @@ class ItemRunner(Generic[TOutput]):
         return raw  # type: ignore[return-value]  # no parse stage: the raw output is the item's
 
     def decide(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | float:
-        """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one."""
+        """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one
+        (:mod:`._retry`); a failure that stops the batch (a per-day quota, a spend limit) ends it here."""
         exc, verdict = failure.exc, failure.verdict
         category = verdict.category
         retries = run.note_error(exc)
@@ -392,29 +361,7 @@ class ItemRunner(Generic[TOutput]):
             # did nothing wrong (tomorrow's quota may serve it): a durable run keeps it pending.
             result.stop_reason = StopReason.PROVIDER_RETIRED
             return result
-        config = self._retry
-        wait = 0.0
-        if category is ErrorCategory.RATE_LIMIT:
-            retries.rate_limited += 1
-            retry = retries.rate_limited <= config.max_rate_limit_retries
-            wait = failure.wait  # 0 but for a blip: the scope's cooldown (if any) holds everyone
-        else:
-            retries.failures += 1
-            retry = category.retryable and retries.failures < config.max_attempts
-            if retry:
-                if retries.rng is None:
-                    retries.rng = self._rng(run.item)
-                wait = 0.0 if failure.parse_stage else config.wait_before_retry(
-                    retries.failures - 1, verdict.retry_after, retries.rng)
-        now = self._clock()
-        if not retry or (over := over_budget(run, category, wait, config, now)) is not None:
-            return run.failed_with(exc, category, now) if not retry or over is None else over
-        if now + wait >= run.item_deadline:
-            reason = f"{run.limit_name} of {run.limit} s leaves no room for a retry after {wait:.3g} s"
-            return run.deadline_exceeded(reason, now)
-        if now + wait >= self.start_by:
-            return run.refused_start(now)
-        return float(wait)  # a whole-number wait (initial_wait=0, retry_after=1) is still a wait
+        return retry_or_result(run, retries, failure, self._retry, start_by=self.start_by, clock=self._clock)
 
     async def back_off(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | None:
         """After a failed attempt: its hooks, :meth:`decide`, ``on_error()``, the wait; ``None`` to go on."""
@@ -490,11 +437,3 @@ class ItemRunner(Generic[TOutput]):
     def stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str) -> WorkItemResult[TOutput]:
         """The result of an item the batch's stop cut short."""
         return run.stopped(category, reason, self._clock())
-
-    def _rng(self, item: LLMWorkItem[TOutput]) -> random.Random:
-        # Seeded per item, so a seeded run's backoffs do not depend on the
-        # order in which items happen to fail.
-        seed = self._retry.jitter_seed
-        if seed is None:
-            return random.Random()
-        return random.Random(f"{seed}\x00{item.item_id}")
