@@ -330,10 +330,14 @@ class ItemRun(Generic[TOutput]):
         )
 
     def failed_with(self, exc: BaseException, category: ErrorCategory, now: float) -> WorkItemResult[TOutput]:
+        return self._failure(f"{type(exc).__name__}: {exc}", category, now, exc)
+
+    def _failure(self, error: str, category: ErrorCategory, now: float, exc: BaseException | None = None
+                 ) -> WorkItemResult[TOutput]:
         return WorkItemResult(
             item_id=self.item.item_id,
             success=False,
-            error=f"{type(exc).__name__}: {exc}",
+            error=error,
             exception=exc,
             error_category=category,
             attempts=self.attempts,
@@ -373,17 +377,7 @@ class ItemRun(Generic[TOutput]):
         if category is ErrorCategory.DEADLINE:
             exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}")
             return self.failed_with(exc, category, now)
-        return WorkItemResult(
-            item_id=self.item.item_id,
-            success=False,
-            error=reason,
-            error_category=category,
-            attempts=self.attempts,
-            token_usage=self.usage,
-            timing=self.settle(now),
-            context=self.item.context,
-            cache_key=self.cache_key,
-        )
+        return self._failure(reason, category, now)
 
 
 def start_deadline(value: float | None) -> float:

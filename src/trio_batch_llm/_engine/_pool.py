@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 
 from .._admission import QuotaScopeStatistics
-from .._core._host import ExecutorHost, RuntimeTasks
+from .._core._host import ExecutorHost
 from .._core._owner import HostedOwner
 from .._observe._events import ItemStarted
 from .._observe._hooks import Hooks
@@ -33,6 +33,7 @@ from ._classifier_objects import ClassifierArg
 from ._guards import Guard
 from ._inputs import check_request
 from ._item import ItemRunner
+from ._observer_tasks import ObserverTasks
 
 __all__ = ["LLMCallPool", "PoolStatistics"]
 
@@ -76,7 +77,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         self.config = config if config is not None else (host.config if host else ProcessorConfig())
         self._init_owner(host, ExecutorHost(self.config, name="LLMCallPool"), "LLMCallPool")
         self._hooks = hooks = Hooks.build(observers=observers, observer_timeout=self.config.observer_timeout)
-        self._observer_tasks: RuntimeTasks | None = None
+        self._observers = ObserverTasks(hooks)  # async observers: they outlive the run
         self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier,
                                                        hooks=hooks)
         self._capacity = None if max_pending is None else self.config.provider_concurrency + max_pending
@@ -89,7 +90,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         """Final failures by category: one WARNING each per pool (the logging policy)."""
         self._ledger.add_step("runtime", "drain in-flight requests", self._drain, nowait=self._drain_nowait)
         if hooks.async_observers:  # after the drain: the last terminal event is emitted by then
-            self._ledger.add_step("runtime", "async observers", self._close_observers)
+            self._ledger.add_step("runtime", "async observers", self._observers.close)
 
     async def __aenter__(self) -> LLMCallPool[TOutput]:
         if self._accepting or self._sequence:
@@ -107,8 +108,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             self._runner.cache = cache
             self._ledger.add_step("store", "response cache", cache.aclose)
         if self._hooks.async_observers:
-            self._observer_tasks = self._host.new_runtime_group()
-            self._hooks.start_observers(self._observer_tasks.start_soon)
+            self._observers.start(self._host.new_runtime_group())
         self._accepting = True
         return self
 
@@ -234,11 +234,6 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
                 self._idle = anyio.Event()
             await self._idle.wait()
         await anyio.lowlevel.checkpoint()
-
-    async def _close_observers(self) -> None:
-        await self._hooks.close_observers()
-        if self._observer_tasks is not None:
-            await self._observer_tasks.wait_idle()
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

@@ -47,6 +47,7 @@ from ._classifier_objects import ClassifierArg
 from ._inputs import CheckedItems, aiter_items, feed_items
 from ._intake import Intake
 from ._item import ItemRunner, start_deadline
+from ._observer_tasks import ObserverTasks
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
 from ._throttled import scope_statistics
@@ -120,7 +121,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._pending = PendingInput[TOutput](cfg.max_queue_size)
         self._feeding = False
         self._runtime: RuntimeTasks | None = None
-        self._observer_tasks: RuntimeTasks | None = None  # async observers: they outlive the workers
+        self._observers = ObserverTasks(hooks)  # async observers: they outlive the run
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self._crash: BaseException | None = None
         self._crash_reported = False
@@ -128,7 +129,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._ledger.add_step("runtime", "processor workers", self._close_runtime, slow_warning_after=slow,
                               nowait=self._close_runtime_nowait)
         if hooks.async_observers:  # after the workers: BatchFinished is emitted by then
-            self._ledger.add_step("runtime", "async observers", self._close_observers)
+            self._ledger.add_step("runtime", "async observers", self._observers.close)
         if artifact_store is not None:
             self._ledger.add_step("store", "artifact store", self._publisher.close_store)
 
@@ -144,8 +145,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             await anyio.lowlevel.checkpoint()
         self._runtime = self._host.new_runtime_group()
         if self._hooks.async_observers:
-            self._observer_tasks = self._host.new_runtime_group()
-            self._hooks.start_observers(self._observer_tasks.start_soon)
+            self._observers.start(self._host.new_runtime_group())
         try:
             await self._open_cache()
             if self._publisher.store is not None:
@@ -401,11 +401,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                 await self._finish_run()
                 self._crew.collector.end()
                 await self._hooks.aclose()
-
-    async def _close_observers(self) -> None:
-        await self._hooks.close_observers()
-        if self._observer_tasks is not None:
-            await self._observer_tasks.wait_idle()
 
     def results_statistics(self) -> ResultChannelStatistics:
         """The result channel's state (streaming mode)."""
