@@ -11,11 +11,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._artifacts import ResumePlan
 from .._values._errors import AdmissionClosedError, QueueFullError
-from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
-from ._inputs import CheckedItems, DuplicateTracker, check_request
+from ._inputs import CheckedItems, DuplicateTracker, check_work_item
 from ._stops import StopPolicy
 
 __all__ = ["Intake", "ItemQueue"]
@@ -65,8 +64,7 @@ class Intake(Generic[TOutput]):
                 raise TypeError(f"item={item!r}: must be an LLMWorkItem")
             if (problem := item_id_problem(item.item_id)) is not None:
                 raise ValueError(f"item_id={item.item_id!r} {problem}")
-            check_item(item.item_id, item.prompt_text, item.context)
-            check_request(item, "add_work")
+            check_work_item(item, "add_work")
             self.ids.check(item.item_id)  # last: an item refused for another reason keeps no id
         replay = self.plan.replay(item) if self.plan is not None else None
         if self._record:

@@ -24,14 +24,13 @@ from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError, ConfigurationError, LLMCallError, QueueFullError
-from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import WorkItemResult
 from .._values._stop_reasons import StopReason
 from ._cached import open_item_cache
 from ._classifier_objects import ClassifierArg
 from ._guards import Guard
-from ._inputs import check_request
+from ._inputs import check_work_item
 from ._item import ItemRunner
 from ._observer_tasks import ObserverTasks
 
@@ -181,8 +180,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             item_id=f"request-{self._sequence}", strategy=self.strategy, prompt=prompt, context=context,
             params=params,
         )
-        check_item(item.item_id, item.prompt_text, context)
-        check_request(item, "submit")
+        check_work_item(item, "submit")
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
         hooks = self._hooks
