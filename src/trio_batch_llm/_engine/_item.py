@@ -57,6 +57,7 @@ from ._throttled import admit_within_budget, spent
 
 if TYPE_CHECKING:
     from .._admission import Admission
+    from .._admission._records import QuotaScopeStatistics
     from .._core._host import ExecutorHost
     from .._observe._hooks import Hooks
     from .._strategies._base import LLMCallStrategy
@@ -156,6 +157,11 @@ class ItemRunner(Generic[TOutput]):
             item, self._clock(), limit=timeout, limit_name=timeout_name, stop_deadline=stop_deadline,
             start_by=self.start_by,
         )
+
+    def scope_statistics(self) -> list[QuotaScopeStatistics]:
+        """The statistics of the quota scope of every strategy bound so far, each once (for progress)."""
+        scopes = {id(binding.quota): binding.quota for binding in self._bindings.values()}
+        return [scope.statistics() for scope in scopes.values()]
 
     async def bind(self, strategy: LLMCallStrategy[Any]) -> Binding:
         """Resolve the Binding of ``strategy`` (prepare it on the host) and keep it for this owner.

@@ -50,7 +50,6 @@ from ._item import ItemRunner, start_deadline
 from ._observer_tasks import ObserverTasks
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
-from ._throttled import scope_statistics
 from ._unowned import STREAMING_NEEDS_A_BLOCK, PendingInput, run_in_own_block
 from ._workers import Crew
 
@@ -108,11 +107,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._runner = runner
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
-            store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply)
-        self._publisher.scope_statistics = partial(scope_statistics, runner._bindings.values())  # progress
+            store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply,
+            scope_statistics=runner.scope_statistics)
         self._crew: Crew[TOutput] = Crew(
             runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
-            on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,
+            on_stop=self._apply, on_crash=self._on_crash,
             on_idle=lambda: self._channel.producers_finished() if self._channel is not None else None,
         )
         self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None

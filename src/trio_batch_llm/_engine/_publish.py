@@ -60,6 +60,7 @@ class Publisher(Generic[TOutput]):
         counters: RunCounters,
         policy: StopPolicy,
         on_stop: Callable[[Stop], None],
+        scope_statistics: ScopeStatistics | None = None,
     ) -> None:
         self.store = store
         """The artifact store results are checkpointed to (``None``: none)."""
@@ -76,8 +77,8 @@ class Publisher(Generic[TOutput]):
         self._announced = False
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self.tracker: ProgressTracker | None = None
-        self.scope_statistics: ScopeStatistics | None = None
-        """The run's quota scopes, for progress (calls in flight, throttled): the owner sets it."""
+        self._scope_statistics = scope_statistics
+        """The run's quota scopes, for progress (calls in flight, throttled)."""
         self._progress: Progress | None = None
         self._per_item: CallbackProgress | None = None
         self._progress_scope: anyio.CancelScope | None = None
@@ -109,7 +110,7 @@ class Publisher(Generic[TOutput]):
             self._channel = channel
         if progress is not None:
             self._progress = progress
-            self.tracker = ProgressTracker(start=started_at, total=total, scopes=self.scope_statistics)
+            self.tracker = ProgressTracker(start=started_at, total=total, scopes=self._scope_statistics)
             if isinstance(progress, CallbackProgress):
                 self._per_item = progress
 

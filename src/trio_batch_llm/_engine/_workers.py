@@ -26,7 +26,7 @@ from ._intake import ItemQueue
 from ._item import ItemRunner
 from ._item_run import ItemRun
 from ._publish import Publisher
-from ._stops import StopPolicy
+from ._stops import Stop, StopPolicy
 
 if TYPE_CHECKING:
     from .._core._host import RuntimeTasks
@@ -43,9 +43,11 @@ NOWAIT_STREAK: Final = 16
 class Crew(Generic[TOutput]):
     """The workers of one processor and the watcher of their deadlines.
 
-    ``on_deadline`` is called when the batch deadline cut an item before the watcher
-    had recorded the stop; ``on_crash`` with a worker's unexpected exception;
-    ``on_idle`` once the last worker has left.
+    ``on_stop`` applies the stop the batch deadline makes (:meth:`StopPolicy.deadline_reached`:
+    the watcher's, or a worker's whose item the deadline cut before the watcher recorded it), as
+    the publisher's ``on_stop`` applies a result's: the owner acts on a :class:`Stop`, whoever
+    decided it. ``on_crash`` is called with a worker's unexpected exception; ``on_idle`` once
+    the last worker has left.
     """
 
     def __init__(
@@ -55,7 +57,7 @@ class Crew(Generic[TOutput]):
         publisher: Publisher[TOutput],
         policy: StopPolicy,
         hooks: Hooks,
-        on_deadline: Callable[[], None],
+        on_stop: Callable[[Stop | None], None],
         on_crash: Callable[[BaseException], None],
         on_idle: Callable[[], None],
         ramp: StartupRampConfig | None = None,
@@ -68,10 +70,10 @@ class Crew(Generic[TOutput]):
         self._hooks = hooks if hooks.active else None
         self._observing = hooks.observing
         self._watch = runner.has_deadlines
-        self._on_deadline = on_deadline
+        self._on_stop = on_stop
         self._on_crash = on_crash
         self._on_idle = on_idle
-        self._watcher = DeadlineWatcher(on_batch_deadline=on_deadline)
+        self._watcher = DeadlineWatcher(on_batch_deadline=self._deadline_reached)
         self._stop_deadline = math.inf  # the batch deadline, once started
         self.live = 0
         self.done = anyio.Event()
@@ -116,6 +118,9 @@ class Crew(Generic[TOutput]):
             in_hand = [guard.scope for guard in guards
                        if guard.armed and guard.run is not None and guard.run.waiting]
         cancel_scopes(in_hand, reason)
+
+    def _deadline_reached(self) -> None:
+        self._on_stop(self._policy.deadline_reached())
 
     def close(self) -> None:
         """The batch is over: stop watching deadlines."""
@@ -267,7 +272,7 @@ class Crew(Generic[TOutput]):
         if self._policy.kind is None:
             # The batch deadline cut this item before the watcher recorded the stop:
             # stop now rather than when the watcher gets its turn.
-            self._on_deadline()
+            self._deadline_reached()
         policy = self._policy
         deadline = policy.kind == "batch_deadline"
         if run.attempts == 0 and not deadline:  # it never called: as an item the stop left in the queue
