@@ -112,7 +112,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._crew: Crew[TOutput] = Crew(
             runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
             on_stop=self._apply, on_crash=self._on_crash,
-            on_idle=lambda: self._channel.producers_finished() if self._channel is not None else None,
         )
         self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None
         self._mode = _Mode.NEW
@@ -360,7 +359,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         started = anyio.current_time()
         total = None if self._mode is _Mode.STREAMING else self.counters.accepted
         self._publisher.open(channel=self._channel, progress=self._progress, started_at=started, total=total)
-        self._crew.start(self._runtime, self._intake.recv, count, started_at=started)
+        self._crew.start(self._runtime, self._intake.recv, count, started_at=started, channel=self._channel)
         if self._publisher.renders_progress:
             self._runtime.start_soon(self._publisher.render_progress, self.config.progress_interval)
 

@@ -20,6 +20,7 @@ from .._observe._events import ItemStarted
 from .._values._categories import ErrorCategory
 from .._values._ramp import StartupRampConfig
 from .._values._results import BatchTermination, WorkItemResult
+from ._channel import ResultChannel
 from ._collector import CollectorPause
 from ._guards import DeadlineWatcher, Guard
 from ._intake import ItemQueue
@@ -46,8 +47,9 @@ class Crew(Generic[TOutput]):
     ``on_stop`` applies the stop the batch deadline makes (:meth:`StopPolicy.deadline_reached`:
     the watcher's, or a worker's whose item the deadline cut before the watcher recorded it), as
     the publisher's ``on_stop`` applies a result's: the owner acts on a :class:`Stop`, whoever
-    decided it. ``on_crash`` is called with a worker's unexpected exception; ``on_idle`` once
-    the last worker has left.
+    decided it. ``on_crash`` is called with a worker's unexpected exception. Once the last worker
+    has left, :attr:`done` is set and the result channel (streaming mode) hears that its producers
+    are done.
     """
 
     def __init__(
@@ -59,7 +61,6 @@ class Crew(Generic[TOutput]):
         hooks: Hooks,
         on_stop: Callable[[Stop | None], None],
         on_crash: Callable[[BaseException], None],
-        on_idle: Callable[[], None],
         ramp: StartupRampConfig | None = None,
     ) -> None:
         self._runner = runner
@@ -72,7 +73,7 @@ class Crew(Generic[TOutput]):
         self._watch = runner.has_deadlines
         self._on_stop = on_stop
         self._on_crash = on_crash
-        self._on_idle = on_idle
+        self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self._watcher = DeadlineWatcher(on_batch_deadline=self._deadline_reached)
         self._stop_deadline = math.inf  # the batch deadline, once started
         self.live = 0
@@ -83,8 +84,10 @@ class Crew(Generic[TOutput]):
         """Whether a worker was cancelled (the batch did not run to its end)."""
 
     def start(self, runtime: RuntimeTasks, recv: ItemQueue[TOutput], count: int, *,
-              started_at: float) -> None:
-        """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed."""
+              started_at: float, channel: ResultChannel[WorkItemResult[TOutput]] | None = None) -> None:
+        """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed;
+        ``channel``: the result stream whose producers they are (streaming mode)."""
+        self._channel = channel
         ramp = self._ramp
         if ramp is not None:
             count = ramp.workers(count)
@@ -172,7 +175,8 @@ class Crew(Generic[TOutput]):
             self.live -= 1
             if self.live == 0:
                 self.done.set()
-                self._on_idle()
+                if self._channel is not None:
+                    self._channel.producers_finished()
 
     async def _wait_for_turn(self, start_at: float) -> bool:
         """A ramping worker waits for its start time; ``False`` when the input drained first."""
