@@ -10,8 +10,9 @@ stream and its terminal (:mod:`._channel`).
   ``finish()``, and read ``results()`` (completion order) until the terminal (CONTRACT C6).
 
 Over 400 lines because both modes and the run's close (with its synchronous twin, which spares a
-small batch's close a task) act on one state: mode, input, crew, channel; issue 36's item-path
-step moves the stages' wiring out.
+small batch's close a task) act on one state: mode, input, crew, channel. The parts act on what
+they decide themselves and hand the processor a :class:`Stop` (a result's verdict, the batch
+deadline, a retired provider), which :meth:`ParallelBatchProcessor._apply` acts on.
 """
 
 from __future__ import annotations
