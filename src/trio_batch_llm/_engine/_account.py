@@ -8,7 +8,7 @@ with the tokens it used and what its headers said of the provider's limits.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
 from .._values._categories import ErrorCategory
@@ -38,8 +38,9 @@ def as_triple(returned: tuple[object, ...]) -> Answer:
         meta: object = {}
     else:
         output, usage, meta = returned
-    check_token_usage(usage, _ANSWER)  # a mapping of counts, or None, from here on
-    return output, cast("Usage", usage), meta
+    check_token_usage(usage, _ANSWER)
+    checked: Usage = usage  # type: ignore[assignment]  # a mapping of counts, or None: checked just now
+    return output, checked, meta
 
 
 _ANSWER = "the strategy's answer"
@@ -63,6 +64,7 @@ def rate_limit_observation(source: object, now: Callable[[], float]) -> RateLimi
 def release_attempt(
     run: ItemRun[Any],
     held: Admission,
+    gated: bool | None,
     usage: Usage,
     *,
     meta: object,
@@ -74,8 +76,8 @@ def release_attempt(
     The rate-limit headers a success's ``meta`` or a failure's ``exc`` carries
     (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
     own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
+    ``gated``: what its breaker let go (:meth:`ItemRun.released`), told its outcome here.
     A call cut short is released by ``ItemRunner.drive`` instead, with its usage unknown."""
-    gated = run.released()
     if gated is not None and run.binding is not None:  # the breaker let it go: its outcome
         tell_gate(run.binding.breaker, gated, run.item.item_id, verdict, exc)
     observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),

@@ -75,11 +75,7 @@ def check_work_item(item: LLMWorkItem[Any], where: str, *, source: bool = False)
     prompt = item.prompt
     check_item(item.item_id, prompt if isinstance(prompt, str) else item.prompt_text, item.context,
                where=where if source else None)
-    _check_request(item, where)
-
-
-def _check_request(item: LLMWorkItem[Any], where: str) -> None:
-    """An item's messages and params checked, and its strategy able to send them: before any call."""
+    # Its messages and params checked (and made canonical), and its strategy able to send them.
     if not isinstance(item.prompt, str) or item.params:
         place = f"{where} (item_id={item.item_id!r})"
         item.prompt = check_prompt(item.prompt, place)

@@ -325,8 +325,8 @@ class ItemRunner(Generic[TOutput]):
     def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Usage,
                          meta: object) -> None:
         """Stage 2, the call answered: its usage is the item's, its admission goes back."""
-        run.call_answered(usage, meta, self._price_attempt)
-        release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
+        gated = run.call_answered(usage, meta, self._price_attempt)
+        release_attempt(run, held, gated, usage, meta=meta, exc=None, verdict=None)
 
     def attempt_failed(
         self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
@@ -336,7 +336,7 @@ class ItemRunner(Generic[TOutput]):
         run.call_failed(failed_usage, self._price_attempt, self._clock())
         guard.set_deadline(run.start_limit)
         verdict = binding.classify(exc)
-        wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
+        wait = release_attempt(run, held, run.released(), failed_usage, meta=None, exc=exc, verdict=verdict)
         return Failure(exc, verdict, wait)
 
     def parse(self, binding: Binding, raw: object, meta: object) -> TOutput:

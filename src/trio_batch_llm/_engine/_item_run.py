@@ -232,12 +232,20 @@ class ItemRun(Generic[TOutput]):
         self.switch("execution", now)
         self.calling = True
 
-    def call_answered(self, usage: Usage, meta: object, pricer: Callable[[TokenUsage], float] | None) -> None:
-        """Its call answered: what it used is the item's (and the attempt record's, priced by ``pricer``)."""
+    def call_answered(self, usage: Usage, meta: object, pricer: Callable[[TokenUsage], float] | None
+                      ) -> bool | None:
+        """Its call answered: what it used is the item's (and the attempt record's, priced by ``pricer``),
+        and its admission is going back: as :meth:`released`, whose result it returns."""
         self.calling = False
         if usage:
             add_usage(self.usage, usage)
-            self._call_used(usage, meta, pricer)
+            if isinstance(usage, Mapping):  # as _call_used(), inline: once per call on the hot path
+                model = meta.get("model") if isinstance(meta, Mapping) else None
+                if not isinstance(model, str) and self.binding is not None:
+                    model = self.binding.strategy.model_name
+                self.call_usage = (dict(usage), model, pricer)
+        gated, self.gated, self.held = self.gated, None, None
+        return gated
 
     def call_failed(self, usage: Usage, pricer: Callable[[TokenUsage], float] | None, now: float) -> None:
         """Its call raised, having used ``usage`` (a failed but billed call): its backoff starts now."""
