@@ -40,7 +40,7 @@ from trio_batch_llm._artifacts import (
     fingerprint,
 )
 from trio_batch_llm._artifacts._group_commit import CommitStatistics, GroupCommitter
-from trio_batch_llm._artifacts._worker_gate import WorkerGate
+from trio_batch_llm._backends._worker_gate import WorkerGate
 
 pytestmark = pytest.mark.anyio
 

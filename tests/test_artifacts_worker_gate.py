@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from trio_batch_llm._artifacts._worker_gate import WorkerGate
+from trio_batch_llm._backends._worker_gate import WorkerGate
 from trio_batch_llm._runs.repository._client import RepositoryClient
 
 pytestmark = pytest.mark.anyio

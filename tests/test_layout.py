@@ -188,7 +188,7 @@ def _members(cls: type) -> Iterator[tuple[str, object]]:
 @pytest.mark.parametrize("package", [P, f"{P}.mock", f"{P}.testing"])
 def test_public_methods_report_a_public_module_inherited_ones_too(package: str) -> None:
     # help(ParallelBatchProcessor.aclose) and the reference pages must not send a reader to
-    # trio_batch_llm._core._owner, where a private base class defines it.
+    # trio_batch_llm._host._owner, where a private base class defines it.
     wrong = {}
     for name, obj in _public_names(package):
         if not inspect.isclass(obj):
@@ -218,7 +218,7 @@ def test_one_module_imports_the_http_client() -> None:
 
 def test_values_know_no_runtime() -> None:
     runtime = tuple(
-        f"{P}.{p}" for p in ("_core", "_admission", "_engine", "_runs", "_observe", "_cli", "mock")
+        f"{P}.{p}" for p in ("_core", "_host", "_admission", "_engine", "_runs", "_observe", "_cli", "mock")
     )
     assert _breaks((f"{P}._values",), runtime) == []
     async_libs = sorted(
@@ -227,8 +227,24 @@ def test_values_know_no_runtime() -> None:
     assert async_libs == []
 
 
+def test_the_kernel_stands_on_values_and_backends_only() -> None:
+    # _core/ is the ground the rest stands on (the cleanup ledger, deliveries, leases): what owns
+    # admission and strategies (the host) lives above it, so the kernel can be read and tested alone.
+    kernel = f"{P}._core"
+    ground = (kernel, f"{P}._values", f"{P}._backends")
+    up = sorted(
+        f"{a} -> {b}"
+        for a, targets in import_graph().items()
+        if _in(a, kernel)
+        for b in targets
+        if not _in(b, *ground)
+    )
+    assert up == []
+
+
 def test_the_item_path_knows_no_particular_provider() -> None:
-    assert _breaks((f"{P}._engine", f"{P}._admission", f"{P}._core"), (f"{P}._strategies.openai",)) == []
+    item_path = (f"{P}._engine", f"{P}._admission", f"{P}._core", f"{P}._host")
+    assert _breaks(item_path, (f"{P}._strategies.openai",)) == []
 
 
 def test_runs_reach_providers_only_through_the_batch_endpoint_protocol() -> None:
@@ -236,12 +252,13 @@ def test_runs_reach_providers_only_through_the_batch_endpoint_protocol() -> None
 
 
 def test_stores_are_used_they_do_not_drive() -> None:
-    drivers = tuple(f"{P}.{p}" for p in ("_engine", "_runs", "_cli", "_core", "_admission"))
+    drivers = tuple(f"{P}.{p}" for p in ("_engine", "_runs", "_cli", "_core", "_host", "_admission"))
     assert _breaks((f"{P}._artifacts",), drivers) == []
 
 
 def test_the_engine_knows_no_terminal() -> None:
-    assert _breaks((f"{P}._engine", f"{P}._core", f"{P}._admission", f"{P}._runs"), (f"{P}._cli",)) == []
+    engine = (f"{P}._engine", f"{P}._core", f"{P}._host", f"{P}._admission", f"{P}._runs")
+    assert _breaks(engine, (f"{P}._cli",)) == []
 
 
 def test_only_the_cli_and_the_mock_import_the_mock() -> None:

@@ -29,7 +29,9 @@ async def main() -> None:
             strategy, ["Capital of France?", "Capital of Peru?"], concurrency=8
         )
         print([result.output for result in batch.in_input_order()])
-        print("the server received top_k =", server.requests[-1].body["top_k"])
+        received = server.requests[-1].body  # the JSON it decoded (raw bytes if it was not JSON)
+        assert isinstance(received, dict)
+        print("the server received top_k =", received["top_k"])
 
         # The same strategy from a short spec; keyword arguments go to the constructor.
         short = llm(

@@ -20,8 +20,6 @@ from ._compat._timing import TimeoutCategory as TimeoutCategory
 from ._core._cleanup import CLEANUP_FAILED as CLEANUP_FAILED
 from ._core._cleanup import CLEANUP_TIMED_OUT as CLEANUP_TIMED_OUT
 from ._core._cleanup import with_cleanup as with_cleanup
-from ._core._host import ExecutorHost as ExecutorHost
-from ._core._host import HostStatistics as HostStatistics
 from ._core._ledger import CLEANUP_SLOW_WARNING_SECONDS as CLEANUP_SLOW_WARNING_SECONDS
 from ._core._ledger import PROGRESS_TASK_CANCELLATION_TIMEOUT as PROGRESS_TASK_CANCELLATION_TIMEOUT
 from ._core._ledger import WORKER_CANCELLATION_TIMEOUT as WORKER_CANCELLATION_TIMEOUT
@@ -39,6 +37,8 @@ from ._engine._pool import LLMCallPool as LLMCallPool
 from ._engine._pool import PoolStatistics as PoolStatistics
 from ._engine._processor import ParallelBatchProcessor as ParallelBatchProcessor
 from ._engine._unowned import StreamBlock as StreamBlock
+from ._host._executor import ExecutorHost as ExecutorHost
+from ._host._executor import HostStatistics as HostStatistics
 from ._observe._event_names import ProcessingEvent as ProcessingEvent
 from ._observe._events import AttemptFailed as AttemptFailed
 from ._observe._events import AttemptStarted as AttemptStarted

@@ -40,7 +40,7 @@ from typing import Generic, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from ._worker_gate import WorkerGate
+from .._backends._worker_gate import WorkerGate
 
 __all__ = ["CommitStatistics", "GroupCommitter"]
 

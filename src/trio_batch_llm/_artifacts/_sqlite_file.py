@@ -29,7 +29,7 @@
   the time left, until ``busy_timeout`` seconds after the first try. Only then
   does the error reach the caller, naming the database and the bound.
 
-Blocking by design: every call runs in its owner's worker thread (:mod:`._worker_gate`).
+Blocking by design: every call runs in its owner's worker thread (:mod:`.._backends._worker_gate`).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 import anyio
 import anyio.lowlevel
 
+from .._backends._worker_gate import WorkerGate
 from .._values._artifact_identity import ArtifactIdentity
 from .._values._errors import (
     ArtifactEncodeError,
@@ -45,7 +46,6 @@ from ._fingerprint import identity_fingerprint
 from ._group_commit import GroupCommitter
 from ._identity import infer_artifact_identity
 from ._protocol import StoredRecord, StoreState, StoreStatistics
-from ._worker_gate import WorkerGate
 
 if TYPE_CHECKING:
     from .._strategies._base import LLMCallStrategy

@@ -22,7 +22,7 @@ from typing import Any, final
 
 import anyio
 
-from .._artifacts._worker_gate import WorkerGate
+from .._backends._worker_gate import WorkerGate
 
 __all__ = ["Batched", "Operation"]
 

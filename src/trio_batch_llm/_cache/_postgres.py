@@ -44,7 +44,7 @@ from typing import Any, Final, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from .._artifacts._worker_gate import WorkerGate
+from .._backends._worker_gate import WorkerGate
 from .._runs.repository._conninfo import display, secret_of
 from .._runs.repository._postgres import DEFAULT_CONNECT_TIMEOUT, _unreachable
 from .._runs.repository._postgres_tables import MIGRATION_LOCK, SCHEMA_TABLE

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Final, final
 
 from .._artifacts._sqlite_file import busy_message, is_busy, retry_busy, set_busy_timeout
-from .._artifacts._worker_gate import WorkerGate
+from .._backends._worker_gate import WorkerGate
 from .._values._errors import ArtifactStoreError
 from .._values._response_cache import SqliteResponseCache
 from ._answer_json import answer_from_json, answer_to_json

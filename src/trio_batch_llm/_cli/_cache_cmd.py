@@ -24,7 +24,7 @@ from .._values._errors import DatabaseUnavailableError
 from .._values._response_cache import ResponseCache, SqliteResponseCache
 from ._args import BACKENDS, positive_float
 from ._cache_flags import PLATFORM_DEFAULT, cache_of, hide_secret
-from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, UsageError
+from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, UsageError
 
 __all__ = ["add_cache_parser", "cache_command"]
 
@@ -98,13 +98,12 @@ async def _clear(cache: ResponseCache, older_than: float | None) -> None:
 
 
 def cache_command(args: argparse.Namespace) -> int:
-    from ._render import say  # here, not at the top: the parser is built for every command's --help
+    from ._render import refuse, say  # here, not at the top: the parser is built for every command's --help
 
     try:
         cache = _target(args)
     except UsageError as exc:
-        say(f"error: {exc}")
-        return EXIT_USAGE
+        return refuse(exc)
     try:
         if args.cache_command == "stats":
             anyio.run(_stats, cache, args.json, backend=args.backend)

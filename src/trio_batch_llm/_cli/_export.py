@@ -55,7 +55,7 @@ from ._command import EXIT_OK, EXIT_USAGE, UsageError
 from ._export_columns import Spread
 from ._export_order import count_records, in_order, last_records, positions
 from ._input import InputError, iter_input, scan_input
-from ._render import say, say_input_error
+from ._render import refuse, say
 
 __all__ = ["COLUMNS", "ROW_GROUP", "Table", "check_table_out", "export_command", "table_format"]
 
@@ -262,12 +262,8 @@ def export_command(args: argparse.Namespace) -> int:
         if kind == "parquet":
             _pyarrow()  # before any work: a missing pyarrow is a usage error
         prompts = _prompts(Path(args.prompts)) if args.prompts else None
-    except InputError as exc:
-        say_input_error(exc)
-        return EXIT_USAGE
-    except UsageError as exc:
-        say(f"error: {exc}")
-        return EXIT_USAGE
+    except (InputError, UsageError) as exc:
+        return refuse(exc)
     table = Table(flatten=args.flatten, prompts=prompts, structured=kind == "jsonl")
     try:
         counts = count_records(read, table.see)

@@ -27,9 +27,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Final
 
+from .._values._jsonl_row import prompt_problem, sample_problem
 from .._values._prompts import PARAM_KEYS, ROW_KEYS
-from ._input_jsonl import prompt_problem
-from ._input_records import InputError, InputRecord, sample_problem
+from ._input_records import InputError, InputRecord, decode_line
 
 __all__ = ["CSV_FIELD_LIMIT", "csv_entries", "decoded_lines"]
 
@@ -82,13 +82,9 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str | InputError]]:
     try:
         with path.open("rb") as f:
             for number, raw in enumerate(f, start=1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    yield number, InputError(
-                        path, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                        line=number,
-                    )
+                text = decode_line(path, raw, number)
+                if isinstance(text, InputError):
+                    yield number, text
                     continue
                 if number == 1 and text.startswith("\ufeff"):
                     text = text[1:]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final, NamedTuple, final
 
-__all__ = ["MAX_REPORTED", "InputError", "InputProblems", "InputRecord", "sample_problem"]
+from .._values._jsonl_row import RowProblem, decode_row
+
+__all__ = ["MAX_REPORTED", "InputError", "InputProblems", "InputRecord", "decode_line"]
 
 MAX_REPORTED: Final = 20
 """Problems reported for one file; the rest are counted."""
@@ -65,8 +67,7 @@ class InputRecord(NamedTuple):
     """Which sample of its request the item is (the row's ``"sample"``): part of its cache key."""
 
 
-def sample_problem(value: object) -> str | None:
-    """Why ``value`` cannot be a row's ``"sample"`` (a whole number >= 0), or ``None``."""
-    if type(value) is not int or value < 0:
-        return f"must be a whole number >= 0 (which sample of the request the item is), not {value!r:.40}"
-    return None
+def decode_line(path: Path, raw: bytes, number: int) -> str | InputError:
+    """Line ``number`` of either input format as text, or where it is not UTF-8."""
+    text = decode_row(raw)
+    return InputError(path, text.problem, line=number) if isinstance(text, RowProblem) else text

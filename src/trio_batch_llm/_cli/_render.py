@@ -31,6 +31,7 @@ from .._values._cost import DEFAULT_MODEL_RATES, DEFAULT_MODEL_RATES_AS_OF
 from .._values._pricing import BATCH_PRICE_FACTORS, price, rates_for
 from .._values._results import BatchTermination
 from .._values._urls import REDACTED, redact_urls
+from ._command import EXIT_FAILED, EXIT_USAGE
 from ._input_records import InputError
 
 if TYPE_CHECKING:  # only named in annotations: rendering loads neither the runs nor the mock
@@ -45,12 +46,14 @@ __all__ = [
     "announce_drive",
     "describe",
     "drive_progress_line",
+    "fail",
     "identity_mismatch_message",
     "progress_display",
     "progress_mode",
     "print_demo_report",
     "print_run_report",
     "redaction_note",
+    "refuse",
     "resolve_hint",
     "run_list_line",
     "say",
@@ -189,6 +192,22 @@ def say_input_error(error: InputError) -> None:
     """Every problem an input check reported, one ``error:`` line each."""
     for line in error.lines():
         say(f"error: {line}")
+
+
+def refuse(error: object) -> int:
+    """``error: ...`` for a command that cannot run as given (an input file's problems one a line,
+    as :func:`say_input_error`); the usage exit status, which tells a script nothing was done."""
+    if isinstance(error, InputError):
+        say_input_error(error)
+    else:
+        say(f"error: {error}")
+    return EXIT_USAGE
+
+
+def fail(error: BaseException) -> int:
+    """``error: the run failed: Type: message``; the failed exit status."""
+    say(f"error: the run failed: {type(error).__name__}: {error}")
+    return EXIT_FAILED
 
 
 def identity_mismatch_message(out: Path, provider: str, model: str, error: Exception) -> str:

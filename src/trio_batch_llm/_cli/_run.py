@@ -62,7 +62,6 @@ from ._command import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
-    EXIT_USAGE,
     UsageError,
     api_key_from,
     circuit_breaker_of,
@@ -72,11 +71,13 @@ from ._input import InputError, InputScan, iter_input, scan_input
 from ._providers import api_note, build_strategy, endpoint_line
 from ._render import (
     ProgressMode,
+    fail,
     identity_mismatch_message,
     print_run_report,
     progress_display,
     progress_mode,
     redaction_note,
+    refuse,
     say,
     say_input_error,
     shown_command,
@@ -185,12 +186,8 @@ def plan_run(args: argparse.Namespace, argv: Sequence[str]) -> RunPlan:
 def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     try:
         plan = plan_run(args, argv)
-    except InputError as exc:
-        say_input_error(exc)
-        return EXIT_USAGE
-    except UsageError as exc:
-        say(f"error: {exc}")
-        return EXIT_USAGE
+    except (InputError, UsageError) as exc:
+        return refuse(exc)
     if plan.api_note:
         say(plan.api_note)
     outcome = _RunOutcome(plan.scan.items, plan.model)
@@ -198,25 +195,14 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         anyio.run(_run_batch, plan, outcome, backend=plan.backend)
     except ArtifactMismatchError as exc:
         if not outcome.opened:  # --resume on a file written for another model: say which flag
-            say(f"error: {identity_mismatch_message(plan.out, plan.provider, plan.model, exc)}")
-            return EXIT_USAGE
-        say(f"error: the run failed: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
-    except QuotaBackendError as exc:
-        if not outcome.opened:  # refused by check_quota, before the checkpoint was made
-            say(f"error: --quota: {exc}")
-            return EXIT_USAGE
-        say(f"error: the run failed: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
+            return refuse(identity_mismatch_message(plan.out, plan.provider, plan.model, exc))
+        return fail(exc)
+    except QuotaBackendError as exc:  # before the checkpoint was made: refused by check_quota
+        return fail(exc) if outcome.opened else refuse(f"--quota: {exc}")
     except CacheCheckError as exc:  # refused by check_cache, before the checkpoint was made
-        say(f"error: {exc}")
-        return EXIT_USAGE
+        return refuse(exc)
     except (BatchLLMError, OSError) as exc:
-        if not outcome.opened:
-            say(f"error: cannot use --out {plan.out}: {exc}")
-            return EXIT_USAGE
-        say(f"error: the run failed: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
+        return fail(exc) if outcome.opened else refuse(f"cannot use --out {plan.out}: {exc}")
     if outcome.input_error is not None:
         say_input_error(outcome.input_error)
         say(f"the input changed while the run read it; the {outcome.summary.results:,} result(s) so far "

@@ -41,6 +41,7 @@ from ._render import (
     PROG,
     describe,
     redaction_note,
+    refuse,
     resolve_hint,
     run_list_line,
     say,
@@ -107,8 +108,7 @@ def status_command(args: argparse.Namespace) -> int:
     try:
         snap = stored_snapshot(db, args.run_id)
     except UsageError as exc:
-        say(f"error: {exc}")
-        return EXIT_USAGE
+        return refuse(exc)
     try:
         report = read_lease_report(db.target, args.run_id)
     except DatabaseUnavailableError:
@@ -221,8 +221,7 @@ def control_command(args: argparse.Namespace) -> int:
         snap = stored_snapshot(db, args.run_id)
         _plan_control(args, db, snap)
     except UsageError as exc:
-        say(f"error: {exc}")
-        return EXIT_USAGE
+        return refuse(exc)
     try:
         lines = anyio.run(_control, args, db, snap, backend=args.backend)
     except RunStateError as exc:

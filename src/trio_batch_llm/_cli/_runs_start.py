@@ -57,17 +57,18 @@ from .._values._errors import (
     RunStateError,
 )
 from ._cache_flags import CACHE_FLAGS, CacheCheckError, check_cache
-from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE, UsageError, signal_receiver
+from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, UsageError, signal_receiver
 from ._input import InputError, iter_input
 from ._render import (
     PROG,
     announce_drive,
     describe,
     drive_progress_line,
+    fail,
     redaction_note,
+    refuse,
     resolve_hint,
     say,
-    say_input_error,
     shown_command,
 )
 from ._request_flags import REQUEST_FLAGS
@@ -337,35 +338,24 @@ def start_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         plan = plan_start(args, argv)
     except DatabaseUnavailableError as exc:
         return _unavailable(exc, None)
-    except InputError as exc:
-        say_input_error(exc)
-        return EXIT_USAGE
-    except UsageError as exc:
-        say(f"error: {exc}")
-        return EXIT_USAGE
+    except (InputError, UsageError) as exc:
+        return refuse(exc)
     announce_drive(plan.run_id, plan.db, plan.mode, plan.existing, plan.timeout)
     outcome = _Outcome()
     try:
         anyio.run(_drive, plan, outcome, backend=plan.backend)
-    except RunSourceError as exc:  # the input is not the one the run started with
-        say(f"error: {exc}")
-        return EXIT_USAGE
-    except CacheCheckError as exc:  # refused by check_cache, before the run was opened
-        say(f"error: {exc}")
-        return EXIT_USAGE
-    except QuotaBackendError as exc:
-        if not outcome.opened:  # refused by check_quota, before the run was opened
-            say(f"error: --quota: {exc}")
-            return EXIT_USAGE
-        say(f"error: the run failed: {type(exc).__name__}: {exc}")
-        return EXIT_FAILED
+    # RunSourceError: the input is not the one the run started with; CacheCheckError: refused by
+    # check_cache, before the run was opened.
+    except (RunSourceError, CacheCheckError) as exc:
+        return refuse(exc)
+    except QuotaBackendError as exc:  # before the run was opened: refused by check_quota
+        return fail(exc) if outcome.opened else refuse(f"--quota: {exc}")
     except DatabaseUnavailableError as exc:  # before or while driving: the run did not fail
         return _unavailable(exc, plan.command)
     except (BatchLLMError, OSError) as exc:
         if not outcome.opened:  # e.g. not a run database
-            say(f"error: cannot open run {plan.run_id!r} in {plan.db}: {exc}")
-            return EXIT_USAGE
-        say(f"error: the run failed: {type(exc).__name__}: {exc}")
+            return refuse(f"cannot open run {plan.run_id!r} in {plan.db}: {exc}")
+        fail(exc)  # the run failed; its snapshot, when it can be read, says how far it came
         try:
             outcome.snapshot = read_run_snapshot(plan.db.target, plan.run_id)
         except BatchLLMError:

@@ -31,6 +31,10 @@ async def _bounded_cleanup(cleanup: Callable[[], Awaitable[None]], bound: float)
     cancellation that is not our own deadline's keeps propagating.
     """
     problem: str | None = None
+    # The shield is outside the bound, not the other way round: the shield keeps the caller's
+    # cancellation (often the very reason we are cleaning up) from cutting the cleanup short,
+    # and the bound inside it is the only thing left that can. Swapped, the shield would also
+    # hold off our own deadline and a hanging cleanup would hang the caller.
     with anyio.CancelScope(shield=True):
         with anyio.move_on_after(bound) as deadline:
             try:
@@ -40,6 +44,8 @@ async def _bounded_cleanup(cleanup: Callable[[], Awaitable[None]], bound: float)
                 # caller decides whether a note or a record is the outcome.
                 logger.debug("cleanup raised", exc_info=exc)
                 problem = CLEANUP_FAILED
+    # Our own bound's cancellation ends at its scope and never reaches the except above: the scope
+    # says whether it was the one, and that is a timeout, not a failure.
     if deadline.cancelled_caught:
         problem = CLEANUP_TIMED_OUT
     return problem  # noqa: ASYNC910  (await cleanup() ran on every path)
@@ -70,6 +76,8 @@ async def with_cleanup(
     try:
         value = await body()
     except BaseException as exc:
+        # The body's exception (a cancellation included) is what the caller must see: a cleanup
+        # problem rides along as a note instead of replacing it (CONTRACT C1).
         problem = await _bounded_cleanup(cleanup, cleanup_timeout)
         if problem is not None:
             exc.add_note(problem)

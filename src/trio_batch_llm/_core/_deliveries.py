@@ -92,6 +92,9 @@ def is_cancellation(exc: BaseException | None) -> bool:
 
 def caller_cancelled_now() -> bool:
     """Whether the calling context is cancelled; call it *outside* any shield of ours."""
+    # The one neutral question both backends answer the same way: a cancelled enclosing scope
+    # makes the effective deadline -inf. (Task.cancelling() is asyncio's alone, and a native
+    # cancel does not show here: that is why it is counted where it arrives instead.)
     return anyio.current_effective_deadline() == -math.inf
 
 
@@ -122,6 +125,9 @@ class CloseCall:
         self.interrupt: BaseException | None = None
 
     def _count(self) -> None:
+        # The delivery counter: the only thing that decides "defer" (the first) from "force"
+        # (any later one). Kept by hand, per close call, because neither backend can say how
+        # many times a closer was cancelled; the ledger's own total (on_count) is for statistics.
         self.deliveries += 1
         self.on_count()
 
@@ -233,6 +239,9 @@ async def wait_counting(  # noqa: ASYNC910  (called only while `done` is unset: 
     wait outlasts ``slow_after`` seconds: a diagnostic, never a deadline (C2.7).
     """
     warn_at = math.inf if slow_after is None else anyio.current_time() + slow_after
+    # A loop, because one delivery ends one wait: it is counted and the wait starts again, shielded
+    # once the caller's own cancellation was counted (it is level-triggered: unshielded, every
+    # checkpoint would raise it again). A forcing delivery too: the forced step must still exit.
     while not done.is_set():
         shielded = call.caller_cancelled
         # One scope is both the shield and the slow warning's deadline: when its own

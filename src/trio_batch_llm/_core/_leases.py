@@ -34,6 +34,8 @@ from typing import Literal, Protocol, final
 import anyio
 import anyio.lowlevel
 
+from ._per_loop import PerLoop
+
 __all__ = [
     "LeaseRegistry",
     "LeaseRegistryStatistics",
@@ -81,6 +83,8 @@ class _ByIdentity:
 
 
 def _key_of(strategy: LeasedStrategy) -> Hashable:
+    # An identity a user returns may be unhashable (a dict of settings, say): it then shares
+    # only by object identity (strategies returning that very object), rather than failing the lease.
     identity = strategy.lease_identity()
     try:
         hash(identity)
@@ -154,6 +158,8 @@ class Lease:
         self.state = LeaseState.ACQUIRING
         settled = self._settled = anyio.Event()
         try:
+            # Before touching the registry: a caller cancelled already leaves with nothing held,
+            # and acquire() checkpoints on every path, the shared fast path included.
             await anyio.lowlevel.checkpoint()
             await self._registry._acquire_into(self)
         except BaseException:
@@ -223,6 +229,9 @@ class LeaseRegistry:
 
     async def _acquire_into(self, lease: Lease) -> None:
         key = _key_of(lease.strategy)
+        # Decide again after every wait: while we waited, the entry may have been prepared (share
+        # it), cleaned up (prepare again, C5.2), dropped (make a new one), or its preparer may have
+        # been cancelled (then we prepare). Only the one preparation's failure is everyone's.
         while True:
             entry = self._entries.get(key)
             if entry is None:
@@ -241,12 +250,16 @@ class LeaseRegistry:
 
     async def _prepare(self, entry: _Entry, lease: Lease) -> None:
         operation = entry.busy = _Operation("prepare")
+        # The instance that prepares is the one whose cleanup() runs, whoever releases last:
+        # holders that shared the preparation may be other instances of the same identity.
         entry.strategy = lease.strategy
         prepared = False
         try:
             await lease.strategy.prepare()
             prepared = True
         except Exception as exc:
+            # Only an ordinary failure is handed to the waiters. A cancellation is this preparer's
+            # own: the waiters wake to an unprepared entry and the next one prepares.
             operation.error = exc
             raise
         finally:
@@ -278,6 +291,9 @@ class LeaseRegistry:
             return
         # The last holder: no checkpoint of its own before cleanup(), which awaits (a close
         # runs this in a step's task, where a schedule point more is only a round more).
+        # The handoff: from here the identity belongs to its cleanup. `busy` makes a newcomer
+        # wait for it, and `prepared = False` makes that newcomer prepare afresh afterwards, so
+        # a preparation and a cleanup of one identity never overlap (C5.2).
         operation = entry.busy = _Operation("cleanup")
         entry.prepared = False  # a newcomer from now on prepares again (C5.2)
         strategy = entry.strategy
@@ -293,6 +309,9 @@ class LeaseRegistry:
         self._unhold(entry, lease)
 
     def _hold(self, entry: _Entry, lease: Lease) -> None:
+        # The entry keeps a finalizer, not the lease: an owner that drops its lease unreleased
+        # must not be kept alive by the registry (C5.3). The token names the holder without
+        # referring to the lease; no finalizer runs at interpreter exit, where no loop is left.
         token = next(_tokens)
         finalizer = weakref.finalize(lease, _abandon, self, entry, token)
         finalizer.atexit = False
@@ -324,14 +343,9 @@ def _abandon(registry: LeaseRegistry, entry: _Entry, token: int) -> None:
         registry._drop_if_unused(entry)
 
 
-_REGISTRY: anyio.lowlevel.RunVar[LeaseRegistry] = anyio.lowlevel.RunVar("trio_batch_llm.lease_registry")
+_REGISTRY: PerLoop[LeaseRegistry] = PerLoop("trio_batch_llm.lease_registry", LeaseRegistry)
 
 
 def lease_registry() -> LeaseRegistry:
     """The lease registry of the running event loop (created on first use; never shared across loops)."""
-    try:
-        return _REGISTRY.get()
-    except LookupError:
-        registry = LeaseRegistry()
-        _REGISTRY.set(registry)
-        return registry
+    return _REGISTRY.get()

@@ -2,6 +2,8 @@
 
 Over 400 lines because it is one cohesive state machine (phases, steps, attempts, deliveries,
 force) whose transitions only make sense read together; splitting it would scatter one invariant.
+Its records (steps, reports, statistics) are what the machine reads and writes, and its only
+neighbour, ``_deliveries``, already holds the one part that stands alone: the delivery count.
 
 An owner (host, processor, pool) registers named steps in four dependency
 phases and closes them with :meth:`CleanupLedger.aclose`:
@@ -428,6 +430,8 @@ class CleanupLedger:
             report = self._last_report
             if report is not None and (self._state is LedgerState.CLOSED or automatic):
                 if call.body_exception is not None:
+                    # The caller is propagating an exception: a cancellation raised at our
+                    # checkpoint would replace it (C7.3), so this one schedule point is shielded.
                     await anyio.lowlevel.cancel_shielded_checkpoint()
                 else:
                     await anyio.lowlevel.checkpoint()
@@ -435,6 +439,9 @@ class CleanupLedger:
             attempt = self._begin(call)
             await self._run(attempt, call)
         else:
+            # Join the attempt in flight (C4.4) instead of starting another: two closers running
+            # steps side by side would break the order. This call counts its own deliveries, and
+            # a second one forces the shared attempt, as it would its own.
             await wait_counting(attempt.finished, call, attempt.force)
             call.note_exit()
         verdict = self._verdict(call, attempt)
@@ -535,8 +542,13 @@ class CleanupLedger:
 
     def _walk(self, attempt: _Attempt) -> Generator[_Step, None, None]:
         """The steps this attempt runs, in order; each phase is discovered when it is reached (C2.4)."""
+        # A generator, so a phase is reached only when the closer asks for its first step, that
+        # is, after every step of the earlier phases has finished: a strategy prepared while the
+        # runtime phase drained is among the leases the strategies phase discovers.
         for index, phase in enumerate(PHASES):
             attempt.reached = index
+            # Marked closing before its providers are asked: from this instant add_step() refuses
+            # the phase (C4.7), so nothing can be registered after the discovery and missed.
             self._reached = max(self._reached, index)
             self._discover(phase, attempt)
             registered = self._steps[phase]
@@ -683,13 +695,21 @@ class CleanupLedger:
             )
 
     def _force(self, attempt: _Attempt, reason: str) -> bool:
+        # The force path (a second delivery, force_close(), a fatal error in a step). It cancels
+        # only the running step's private scope and never the closer's wait: the closer still
+        # waits for the abandoned step to *exit*, so no step task outlives the close, and the
+        # steps loop, seeing `aborted`, starts nothing after it.
         if attempt.aborted:
             return True
         if attempt.steps_done:
+            # Every step ran; only the task group's exit is left. Nothing is abandoned by then,
+            # so the attempt keeps its true outcome instead of reporting an abort.
             return False
         attempt.aborted = True
         attempt.abort_reason = reason
         run = attempt.running
+        # A step that already ended (its event set, not yet settled) keeps its outcome: there is
+        # nothing left in it to abandon.
         if run is not None and run.done is not None and run.scope is not None and not run.done.is_set():
             run.abandoned = True
             attempt.abandoned = run.step.spec.name
@@ -711,6 +731,8 @@ class CleanupLedger:
         outcome: AttemptOutcome = (
             "aborted" if attempt.aborted else "failed" if attempt.problems else "completed"
         )
+        # Closed only when every registered step has completed, checked over the steps rather
+        # than this attempt's list: the state speaks of the owner's resources (C4.7).
         if outcome == "completed" and all(
             s.state is _StepState.COMPLETED for phase in PHASES for s in self._steps[phase]
         ):

@@ -7,7 +7,7 @@ borrows one :class:`~trio_batch_llm._admission.QuotaScope` per strategy and
 per set of limits (concurrency, RPM, TPM, rate-limit policy) from the running
 event loop's :class:`CallLimits`:
 
-- held in a ``RunVar``, so two event loops never share (an anyio primitive
+- held per event loop (:class:`~.._core._per_loop.PerLoop`), so two loops never share (an anyio primitive
   bound to a loop must not be touched from another);
 - keyed weakly by the strategy: the scope lives as long as the strategy, so
   sequential calls also remember a cooldown, and dropping the strategy drops
@@ -28,9 +28,8 @@ import weakref
 from collections.abc import Hashable
 from typing import Any, final
 
-import anyio.lowlevel
-
 from .._admission import QuotaScope
+from .._core._per_loop import PerLoop
 from .._observe._log import FailureLog
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig
@@ -101,14 +100,9 @@ class CallLimits:
         return len(self._by_strategy)
 
 
-_CALL_LIMITS: anyio.lowlevel.RunVar[CallLimits] = anyio.lowlevel.RunVar("trio_batch_llm.call_limits")
+_CALL_LIMITS: PerLoop[CallLimits] = PerLoop("trio_batch_llm.call_limits", CallLimits)
 
 
 def call_limits() -> CallLimits:
     """The running event loop's shared ``call()`` limits (created on first use)."""
-    try:
-        return _CALL_LIMITS.get()
-    except LookupError:
-        limits = CallLimits()
-        _CALL_LIMITS.set(limits)
-        return limits
+    return _CALL_LIMITS.get()

@@ -20,7 +20,7 @@ __all__ = ["ANCHOR_CATEGORIES", "ClassifierArg", "SupportsClassify", "user_class
 class SupportsClassify(Protocol):
     """An async-batch-llm style classifier object."""
 
-    def classify(self, exception: Exception, /) -> Any: ...
+    def classify(self, exception: Exception, /) -> object: ...
 
 
 ClassifierArg: TypeAlias = Callable[[Exception], Any] | SupportsClassify

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
 
 import anyio
 
-from .._artifacts import ArtifactStore
 from .._artifacts._identity import adopt_identity
+from .._artifacts._protocol import ArtifactStore
 from .._observe._log import FailureLog
 from .._observe._progress import make_progress
 from .._observe._snapshot import Progress
@@ -33,7 +33,7 @@ from ._processor import ParallelBatchProcessor
 from ._unowned import StreamBlock
 
 if TYPE_CHECKING:
-    from .._core._host import ExecutorHost
+    from .._host._executor import ExecutorHost
 
 __all__ = ["ResultStream", "call", "call_result", "process_prompts", "process_stream"]
 

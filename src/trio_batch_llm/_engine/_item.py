@@ -58,7 +58,7 @@ from ._throttled import admit_within_budget, spent
 if TYPE_CHECKING:
     from .._admission import Admission
     from .._admission._records import QuotaScopeStatistics
-    from .._core._host import ExecutorHost
+    from .._host._executor import ExecutorHost
     from .._observe._hooks import Hooks
     from .._strategies._base import LLMCallStrategy
     from .._values._config import ProcessorConfig

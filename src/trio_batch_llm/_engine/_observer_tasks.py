@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, final
 
 if TYPE_CHECKING:
-    from .._core._host import RuntimeTasks
+    from .._host._executor import RuntimeTasks
     from .._observe._hooks import Hooks
 
 __all__ = ["ObserverTasks"]

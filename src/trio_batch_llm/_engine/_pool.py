@@ -15,8 +15,8 @@ import anyio
 import anyio.lowlevel
 
 from .._admission import QuotaScopeStatistics
-from .._core._host import ExecutorHost
-from .._core._owner import HostedOwner
+from .._host._executor import ExecutorHost
+from .._host._owner import HostedOwner
 from .._observe._events import ItemStarted
 from .._observe._hooks import Hooks
 from .._observe._log import FailureLog

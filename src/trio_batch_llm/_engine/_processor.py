@@ -26,10 +26,11 @@ from typing import Any, Generic, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from .._artifacts import ArtifactStore, prepare_resume
-from .._core._host import ExecutorHost, RuntimeTasks
+from .._artifacts import prepare_resume
+from .._artifacts._protocol import ArtifactStore
 from .._core._ledger import WORKER_CANCELLATION_TIMEOUT
-from .._core._owner import HostedOwner
+from .._host._executor import ExecutorHost, RuntimeTasks
+from .._host._owner import HostedOwner
 from .._observe._hooks import Hooks
 from .._observe._log import log_stop
 from .._observe._progress import make_progress

@@ -30,7 +30,7 @@ from ._publish import Publisher
 from ._stops import Stop, StopPolicy
 
 if TYPE_CHECKING:
-    from .._core._host import RuntimeTasks
+    from .._host._executor import RuntimeTasks
     from .._observe._hooks import Hooks
 
 __all__ = ["NOWAIT_STREAK", "Crew"]

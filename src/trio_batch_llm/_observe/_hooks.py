@@ -41,7 +41,7 @@ into an output; a resume runs it again), keeping the raw ``output``. A
 synchronous post-processor runs in a worker thread, one at a time; a thread
 that timed out is abandoned by its caller but still owned: the next call
 waits for it (within its own timeout) and :meth:`Hooks.aclose` waits for it
-(:class:`~._thread_gate.ThreadGate`). The events and the observer protocol are
+(an abandoning :class:`~.._backends._worker_gate.WorkerGate`). The events and the observer protocol are
 in :mod:`._events`.
 """
 
@@ -58,6 +58,7 @@ from typing import Any, Final, final
 import anyio
 import anyio.lowlevel
 
+from .._backends._worker_gate import WorkerGate
 from .._values._categories import ErrorCategory
 from .._values._errors import ConfigurationError
 from .._values._requests import LLMWorkItem
@@ -66,7 +67,6 @@ from ._callables import call_sync_or_async, is_async_callable
 from ._event_names import TwoArgumentObserver, takes_event_and_data
 from ._events import AttemptFailed, LifecycleEvent, terminal_event
 from ._observer_feed import ObserverFeed, close_feeds
-from ._thread_gate import ThreadGate
 
 __all__ = ["Hooks", "HooksStatistics", "Middleware"]
 
@@ -86,13 +86,13 @@ class Middleware:
     - ``on_error(item, exc, attempt)``: told about each failed attempt.
     """
 
-    def before(self, item: LLMWorkItem[Any]) -> Any:
+    def before(self, item: LLMWorkItem[Any]) -> object:
         return None
 
-    def after(self, item: LLMWorkItem[Any], result: WorkItemResult[Any]) -> Any:
+    def after(self, item: LLMWorkItem[Any], result: WorkItemResult[Any]) -> object:
         return None
 
-    def on_error(self, item: LLMWorkItem[Any], exc: Exception, attempt: int) -> Any:
+    def on_error(self, item: LLMWorkItem[Any], exc: Exception, attempt: int) -> object:
         return None
 
 
@@ -168,7 +168,7 @@ class Hooks:
         self._post = post_processor
         self._post_async = post_processor is not None and is_async_callable(post_processor)
         self._timeout = post_processor_timeout
-        self._gate = ThreadGate()
+        self._gate = WorkerGate(abandon_on_cancel=True)
         self._logged: set[int] = set()  # ids of hooks whose failure was logged already
         self._counts = {"observer_errors": 0, "failures": 0, "timeouts": 0}
         self.active = bool(self._observers or middlewares or post_processor is not None)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, final
 
@@ -99,8 +99,9 @@ class OpenTelemetryObserver:
     :class:`AttemptStarted` event's own provider and model win over them.
     """
 
-    def __init__(self, *, tracer: Any = None, tracer_provider: Any = None, system: str | None = None,
-                 model: str | None = None, clock: Any = time.time_ns) -> None:
+    def __init__(self, *, tracer: object = None, tracer_provider: object = None,
+                 system: str | None = None, model: str | None = None,
+                 clock: Callable[[], int] = time.time_ns) -> None:
         trace = _import_otel()
         self._trace = trace
         self._kind = trace.SpanKind
@@ -108,7 +109,7 @@ class OpenTelemetryObserver:
         self._code = trace.StatusCode
         if tracer is None:
             tracer = trace.get_tracer("trio_batch_llm", __version__, tracer_provider=tracer_provider)
-        self.tracer = tracer
+        self.tracer: Any = tracer  # an opentelemetry Tracer (the package is imported only when used)
         self.system = system
         self.model = model
         self._clock = clock

@@ -32,7 +32,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, final
+from typing import Any, cast, final
 
 from ._metrics import DEFAULT_LATENCY_BUCKETS, HISTOGRAMS, MetricsObserver, check_labels
 
@@ -67,7 +67,7 @@ class PrometheusCollector:
     ``scope``; an empty string when a call leaves one out).
     """
 
-    def __init__(self, *, registry: Any = None, prefix: str = "trio_batch_llm",
+    def __init__(self, *, registry: object = None, prefix: str = "trio_batch_llm",
                  buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
                  label_names: Iterable[str] = ("model", "scope")) -> None:
         self._core = _import_metrics_core()
@@ -78,7 +78,7 @@ class PrometheusCollector:
         self._observers: dict[tuple[str, ...], MetricsObserver] = {}
         self._lock = threading.Lock()  # observer() may race a scrape; the counters need no lock
         if registry is not None:
-            registry.register(self)
+            cast("Any", registry).register(self)  # a prometheus_client CollectorRegistry
 
     def observer(self, **labels: str) -> MetricsObserver:
         """The observer for these label values (created on first use, then the same one)."""

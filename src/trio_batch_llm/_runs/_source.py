@@ -15,15 +15,14 @@ reports errors the same way.
   cursor), so it can always continue exactly, and fingerprints the file's head
   to refuse continuing in a different file. Each non-blank line is a string
   (the prompt; id ``item-N``) or an object ``{"id", "prompt", "context"}``, the
-  command line's JSONL format, whose keys follow the one rule of every reader
-  (:func:`~.._values._prompts.row_problem`).
+  command line's JSONL format, read by the command line's reader
+  (:func:`~.._values._jsonl_row.read_row`; no ``"sample"`` key yet).
 """
 
 from __future__ import annotations
 
 import abc
 import hashlib
-import json
 import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -36,8 +35,8 @@ import anyio.lowlevel
 from .._artifacts._fingerprint import canonical_json, item_fingerprint
 from .._engine._inputs import to_item
 from .._strategies._base import LLMCallStrategy
-from .._values._item_checks import json_line_nesting_column, nesting_problem
-from .._values._prompts import REPEATED_KEY_PROBLEM, repeated_row_key, row_problem
+from .._values._jsonl_row import RowProblem, decode_row, read_row
+from .._values._prompts import request_of_text
 from .._values._requests import LLMWorkItem, request_text
 from ._schema import NewItem, RunSourceError, SourceCheckpoint
 
@@ -106,43 +105,26 @@ def to_new_item(entry: RawEntry, strategy: LLMCallStrategy[Any], where: str) -> 
 
 
 def _parse_jsonl(raw: object, entry: RawEntry, where: str) -> object:
+    """A line read by the one JSONL row reader (the command line's too), as :func:`to_item` takes it."""
     assert isinstance(raw, bytes)
     place = f"{where}, entry {entry.position} (the line at byte {entry.start})"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{place}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})") from None
-    if entry.start == 0 and text.startswith("\ufeff"):
+    text = decode_row(raw)
+    if entry.start == 0 and isinstance(text, str) and text.startswith("\ufeff"):
         text = text[1:]
-    column = json_line_nesting_column(text)  # before json.loads, which recurses per level
-    if column is not None:
-        raise ValueError(f"{place}: {nesting_problem(column)}")
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{place}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, dict):
-        raise TypeError(f'{place}: expected an object with "id" and "prompt", or a string')
-    found = row_problem(value)  # the rule of every reader: the API's, the command line's
-    if found is not None:
-        raise ValueError(f"{place}, field {found[0]!r}: {found[1]}")
-    repeated = repeated_row_key(text, value)
-    if repeated is not None:
-        raise ValueError(f"{place}, field {repeated!r}: {REPEATED_KEY_PROBLEM}")
-    item_id = value.get("id", value.get("item_id"))
-    if isinstance(item_id, int) and not isinstance(item_id, bool):
-        item_id = str(item_id)
-    if not isinstance(item_id, str) or not item_id.strip():
-        raise ValueError(f'{place}: field "id" must be a non-empty string or an integer')
-    if "messages" in value or "params" in value:  # a request row: the mapping input's rules apply
-        row = {key: value[key] for key in ("prompt", "messages", "params", "context") if key in value}
-        return {"id": item_id, **row}
-    prompt = value.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f'{place}: field "prompt" must be a non-empty string')
-    return (item_id, prompt, value.get("context"))
+    row = read_row(text, sample=False, surrogates=False) if isinstance(text, str) else text
+    if row is None:  # pragma: no cover - the source hands out non-blank lines only
+        raise ValueError(f"{place}: a blank line")
+    if isinstance(row, RowProblem):
+        field = "" if row.field is None else f", field {row.field!r}"
+        raise ValueError(f"{place}{field}: {row.problem}")  # noqa: TRY004 - a refused row, whatever its kind
+    item_id, text, context, _ = row
+    if item_id is None:
+        return text  # a bare prompt: its id is item-N, from its position
+    prompt, params = request_of_text(text)
+    if params is None and isinstance(prompt, str):
+        return (item_id, prompt, context)
+    key = "prompt" if isinstance(prompt, str) else "messages"
+    return {"id": item_id, key: prompt, "params": params, "context": context}
 
 
 # --- iterables ---------------------------------------------------------------------

@@ -56,16 +56,16 @@ class LLMCallStrategy(Generic[TOutput]):
         return (f"{type(self).__name__} takes text prompts only (it implements execute(prompt: str, ...)), "
                 f"and this item carries {what}: override execute_request(request, ...) to take them")
 
-    def parse_output(self, raw: Any, metadata: dict[str, Any]) -> TOutput:
+    def parse_output(self, raw: object, metadata: dict[str, Any]) -> TOutput:
         """The engine's parse stage: a call's raw output -> the item's output (identity by default).
 
         Raise :class:`ProviderError` with ``category=PARSE`` (e.g. ``StructuredOutputError``)
         when ``raw`` cannot become an output: the attempt failed, and is retried without
         backoff while the attempt budget lasts. ``metadata`` is the call's (may be updated).
         """
-        return raw  # type: ignore[no-any-return]
+        return raw  # type: ignore[return-value]  # identity: what execute returned is a TOutput
 
-    def decode_output(self, stored: Any) -> TOutput:
+    def decode_output(self, stored: object) -> TOutput:
         """A stored output (plain JSON) back to what :meth:`parse_output` made.
 
         A resume replays a stored output through it. By default a strategy whose
@@ -75,7 +75,7 @@ class LLMCallStrategy(Generic[TOutput]):
         model: Any = self.response_model
         if isinstance(stored, dict) and is_pydantic_model_class(model):
             return model.model_validate(stored)  # type: ignore[no-any-return]
-        return stored  # type: ignore[no-any-return]
+        return stored  # type: ignore[return-value]  # as stored: a plain output is a TOutput
 
     async def prepare(self) -> None:
         """Open what calls need (clients, sessions). Runs once per lease."""

@@ -14,7 +14,15 @@ lazily and closed, bounded and shielded, by :meth:`aclose`.
 their requests inline (Anthropic, Gemini): the file stays in the connection
 under a local id until the create takes it back.
 
-The helpers below it are what the three endpoints read alike: their capacity
+:class:`ProviderBatchEndpoint` is the pure half the three endpoints share: the
+capacity scope of their strategy, an item's request line built from the body the
+strategy sends, and a failed create judged by the provider's refusal statuses;
+each provider says only its body, its line, the text it counts and its refusals.
+:class:`InlineBatchEndpoint` and :class:`InlineBatchConnection` add what the
+Anthropic and Gemini endpoints share beyond that: a finished batch's outcomes read
+file by file, and the "upload" that keeps the file for the create.
+
+The helpers below them are what the three endpoints read alike: their capacity
 scope, a run's prompt text as an :class:`LLMRequest`, a request line as
 compact JSON, and whether a failed create may still have made the batch.
 """
@@ -22,8 +30,8 @@ compact JSON, and whether a failed create may still have made the batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -32,11 +40,12 @@ from .._values._categories import ErrorCategory
 from .._values._errors import ProviderError
 from .._values._prompts import LLMRequest, request_of_text
 from .._values._urls import join_url, redact_url
-from ._batch import SendMark
+from ._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
 from ._keys import Secret
 from .openai._wire_errors import decode_error_body
 
-__all__ = ["BatchRequests", "ErrorOf", "KeptRequestFiles", "capacity_scope",
+__all__ = ["BatchRequests", "EndpointSettings", "ErrorOf", "InlineBatchConnection", "InlineBatchEndpoint",
+           "InlineEndpointSettings", "KeptRequestFiles", "ProviderBatchEndpoint", "capacity_scope",
            "create_outcome_unknown", "json_line", "keyed_requests", "llm_request_of", "page_of"]
 
 T = TypeVar("T")
@@ -51,7 +60,7 @@ class BatchRequests:
 
     def __init__(self, *, base_url: str, headers: Mapping[str, str], secret: Secret | None,
                  error_of: ErrorOf, request_timeout: float, start_before: float,
-                 client: Any = None) -> None:
+                 client: object = None) -> None:
         from .openai import _http  # lazily: `import trio_batch_llm` stays httpx2-free
 
         self._http = _http
@@ -107,6 +116,21 @@ class BatchRequests:
             raise ProviderError(f"{method} {path}: the answer is not JSON",
                                 category=ErrorCategory.PARSE, status_code=reply.status_code) from None
 
+    async def content(self, path: str) -> bytes:
+        """The body of a 2xx reply to ``GET path`` (a result file)."""
+        reply = await self.send("GET", path)
+        content: bytes = reply.content
+        return content
+
+    async def page(self, path: str, *, size: tuple[str, int],
+                   cursor: tuple[str, str | None]) -> Mapping[str, Any]:
+        """One page of a listing: ``size`` is ``(parameter, count)``, ``cursor`` ``(parameter, value)`` once
+        a page gave one; ``{}`` where the provider has no listing (404) or answers no object."""
+        params: dict[str, str | int] = {size[0]: size[1]}
+        if cursor[1] is not None:
+            params[cursor[0]] = cursor[1]
+        return await self.found(page_of, "GET", path, params=params) or {}
+
     async def found(self, read: Callable[[Any], T], method: str, path: str, **kwargs: Any) -> T | None:
         """``read`` of the decoded JSON of a 2xx reply; ``None`` where the provider answers 404 (no such
         batch, no listing)."""
@@ -160,6 +184,103 @@ class KeptRequestFiles:
 
     def clear(self) -> None:
         self._files.clear()
+
+
+
+class EndpointSettings(Protocol):
+    """What every provider's batches use of its strategy: where, which key, which model."""
+
+    base_url: str
+    model: str
+
+    @property
+    def secret(self) -> Secret | None: ...
+
+
+class InlineEndpointSettings(EndpointSettings, Protocol):
+    """What the batches of a provider that takes their requests inline use of its strategy."""
+
+    def request_body(self, prompt: str | LLMRequest) -> dict[str, Any]: ...
+
+
+S = TypeVar("S", bound=EndpointSettings)
+
+
+class ProviderBatchEndpoint(Generic[S]):
+    """The pure half of a :class:`BatchEndpoint` over a strategy's settings; see the module docstring.
+
+    A subclass gives the body the strategy sends (:meth:`_body`), its request-file line
+    (:meth:`_line`), the text a request counts for the enqueued-token estimate
+    (:meth:`_request_text`) and the statuses of a create refused before any work.
+    """
+
+    _refused_statuses: ClassVar[frozenset[int]]
+
+    def __init__(self, strategy: S) -> None:
+        self._strategy = strategy
+
+    @property
+    def capacity_scope(self) -> str:
+        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
+
+    def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
+        request = llm_request_of(prompt)
+        body = self._body(request)
+        return BatchRequest(line=self._line(item_id, body), text=self._request_text(body) or request.text)
+
+    def create_outcome_unknown(self, error: ProviderError) -> bool:
+        return create_outcome_unknown(error, self._refused_statuses)
+
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _line(self, item_id: str, body: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    def _request_text(self, body: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+
+class InlineBatchEndpoint(ProviderBatchEndpoint[InlineEndpointSettings]):
+    """A :class:`ProviderBatchEndpoint` whose provider takes a batch's requests inline; a subclass
+    also says how one result file reads (:meth:`_decode_file`)."""
+
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        return self._strategy.request_body(request)
+
+    def decode_results(
+        self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
+    ) -> dict[str, BatchItemOutcome]:
+        outcomes: dict[str, BatchItemOutcome] = {}
+        for content in files:
+            outcomes.update(self._decode_file(batch, content, item_ids))
+        return outcomes
+
+    def _decode_file(self, batch: BatchInfo, content: bytes,
+                     item_ids: Sequence[str]) -> dict[str, BatchItemOutcome]:
+        raise NotImplementedError
+
+
+class InlineBatchConnection:
+    """The requests of one drive segment to a provider that takes a batch's requests inline, sent with
+    its key in a header of its own (:func:`keyed_requests`): the "upload" keeps the file, which the
+    create takes back (and drops once the batch is made)."""
+
+    def __init__(self, strategy: InlineEndpointSettings, *, key_header: str, error_of: ErrorOf,
+                 request_timeout: float, start_before: float,
+                 extra_headers: Mapping[str, str] | None = None) -> None:
+        self._requests = keyed_requests(strategy, key_header=key_header, error_of=error_of,
+                                        request_timeout=request_timeout, start_before=start_before,
+                                        extra_headers=extra_headers)
+        self._files = KeptRequestFiles()
+
+    async def aclose(self) -> None:
+        self._files.clear()
+        await self._requests.aclose()
+
+    async def upload(self, filename: str, content: bytes) -> str:
+        """Keep the request file for the create (the requests go inline)."""
+        return await self._files.keep(filename, content)
 
 
 def page_of(payload: Any) -> Mapping[str, Any]:

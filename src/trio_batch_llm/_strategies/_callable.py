@@ -24,7 +24,7 @@ class CallOutcome(Generic[TOutput]):
 
     value: TOutput
     token_usage: TokenUsage | None = None
-    metadata: Any = field(default=None)
+    metadata: object = field(default=None)
 
 
 @final

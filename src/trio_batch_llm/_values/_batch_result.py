@@ -342,16 +342,19 @@ class BatchResult(Generic[TOutput]):
         )
 
     @classmethod
-    def from_json(cls, text: str, *, response_model: Any = None) -> BatchResult[Any]:
+    def from_json(
+        cls, text: str, *, response_model: type | Mapping[str, Any] | None = None
+    ) -> BatchResult[Any]:
         """The batch :meth:`to_json` wrote; with ``response_model`` (the pydantic class the strategy
         had) successful outputs come back as model instances, as a resume gives them."""
         data = json.loads(text)
         term = data.get("termination") or {}
         results = [WorkItemResult.from_dict(r) for r in data.get("results", [])]
         if response_model is not None and is_pydantic_model_class(response_model):
+            validate = response_model.model_validate  # type: ignore[union-attr]  # a model class, checked
             for result in results:
                 if result.success and result.output is not None:
-                    result.output = response_model.model_validate(result.output)
+                    result.output = validate(result.output)
         return BatchResult.from_results(
             results,
             termination=BatchTermination.from_dict(term),

@@ -76,7 +76,7 @@ class LLMWorkItem(Generic[TOutput]):
     item_id: str
     strategy: LLMCallStrategy[TOutput]
     prompt: Prompt
-    context: Any = None
+    context: object = None
     params: Mapping[str, Any] | None = None
     sample: int = 0
     """Which sample of its request this item is: part of the response-cache key, so items equal but

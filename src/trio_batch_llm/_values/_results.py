@@ -59,10 +59,10 @@ class RetryState:
     last_category: ErrorCategory | None = None
     data: dict[str, Any] = field(default_factory=dict)
 
-    def get(self, key: str, default: Any = None) -> Any:
+    def get(self, key: str, default: object = None) -> object:
         return self.data.get(key, default)
 
-    def set(self, key: str, value: Any) -> None:
+    def set(self, key: str, value: object) -> None:
         self.data[key] = value
 
 
@@ -85,7 +85,7 @@ class WorkItemResult(Generic[TOutput]):
     attempts: int = 0
     token_usage: dict[str, int] = field(default_factory=dict)
     timing: ItemTiming = field(default_factory=ItemTiming)
-    context: Any = None
+    context: object = None
     metadata: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
     details: ResponseDetails | None = None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, final
 from urllib.parse import parse_qs
 
+from ._batch_routes import match_table, route_table
 from ._batch_store import EPOCH, BatchReply
 from ._state import MockServerConfig, mock_token_count
 
@@ -42,30 +43,19 @@ _CUSTOM_ID: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _MAX_REQUESTS: Final = 100_000
 _WINDOW: Final = 24 * 3600
 _RESULTS_KEPT: Final = 29 * 24 * 3600
-_ROUTES: Final = (
-    ("POST", re.compile(r"/v1/messages/batches"), "create"),
-    ("GET", re.compile(r"/v1/messages/batches"), "list"),
-    ("GET", re.compile(r"/v1/messages/batches/([^/]+)"), "get"),
-    ("DELETE", re.compile(r"/v1/messages/batches/([^/]+)"), "delete"),
-    ("POST", re.compile(r"/v1/messages/batches/([^/]+)/cancel"), "cancel"),
-    ("GET", re.compile(r"/v1/messages/batches/([^/]+)/results"), "results"),
-)
+_ROUTES: Final = route_table({
+    "/v1/messages/batches": {"POST": "create", "GET": "list"},
+    "/v1/messages/batches/{message_batch_id}": {"GET": "get", "DELETE": "delete"},
+    "/v1/messages/batches/{message_batch_id}/cancel": {"POST": "cancel"},
+    "/v1/messages/batches/{message_batch_id}/results": {"GET": "results"},
+})
 
 
 def match_anthropic_batch_route(method: str, path: str) -> tuple[str, str, str] | str | None:
     """``(template, action, batch id)`` of a Message Batches request; ``"wrong method"`` when only the
     path matches; ``None`` when the path is not a Message Batches path."""
-    path_matched = False
-    for route_method, pattern, action in _ROUTES:
-        found = pattern.fullmatch(path)
-        if found is None:
-            continue
-        if route_method == method:
-            target = found.group(1) if found.groups() else ""
-            template = f"{method} {pattern.pattern.replace('([^/]+)', '{message_batch_id}')}"
-            return template, action, target
-        path_matched = True
-    return "wrong method" if path_matched else None
+    found = match_table(_ROUTES, method, path)
+    return (found[0], found[1], found[2] or "") if isinstance(found, tuple) else found
 
 
 def anthropic_error(status: int, message: str) -> dict[str, Any]:
@@ -264,17 +254,11 @@ class AnthropicBatchStore:
 
     def dispatch(self, action: str, target: str, raw: bytes, query: str, now: float) -> BatchReply:
         """Perform one request (after :meth:`advance`); ``raw`` is the request body."""
-        if action == "create":
-            return self.create(raw, now)
-        if action == "list":
-            return self.list(query)
-        if action == "get":
-            return self.get(target)
-        if action == "cancel":
-            return self.cancel(target, now)
-        if action == "results":
-            return self.results(target, now)
-        return self.delete(target)
+        if action in ("create", "list"):
+            return self.create(raw, now) if action == "create" else self.list(query)
+        if action in ("cancel", "results"):
+            return (self.cancel if action == "cancel" else self.results)(target, now)
+        return (self.get if action == "get" else self.delete)(target)
 
 
 def _missing(batch_id: str) -> BatchReply:

@@ -26,7 +26,7 @@ from typing import Any, final
 import anyio
 import anyio.lowlevel
 
-from ._asgi import Exchange, Receive, Scope, Send, lifespan, read_body, send_json, send_raw
+from ._asgi import Exchange, Receive, Scope, Send, lifespan, read_body, send_json
 from ._batch_routes import BatchRoute, dispatch, match_route
 from ._batch_store import BatchStore
 from ._dialect import Dialect, Route
@@ -34,7 +34,7 @@ from ._dialects import DIALECTS, GeminiDialect
 from ._limits import ServerLimits
 from ._openai import Api, OpenAIDialect, openai_error_payload
 from ._plan import CREATED, Plan, plan_request, reply, success_body
-from ._provider_batches import ProviderBatches, ProviderBatchRoute
+from ._provider_batches import ProviderBatches, ProviderBatchRoute, plan_batch_request, send_store_answer
 from ._respond import Responder
 from ._state import Counters, MockServerConfig, MockServerStats, RecordedRequest, mock_token_count
 
@@ -323,18 +323,9 @@ class MockOpenAIApp:
         if refusal is not None:
             await self._respond.send_error(exchange, send, *refusal)
             return
-        occurrence = self._counts.endpoint_occurrences[route.template]
-        self._counts.endpoint_occurrences[route.template] += 1
-        plan = plan_request(self.config, route.template, occurrence)
-        if plan.kind == "malformed":  # not a batch-endpoint fault: a truncated file would be undetectable
-            plan = Plan("ok", plan.latency)
-        script = self._store.next_create_fault() if route.action == "create" and plan.kind == "ok" else "ok"
-        record = exchange.record
+        plan, script = plan_batch_request(self.config, self._counts, route.template, exchange.record,
+                                          self._store.next_create_fault if route.action == "create" else None)
         headers = _headers(scope)
-
-        if plan.kind in ("hang", "reset") or script == "hang_before_create":
-            record.outcome = "reset" if plan.kind == "reset" else "hang"
-
         respond = self._respond
 
         async def act() -> None:
@@ -355,22 +346,12 @@ class MockOpenAIApp:
             answer = dispatch(self._store, route, raw, headers.get("content-type", ""),
                               scope.get("query_string", b"").decode("latin-1"), moment)
             self._notify()
-            if answer.created and script == "hang_after_create":
-                record.outcome = "hang"
-                await respond.hang()
-            if answer.created and script == "reset_after_create":
-                record.outcome = "reset"
-                await respond.perform(Plan("reset"), {}, exchange, send)
-            elif answer.status >= 400:
-                await respond.send_error(exchange, send, answer.status, answer.message,
-                                         "invalid_request_error")
-            else:
-                record.outcome, record.answered = "ok", self._clock()
-                if answer.content is not None:
-                    await send_raw(send, answer.status, answer.content, exchange=exchange,
-                                   content_type=b"application/octet-stream")
-                else:
-                    await send_json(send, answer.status, answer.payload, exchange=exchange)
+
+            async def refuse(status: int, message: str) -> None:
+                await respond.send_error(exchange, send, status, message, "invalid_request_error")
+
+            await send_store_answer(respond, exchange, send, answer, script, refuse=refuse,
+                                    content_type=b"application/octet-stream", clock=self._clock)
 
         await respond.guarded(exchange, receive, send, act)
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, final
 from urllib.parse import parse_qs
 
 from ._anthropic_batches import rfc3339
+from ._batch_routes import match_table, route_table
 from ._batch_store import EPOCH, BatchReply
 from ._state import MockServerConfig, mock_token_count
 
@@ -50,28 +50,19 @@ _TYPE: Final = "type.googleapis.com/google.ai.generativelanguage.v1beta."
 _TERMINAL: Final = frozenset({"BATCH_STATE_SUCCEEDED", "BATCH_STATE_FAILED", "BATCH_STATE_CANCELLED",
                               "BATCH_STATE_EXPIRED"})
 _WINDOW: Final = 48 * 3600
-_ROUTES: Final = (
-    ("POST", re.compile(r"/v1beta/models/([^/:]+):batchGenerateContent"), "create",
-     "POST /v1beta/models/{model}:batchGenerateContent"),
-    ("GET", re.compile(r"/v1beta/batches"), "list", "GET /v1beta/batches"),
-    ("GET", re.compile(r"/v1beta/batches/([^/:]+)"), "get", "GET /v1beta/batches/{batch}"),
-    ("DELETE", re.compile(r"/v1beta/batches/([^/:]+)"), "delete", "DELETE /v1beta/batches/{batch}"),
-    ("POST", re.compile(r"/v1beta/batches/([^/:]+):cancel"), "cancel", "POST /v1beta/batches/{batch}:cancel"),
-)
+_ROUTES: Final = route_table({
+    "/v1beta/models/{model}:batchGenerateContent": {"POST": "create"},
+    "/v1beta/batches": {"GET": "list"},
+    "/v1beta/batches/{batch}": {"GET": "get", "DELETE": "delete"},
+    "/v1beta/batches/{batch}:cancel": {"POST": "cancel"},
+}, target="[^/:]+")
 
 
 def match_gemini_batch_route(method: str, path: str) -> tuple[str, str, str] | str | None:
     """``(template, action, target)`` of a batch-mode request (target: the model or batch id);
     ``"wrong method"`` when only the path matches; ``None`` when the path is not a batch path."""
-    path_matched = False
-    for route_method, pattern, action, template in _ROUTES:
-        found = pattern.fullmatch(path)
-        if found is None:
-            continue
-        if route_method == method:
-            return template, action, found.group(1) if found.groups() else ""
-        path_matched = True
-    return "wrong method" if path_matched else None
+    found = match_table(_ROUTES, method, path)
+    return (found[0], found[1], found[2] or "") if isinstance(found, tuple) else found
 
 
 def google_error(status: int, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -269,15 +260,11 @@ class GeminiBatchStore:
 
     def dispatch(self, action: str, target: str, raw: bytes, query: str, now: float) -> BatchReply:
         """Perform one request (after :meth:`advance`); ``raw`` is the request body."""
-        if action == "create":
-            return self.create(target, raw, now)
-        if action == "list":
-            return self.list(query)
-        if action == "get":
-            return self.get(target)
+        if action in ("create", "list"):  # target: the model of a create, else the batch
+            return self.create(target, raw, now) if action == "create" else self.list(query)
         if action == "cancel":
             return self.cancel(target, now)
-        return self.delete(target)
+        return (self.get if action == "get" else self.delete)(target)
 
 
 def _missing(batch_id: str) -> BatchReply:

@@ -11,12 +11,17 @@ and retry hints, through the app's responder).
 Each line of a batch is answered by the app's live dialect (``POST
 /v1/messages``, ``generateContent``: :func:`line_answers`), checked and planned
 as a live request, so a batch line gets exactly the live route's answer.
+
+:func:`plan_batch_request` and :func:`send_store_answer` are the steps every
+batch request takes, OpenAI's (served by the app) included: its fault plan and
+scripted create fault, and the store's answer with the faults that act once a
+batch is made.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
 
@@ -24,13 +29,14 @@ import anyio
 
 from ._anthropic_batches import AnthropicBatchStore, LineAnswer, match_anthropic_batch_route
 from ._asgi import Exchange, Receive, Scope, Send, send_json, send_raw
+from ._batch_store import BatchReply
 from ._dialect import Dialect, Route
 from ._gemini_batches import GeminiBatchStore, GeminiLineAnswer, match_gemini_batch_route
 from ._plan import Plan, plan_request
 from ._respond import Responder
-from ._state import Counters, MockServerConfig
+from ._state import Counters, MockServerConfig, RecordedRequest
 
-__all__ = ["ProviderBatchRoute", "ProviderBatches", "line_answers"]
+__all__ = ["ProviderBatchRoute", "ProviderBatches", "line_answers", "plan_batch_request", "send_store_answer"]
 
 
 @final
@@ -107,15 +113,10 @@ class ProviderBatches:
         if self.config.api_key is not None and exchange.credential != self.config.api_key:
             await self.send_error(exchange, send, 401, "invalid x-api-key (mock)")
             return
-        occurrence = self._counts.endpoint_occurrences[route.template]
-        self._counts.endpoint_occurrences[route.template] += 1
-        plan = plan_request(self.config, route.template, occurrence)
-        if plan.kind == "malformed":  # a truncated result file would be undetectable: not a batch fault
-            plan = Plan("ok", plan.latency)
-        script = next(self._create_faults, "ok") if route.action == "create" and plan.kind == "ok" else "ok"
-        respond, record = self._respond, exchange.record
-        if plan.kind in ("hang", "reset") or script == "hang_before_create":
-            record.outcome = "reset" if plan.kind == "reset" else "hang"
+        plan, script = plan_batch_request(
+            self.config, self._counts, route.template, exchange.record,
+            (lambda: next(self._create_faults, "ok")) if route.action == "create" else None)
+        respond = self._respond
         store: AnthropicBatchStore | GeminiBatchStore = (
             self.anthropic if route.dialect == "anthropic" else self.gemini)
         if route.dialect == "anthropic":
@@ -137,25 +138,55 @@ class ProviderBatches:
             moment = self._clock()
             self.advance(moment)
             answer = store.dispatch(route.action, route.target, raw, query, moment)
-            if answer.created and script == "hang_after_create":
-                record.outcome = "hang"
-                await respond.hang()
-            if answer.created and script == "reset_after_create":
-                record.outcome = "reset"
-                await respond.perform(Plan("reset"), {}, exchange, send)
-            elif answer.status >= 400:
-                await self.send_error(exchange, send, answer.status, answer.message)
-            else:
-                record.outcome, record.answered = "ok", self._clock()
-                if answer.content is not None:
-                    await send_raw(send, answer.status, answer.content, exchange=exchange,
-                                   content_type=b"application/binary")
-                else:
-                    await send_json(send, answer.status, answer.payload, exchange=exchange)
+
+            async def refuse(status: int, message: str) -> None:
+                await self.send_error(exchange, send, status, message)
+
+            await send_store_answer(respond, exchange, send, answer, script, refuse=refuse,
+                                    content_type=b"application/binary", clock=self._clock)
 
         await respond.guarded(exchange, receive, send, act)
 
 
+
+
+def plan_batch_request(config: MockServerConfig, counts: Counters, template: str, record: RecordedRequest,
+                       create_fault: Callable[[], str] | None) -> tuple[Plan, str]:
+    """``(plan, script)`` of one batch request: its generic fault plan, drawn from ``(seed, template,
+    occurrence)``, and for a create the plan leaves alone the next scripted create fault
+    (``create_fault``; ``"ok"`` otherwise). A request that will hang or reset says so in its record."""
+    occurrence = counts.endpoint_occurrences[template]
+    counts.endpoint_occurrences[template] += 1
+    plan = plan_request(config, template, occurrence)
+    if plan.kind == "malformed":  # a truncated result file would be undetectable: not a batch fault
+        plan = Plan("ok", plan.latency)
+    script = create_fault() if create_fault is not None and plan.kind == "ok" else "ok"
+    if plan.kind in ("hang", "reset") or script == "hang_before_create":
+        record.outcome = "reset" if plan.kind == "reset" else "hang"
+    return plan, script
+
+
+async def send_store_answer(respond: Responder, exchange: Exchange, send: Send, answer: BatchReply,
+                            script: str, *, refuse: Callable[[int, str], Awaitable[None]],
+                            content_type: bytes, clock: Callable[[], float]) -> None:
+    """Send the store's ``answer``, after the scripted faults that act once a batch is made (a hang or
+    a reset after the create: its outcome is then unknown to the client); an error goes out through
+    ``refuse(status, message)``, in the route's dialect."""
+    record = exchange.record
+    if answer.created and script == "hang_after_create":
+        record.outcome = "hang"
+        await respond.hang()
+    if answer.created and script == "reset_after_create":
+        record.outcome = "reset"
+        await respond.perform(Plan("reset"), {}, exchange, send)
+    elif answer.status >= 400:
+        await refuse(answer.status, answer.message)
+    else:
+        record.outcome, record.answered = "ok", clock()
+        if answer.content is not None:
+            await send_raw(send, answer.status, answer.content, exchange=exchange, content_type=content_type)
+        else:
+            await send_json(send, answer.status, answer.payload, exchange=exchange)
 
 _LINE_HEADERS: Final = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
 """What a batch line is checked with: the headers its create carried (a line has none of its own)."""

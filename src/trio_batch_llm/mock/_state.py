@@ -6,7 +6,7 @@ import math
 import re
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, final
+from typing import final
 
 from .._values._errors import ConfigurationError
 
@@ -255,7 +255,7 @@ class RecordedRequest:
     method: str
     path: str
     headers: dict[str, str]
-    body: Any
+    body: object
     arrival: float
     prompt: str | None
     outcome: str = "pending"

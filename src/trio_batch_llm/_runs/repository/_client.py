@@ -31,7 +31,7 @@ from typing import Final, ParamSpec, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from ..._artifacts._worker_gate import WorkerGate
+from ..._backends._worker_gate import WorkerGate
 from ..._values._errors import DatabaseUnavailableError
 from .._schema import RunStateError
 from ._protocol import RunRepository

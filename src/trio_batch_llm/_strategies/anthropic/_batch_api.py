@@ -29,25 +29,21 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, final
 
 import anyio
 import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._prompts import LLMRequest
-from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
+from .._batch import BatchInfo, BatchItemOutcome, SendMark
 from .._batch_requests import (
-    KeptRequestFiles,
-    capacity_scope,
+    InlineBatchConnection,
+    InlineBatchEndpoint,
+    InlineEndpointSettings,
     json_line,
-    keyed_requests,
-    llm_request_of,
-    page_of,
 )
 from .._batch_requests import create_outcome_unknown as outcome_unknown
-from .._keys import Secret
 
 __all__ = ["AnthropicBatchConnection", "AnthropicBatchEndpoint", "batch_info", "custom_id_of"]
 
@@ -63,18 +59,6 @@ _ERROR_STATUS: Final = {"invalid_request_error": 400, "authentication_error": 40
                         "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
                         "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,
                         "overloaded_error": 529}
-
-
-class AnthropicEndpointSettings(Protocol):
-    """What the Batch API uses of an Anthropic strategy."""
-
-    base_url: str
-    model: str
-
-    @property
-    def secret(self) -> Secret | None: ...
-
-    def request_body(self, prompt: str | LLMRequest) -> dict[str, Any]: ...
 
 
 def custom_id_of(item_id: str) -> str:
@@ -169,33 +153,24 @@ def decode_results_file(content: bytes, item_ids: Sequence[str]) -> dict[str, Ba
 
 
 @final
-class AnthropicBatchEndpoint:
+class AnthropicBatchEndpoint(InlineBatchEndpoint):
     """The :class:`BatchEndpoint` of an :class:`AnthropicStrategy`; see the module docstring."""
 
-    def __init__(self, strategy: AnthropicEndpointSettings) -> None:
-        self._strategy = strategy
+    _refused_statuses = _REFUSED_STATUSES
+
+    def __init__(self, strategy: InlineEndpointSettings) -> None:
+        super().__init__(strategy)
         self._tags: dict[str, str] = {}  # ended batch id -> the tag of its custom ids (found by find)
 
-    @property
-    def capacity_scope(self) -> str:
-        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
+    def _line(self, item_id: str, body: dict[str, Any]) -> bytes:
+        return json_line({"custom_id": custom_id_of(item_id), "params": body})
 
-    def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        request = llm_request_of(prompt)
-        body = self._strategy.request_body(request)
-        line = {"custom_id": custom_id_of(item_id), "params": body}
-        return BatchRequest(line=json_line(line), text=request_text(body) or request.text)
+    def _request_text(self, body: Mapping[str, Any]) -> str:
+        return request_text(body)
 
-    def decode_results(
-        self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
-    ) -> dict[str, BatchItemOutcome]:
-        outcomes: dict[str, BatchItemOutcome] = {}
-        for content in files:
-            outcomes.update(decode_results_file(content, item_ids))
-        return outcomes
-
-    def create_outcome_unknown(self, error: ProviderError) -> bool:
-        return create_outcome_unknown(error)
+    def _decode_file(self, batch: BatchInfo, content: bytes,
+                     item_ids: Sequence[str]) -> dict[str, BatchItemOutcome]:
+        return decode_results_file(content, item_ids)
 
     def connect(self, *, request_timeout: float, start_before: float) -> AnthropicBatchConnection:
         return AnthropicBatchConnection(self._strategy, self._tags, request_timeout=request_timeout,
@@ -203,24 +178,14 @@ class AnthropicBatchEndpoint:
 
 
 @final
-class AnthropicBatchConnection:
+class AnthropicBatchConnection(InlineBatchConnection):
     """The Message Batches requests of one drive segment; see the module docstring."""
 
-    def __init__(self, strategy: AnthropicEndpointSettings, tags: dict[str, str], *, request_timeout: float,
+    def __init__(self, strategy: InlineEndpointSettings, tags: dict[str, str], *, request_timeout: float,
                  start_before: float) -> None:
-        self._requests = keyed_requests(strategy, key_header="x-api-key", error_of=error_of,
-                                        request_timeout=request_timeout, start_before=start_before,
-                                        extra_headers={"anthropic-version": API_VERSION})
+        super().__init__(strategy, key_header="x-api-key", error_of=error_of, request_timeout=request_timeout,
+                         start_before=start_before, extra_headers={"anthropic-version": API_VERSION})
         self._tags = tags
-        self._files = KeptRequestFiles()
-
-    async def aclose(self) -> None:
-        self._files.clear()
-        await self._requests.aclose()
-
-    async def upload(self, filename: str, content: bytes) -> str:
-        """Keep the request file for the create (Anthropic takes a batch's requests inline)."""
-        return await self._files.keep(filename, content)
 
     async def create(self, input_file_id: str, *, completion_window: str, metadata: Mapping[str, str],
                      sending: SendMark | None = None) -> BatchInfo:
@@ -240,9 +205,7 @@ class AnthropicBatchConnection:
         batch_info(await self._requests.json("POST", f"{_PATH}/{batch_id}/cancel"))
 
     async def download(self, file_id: str) -> bytes:
-        reply = await self._requests.send("GET", f"{_PATH}/{file_id}/results")
-        content: bytes = reply.content
-        return content
+        return await self._requests.content(f"{_PATH}/{file_id}/results")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The ended batch whose custom ids carry the tag of ``key=value``; ``None`` if none has (yet)."""
@@ -250,10 +213,7 @@ class AnthropicBatchConnection:
         await self._requests.gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            params: dict[str, str | int] = {"limit": _LIST_PAGE}
-            if after is not None:
-                params["after_id"] = after
-            page = await self._requests.found(page_of, "GET", _PATH, params=params) or {}
+            page = await self._requests.page(_PATH, size=("limit", _LIST_PAGE), cursor=("after_id", after))
             data = page.get("data") if isinstance(page, Mapping) else None
             if not isinstance(data, list) or not data:
                 return None

@@ -25,9 +25,10 @@ from ..._values._errors import ConfigurationError
 from ..._values._prompts import LLMRequest
 from ..._values._results import RetryState, TokenUsage
 from ..._values._urls import redact_url
+from .._batch import BatchEndpoint
 from .._keys import Secret, provider_api_key
-from ..openai._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
-from ..openai._sdk import _report_rate_limits, _scrub_key
+from .._sdk_strategy import SdkStrategy, import_extra
+from ..openai._compatible import _DEFAULT_TIMEOUT
 from ._errors import sdk_verdict
 from ._requests import REFUSED_PARAMS, build_params, request_problem
 from ._wire import read_message
@@ -58,7 +59,7 @@ def _api_key(api_key: str | None, api_key_env: str | None, base_url: str, *, pai
 
 
 @final
-class AnthropicStrategy(_EndpointStrategy):
+class AnthropicStrategy(SdkStrategy):
     """Claude through Anthropic's Messages API (``anthropic.AsyncAnthropic``).
 
     Requests: an item's prompt or OpenAI-format messages (images as ``image_url`` parts,
@@ -86,13 +87,13 @@ class AnthropicStrategy(_EndpointStrategy):
         self,
         model: str,
         *,
-        client: Any = None,
+        client: object = None,
         api_key: str | None = None,
         api_key_env: str | None = None,
         base_url: str | None = None,
         system_prompt: str | None = None,
         params: Mapping[str, Any] | None = None,
-        response_model: Any = None,
+        response_model: type | Mapping[str, Any] | None = None,
         max_output_tokens: int | None = None,
         cache_system_prompt: bool = False,
         concurrency: int | None = None,
@@ -100,28 +101,16 @@ class AnthropicStrategy(_EndpointStrategy):
         headers: Mapping[str, str] | None = None,
         timeout: float | None = _DEFAULT_TIMEOUT,
     ) -> None:
-        try:
-            import anthropic
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "AnthropicStrategy needs the anthropic SDK: pip install 'trio-batch-llm[anthropic]'"
-            ) from exc
+        anthropic = import_extra("anthropic", "AnthropicStrategy needs the anthropic SDK: "
+                                              "pip install 'trio-batch-llm[anthropic]'")
         self._anthropic = anthropic
         if not isinstance(cache_system_prompt, bool):
             raise ConfigurationError("cache_system_prompt", cache_system_prompt, "must be True or False")
+        self._sdk_client_class = anthropic.AsyncAnthropic
         if client is not None:
-            if not isinstance(client, anthropic.AsyncAnthropic):
-                raise ConfigurationError("client", type(client).__name__,
-                                         "must be an anthropic.AsyncAnthropic")
-            if base_url is not None or api_key is not None or api_key_env is not None:
-                conflict = "base_url" if base_url is not None else "api_key" if api_key is not None \
-                    else "api_key_env"
-                raise ConfigurationError(conflict, "<given>", "client= already decides it; pass one")
-            base_url = str(client.base_url)
-            key = getattr(client, "api_key", None)
-            secret = Secret(key) if isinstance(key, str) and key else None
-            self._identity_client = client
-            client = client.with_options(max_retries=0)
+            base_url, secret, client = self._adopt_client(client, "anthropic.AsyncAnthropic",
+                                                          base_url=base_url, api_key=api_key,
+                                                          api_key_env=api_key_env)
         else:
             if base_url is not None and (not isinstance(base_url, str)
                                          or not base_url.startswith(("http://", "https://"))):
@@ -160,10 +149,11 @@ class AnthropicStrategy(_EndpointStrategy):
     def batch_request_body(self, prompt: str | LLMRequest) -> dict[str, Any]:
         return self.request_body(prompt)
 
-    def batch_endpoint(self) -> Any:
+    def batch_endpoint(self) -> BatchEndpoint:
         """Anthropic's Message Batches at this strategy's ``base_url``, with its key and settings."""
         module = importlib.import_module(f"{__package__}._batch_api")  # imported only when asked for
-        return module.AnthropicBatchEndpoint(self)
+        endpoint: BatchEndpoint = module.AnthropicBatchEndpoint(self)
+        return endpoint
 
     def lease_identity(self) -> object:
         user_client = self._identity_client if self._identity_client is not None else self._user_client
@@ -173,42 +163,16 @@ class AnthropicStrategy(_EndpointStrategy):
         """Every model behind one endpoint and key shares concurrency, rate limits and cooldowns."""
         return ("anthropic-endpoint", redact_url(self.base_url), self._fingerprint())
 
-    def _open_client(self) -> Any:
-        from ..openai import _http
-
-        assert self._secret is not None  # checked in __init__ for SDK clients we build
-        http_client = None
-        if self.pool_size is not None:
-            http_client = _http.create_client(
-                concurrency=self.concurrency, keepalive=self._concurrency_hint, timeout=self.timeout
-            )
-        return self._anthropic.AsyncAnthropic(
-            api_key=self._secret.reveal(), base_url=self.base_url, max_retries=0,
-            timeout=self.timeout, http_client=http_client,
-        )
-
-    async def _close_client(self, client: Any) -> None:
-        await client.close()  # closes the httpx2 client too, ours or the SDK's own
-
     async def execute_request(
         self, request: LLMRequest, attempt: int, timeout: float | None, state: RetryState | None = None
     ) -> tuple[str, TokenUsage | None, Any]:
         client = self._client_for_call()
         body = self.request_body(request, include_extra=False)
-        extra = {**self.extra_body, **(self.params.get("extra_body") or {}),
-                 **(request.params.get("extra_body") or {})}
-        options: dict[str, Any] = {}
-        if extra:
-            options["extra_body"] = extra
-        if self.headers:
-            options["extra_headers"] = self.headers
-        if timeout is not None:
-            options["timeout"] = timeout
+        options = self._call_options(request, timeout)
         try:  # the raw response, for its request id and rate-limit headers (what admission learns from)
             raw = await client.messages.with_raw_response.create(**body, **options)
         except Exception as exc:  # re-raised as itself (CONTRACT C7.2), scrubbed and annotated
-            _scrub_key(exc, self._secret)
-            _report_rate_limits(exc)
+            self._leaving(exc)
             verdict = sdk_verdict(exc)
             if verdict is not None and verdict[2] is not None:
                 exc.stops_batch = verdict[2]  # type: ignore[attr-defined]

@@ -25,25 +25,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, final
 
 import anyio
 import anyio.lowlevel
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
-from ..._values._prompts import LLMRequest
-from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
+from .._batch import BatchInfo, BatchItemOutcome, SendMark
 from .._batch_requests import (
-    KeptRequestFiles,
-    capacity_scope,
+    InlineBatchConnection,
+    InlineBatchEndpoint,
+    InlineEndpointSettings,
     json_line,
-    keyed_requests,
-    llm_request_of,
-    page_of,
 )
 from .._batch_requests import create_outcome_unknown as outcome_unknown
-from .._keys import Secret
 
 __all__ = ["GeminiBatchConnection", "GeminiBatchEndpoint", "batch_info"]
 
@@ -67,18 +63,6 @@ INLINE_REQUEST_BYTES: Final = 19_000_000
 """Under the API's 20 MB limit on a batch's inline requests, leaving room for the envelope."""
 _MAX_LIST_PAGES: Final = 20
 _REFUSED_STATUSES: Final = frozenset({400, 401, 403, 404, 409, 413, 429, 503})
-
-
-class GeminiEndpointSettings(Protocol):
-    """What the batch mode uses of a Gemini strategy."""
-
-    base_url: str
-    model: str
-
-    @property
-    def secret(self) -> Secret | None: ...
-
-    def request_body(self, prompt: str | LLMRequest) -> dict[str, Any]: ...
 
 
 def _name(batch_id: str) -> str:
@@ -207,35 +191,22 @@ def decode_batch(batch: BatchInfo, content: bytes, item_ids: Sequence[str]) -> d
 
 
 @final
-class GeminiBatchEndpoint:
+class GeminiBatchEndpoint(InlineBatchEndpoint):
     """The :class:`BatchEndpoint` of a :class:`GeminiStrategy`; see the module docstring."""
 
     max_file_bytes: int = INLINE_REQUEST_BYTES
     """The largest request file a batch takes (runs chunk by the smaller of this and their own)."""
+    _refused_statuses = _REFUSED_STATUSES
 
-    def __init__(self, strategy: GeminiEndpointSettings) -> None:
-        self._strategy = strategy
+    def _line(self, item_id: str, body: dict[str, Any]) -> bytes:
+        return json_line({"request": body, "metadata": {"key": item_id}})
 
-    @property
-    def capacity_scope(self) -> str:
-        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
+    def _request_text(self, body: Mapping[str, Any]) -> str:
+        return request_text(body)
 
-    def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        request = llm_request_of(prompt)
-        body = self._strategy.request_body(request)
-        line = {"request": body, "metadata": {"key": item_id}}
-        return BatchRequest(line=json_line(line), text=request_text(body) or request.text)
-
-    def decode_results(
-        self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
-    ) -> dict[str, BatchItemOutcome]:
-        outcomes: dict[str, BatchItemOutcome] = {}
-        for content in files:
-            outcomes.update(decode_batch(batch, content, item_ids))
-        return outcomes
-
-    def create_outcome_unknown(self, error: ProviderError) -> bool:
-        return create_outcome_unknown(error)
+    def _decode_file(self, batch: BatchInfo, content: bytes,
+                     item_ids: Sequence[str]) -> dict[str, BatchItemOutcome]:
+        return decode_batch(batch, content, item_ids)
 
     def connect(self, *, request_timeout: float, start_before: float) -> GeminiBatchConnection:
         return GeminiBatchConnection(self._strategy, request_timeout=request_timeout,
@@ -243,24 +214,15 @@ class GeminiBatchEndpoint:
 
 
 @final
-class GeminiBatchConnection:
+class GeminiBatchConnection(InlineBatchConnection):
     """The batch-mode requests of one drive segment; see the module docstring."""
 
-    def __init__(self, strategy: GeminiEndpointSettings, *, request_timeout: float,
+    def __init__(self, strategy: InlineEndpointSettings, *, request_timeout: float,
                  start_before: float) -> None:
-        self._requests = keyed_requests(strategy, key_header="x-goog-api-key", error_of=error_of,
-                                        request_timeout=request_timeout, start_before=start_before)
+        super().__init__(strategy, key_header="x-goog-api-key", error_of=error_of,
+                         request_timeout=request_timeout, start_before=start_before)
         self._model = _model_path(strategy.model)
         self._root = "/" + str(getattr(strategy, "api_version", None) or "v1beta")
-        self._files = KeptRequestFiles()
-
-    async def aclose(self) -> None:
-        self._files.clear()
-        await self._requests.aclose()
-
-    async def upload(self, filename: str, content: bytes) -> str:
-        """Keep the request file for the create (the requests go inline)."""
-        return await self._files.keep(filename, content)
 
     async def create(self, input_file_id: str, *, completion_window: str, metadata: Mapping[str, str],
                      sending: SendMark | None = None) -> BatchInfo:
@@ -283,19 +245,15 @@ class GeminiBatchConnection:
 
     async def download(self, file_id: str) -> bytes:
         """The finished batch itself (its answers are inline)."""
-        reply = await self._requests.send("GET", f"{self._root}/{_name(file_id)}")
-        content: bytes = reply.content
-        return content
+        return await self._requests.content(f"{self._root}/{_name(file_id)}")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The newest batch whose ``displayName`` metadata has ``key == value``; ``None`` if none has."""
         await self._requests.gate()
         token: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            params: dict[str, str | int] = {"pageSize": _LIST_PAGE}
-            if token is not None:
-                params["pageToken"] = token
-            page = await self._requests.found(page_of, "GET", f"{self._root}/batches", params=params) or {}
+            page = await self._requests.page(f"{self._root}/batches", size=("pageSize", _LIST_PAGE),
+                                             cursor=("pageToken", token))
             operations = page.get("operations") if isinstance(page, Mapping) else None
             for entry in operations if isinstance(operations, list) else ():
                 if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):

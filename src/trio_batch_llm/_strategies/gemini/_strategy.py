@@ -26,11 +26,13 @@ from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
-from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
+from ..._values._structured import ResponseModel
 from ..._values._urls import normalize_base_url, redact_url, redact_urls
-from .._base import LLMCallStrategy, wire_key_material
+from .._base import wire_key_material
+from .._batch import BatchEndpoint
 from .._clients import client_registry
 from .._keys import Secret, provider_api_key
+from .._structured import StructuredOutputStrategy
 from ._cache import CacheHandle, GeminiContextCache, cache_body
 from ._wire import build_request_body, read_response, request_problem
 
@@ -53,7 +55,7 @@ class _Session:
 
 
 @final
-class GeminiStrategy(LLMCallStrategy[str]):
+class GeminiStrategy(StructuredOutputStrategy):
     """Call Gemini's ``models/{model}:generateContent`` (extra ``[gemini]``).
 
     The key goes in ``x-goog-api-key``: ``api_key``, else the variable ``api_key_env``,
@@ -70,13 +72,13 @@ class GeminiStrategy(LLMCallStrategy[str]):
         self,
         model: str,
         *,
-        client: Any = None,
+        client: object = None,
         api_key: str | None = None,
         api_key_env: str | None = None,
         base_url: str | None = None,
         system_prompt: str | None = None,
         params: Mapping[str, Any] | None = None,
-        response_model: Any = None,
+        response_model: type | Mapping[str, Any] | None = None,
         context_cache: GeminiContextCache | bool | None = None,
         max_output_tokens: int | None = None,
         temperature: float | None = None,
@@ -162,10 +164,6 @@ class GeminiStrategy(LLMCallStrategy[str]):
     def secret(self) -> Secret | None:
         return self._secret
 
-    @property
-    def response_schema(self) -> dict[str, Any] | None:
-        return self._response.schema if self._response is not None else None
-
     def configure_concurrency(self, concurrency: int) -> None:
         """The engine's hint: how many connections a client we open keeps alive (caps nothing)."""
         if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
@@ -235,29 +233,11 @@ class GeminiStrategy(LLMCallStrategy[str]):
                                      "context_cache.contents")
         return cache_body(self.model, option, prefix)
 
-    def batch_endpoint(self) -> Any:
+    def batch_endpoint(self) -> BatchEndpoint:
         """Gemini's batch mode (``models/{model}:batchGenerateContent``) at this strategy's endpoint."""
         from ._batch_api import GeminiBatchEndpoint  # type: ignore[import-not-found,unused-ignore]
 
         return GeminiBatchEndpoint(self)
-
-    # -- structured output -----------------------------------------------------------------
-
-    def parse_output(self, raw: Any, metadata: dict[str, Any]) -> Any:
-        """With ``response_model=``: the answer validated into the model (a dict for a schema)."""
-        if self._response is None:
-            return raw
-        output, fenced = self._response.parse(raw)
-        if fenced:
-            metadata[FENCE_METADATA_KEY] = True
-        return output
-
-    def decode_output(self, stored: Any) -> Any:
-        return self._response.decode(stored) if self._response is not None else stored
-
-    def output_codec(self) -> tuple[Any, Any] | None:
-        response = self._response
-        return None if response is None else (response.encode, response.decode)
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -24,10 +24,9 @@ from typing import Any, Final, Protocol, final
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
 from ..._values._prompts import LLMRequest
-from .._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
-from .._batch_requests import BatchRequests, capacity_scope, llm_request_of, page_of
+from .._batch import BatchInfo, BatchItemOutcome, SendMark
+from .._batch_requests import BatchRequests, EndpointSettings, ProviderBatchEndpoint
 from .._batch_requests import create_outcome_unknown as outcome_unknown
-from .._keys import Secret
 from ._batch_lines import decode_result_files, request_line
 from ._wire import API_PATHS, Api, prompt_text_of_request
 from ._wire_errors import error_from_status
@@ -42,19 +41,14 @@ _MAX_LIST_PAGES: Final = 20
 _REFUSED_STATUSES: Final = frozenset({400, 401, 402, 403, 404, 409, 413, 415, 422, 429, 503})
 
 
-class OpenAIEndpointSettings(Protocol):
+class OpenAIEndpointSettings(EndpointSettings, Protocol):
     """What the Batch API uses of an OpenAI strategy (both strategies have it)."""
 
-    base_url: str
     api: Api
-    model: str
-
-    @property
-    def secret(self) -> Secret | None: ...
 
     def request_headers(self) -> dict[str, str]: ...
 
-    def http_client(self) -> Any: ...
+    def http_client(self) -> object | None: ...
 
     def batch_request_body(self, prompt: str | LLMRequest) -> dict[str, Any]: ...
 
@@ -98,23 +92,24 @@ def create_outcome_unknown(exc: ProviderError) -> bool:
 
 
 @final
-class OpenAIBatchEndpoint:
+class OpenAIBatchEndpoint(ProviderBatchEndpoint[OpenAIEndpointSettings]):
     """The :class:`BatchEndpoint` of an OpenAI strategy; see the module docstring."""
 
+    _refused_statuses = _REFUSED_STATUSES
+
     def __init__(self, strategy: OpenAIEndpointSettings) -> None:
-        self._strategy = strategy
+        super().__init__(strategy)
         self._api: Api = strategy.api
         self._url = "/v1" + API_PATHS[strategy.api]
 
-    @property
-    def capacity_scope(self) -> str:
-        return capacity_scope(self._strategy.base_url, self._strategy.secret, self._strategy.model)
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        return self._strategy.batch_request_body(request)
 
-    def encode_request(self, item_id: str, prompt: str) -> BatchRequest:
-        request = llm_request_of(prompt)
-        body = self._strategy.batch_request_body(request)
-        text = prompt_text_of_request(self._api, body) or request.text
-        return BatchRequest(line=request_line(item_id, self._url, body), text=text)
+    def _line(self, item_id: str, body: dict[str, Any]) -> bytes:
+        return request_line(item_id, self._url, body)
+
+    def _request_text(self, body: Mapping[str, Any]) -> str:
+        return prompt_text_of_request(self._api, body) or ""  # "": the item's text counts instead
 
     def decode_results(
         self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
@@ -127,9 +122,6 @@ class OpenAIBatchEndpoint:
                                          category=ErrorCategory.INVALID_REQUEST)
                 outcomes[item_ids[line - 1]] = BatchItemOutcome(error=rejected)
         return outcomes
-
-    def create_outcome_unknown(self, error: ProviderError) -> bool:
-        return create_outcome_unknown(error)
 
     def connect(self, *, request_timeout: float, start_before: float) -> OpenAIBatchConnection:
         return OpenAIBatchConnection(self._strategy, self._url, request_timeout=request_timeout,
@@ -178,9 +170,7 @@ class OpenAIBatchConnection:
         batch_info(await self._requests.json("POST", f"/batches/{batch_id}/cancel"))
 
     async def download(self, file_id: str) -> bytes:
-        reply = await self._requests.send("GET", f"/files/{file_id}/content")
-        content: bytes = reply.content
-        return content
+        return await self._requests.content(f"/files/{file_id}/content")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The newest batch whose metadata has ``key == value``; ``None`` if the listing has none.
@@ -191,10 +181,7 @@ class OpenAIBatchConnection:
         await self._requests.gate()
         after: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            params: dict[str, str | int] = {"limit": _LIST_PAGE}
-            if after is not None:
-                params["after"] = after
-            page = await self._requests.found(page_of, "GET", "/batches", params=params) or {}
+            page = await self._requests.page("/batches", size=("limit", _LIST_PAGE), cursor=("after", after))
             data = page.get("data") if isinstance(page, Mapping) else None
             if not isinstance(data, list) or not data:
                 return None

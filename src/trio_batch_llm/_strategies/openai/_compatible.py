@@ -25,13 +25,14 @@ from ..._values._categories import ErrorCategory
 from ..._values._errors import ConfigurationError, ProviderError
 from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
-from ..._values._structured import FENCE_METADATA_KEY, ResponseModel
+from ..._values._structured import ResponseModel
 from ..._values._urls import join_url, normalize_base_url, redact_url, redact_urls
 from ..._version import __version__
-from .._base import LLMCallStrategy, wire_key_material
+from .._base import wire_key_material
 from .._batch import BatchEndpoint
 from .._clients import client_registry
 from .._keys import Secret, endpoint_api_key
+from .._structured import StructuredOutputStrategy
 from ._batch_api import OpenAIBatchEndpoint
 from ._wire import (
     API_PATHS,
@@ -65,8 +66,9 @@ def no_key_error(error: ProviderError, base_url: str, api_key_env: str | None,
     )
 
 
-class _EndpointStrategy(LLMCallStrategy[str]):
-    """What both OpenAI strategies share: key handling, identities, the per-loop client registry."""
+class _EndpointStrategy(StructuredOutputStrategy):
+    """What both OpenAI strategies share: key handling, identities, the per-loop client registry (and,
+    from :class:`StructuredOutputStrategy`, the structured-output stage)."""
 
     _user_client: Any
     _identity_client: Any = None  # the client object the user passed (the SDK strategy wraps a copy)
@@ -78,7 +80,8 @@ class _EndpointStrategy(LLMCallStrategy[str]):
                  extra_body: Mapping[str, Any] | None, system_prompt: str | None,
                  temperature: float | None, max_output_tokens: int | None,
                  headers: Mapping[str, str] | None, timeout: float | None,
-                 params: Mapping[str, Any] | None = None, response_model: Any = None) -> None:
+                 params: Mapping[str, Any] | None = None,
+                 response_model: type | Mapping[str, Any] | None = None) -> None:
         if not isinstance(model, str) or not model:
             raise ConfigurationError("model", model, "must be a non-empty string")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
@@ -116,11 +119,6 @@ class _EndpointStrategy(LLMCallStrategy[str]):
     def provider_name(self) -> str:
         return self._label
 
-    @property
-    def response_schema(self) -> dict[str, Any] | None:
-        """The JSON schema sent with every request (pydantic's, every object closed), or ``None``."""
-        return self._response.schema if self._response is not None else None
-
     def request_problem(self, request: LLMRequest) -> str | None:
         """Refuses, at input, what this API cannot send (``seed``/``stop`` on the Responses API)."""
         if self.api == "responses":
@@ -128,34 +126,6 @@ class _EndpointStrategy(LLMCallStrategy[str]):
                 return (f"params[{key!r}]: {RESPONSES_REFUSED[key]}; use api=\"chat\", or put it in "
                         f"params['extra_body'] if your endpoint takes it")
         return None
-
-    def parse_output(self, raw: Any, metadata: dict[str, Any]) -> Any:
-        """With ``response_model=``: the answer validated into the model (a dict for a schema).
-
-        A refusal is final (CONTENT_POLICY); an answer that does not validate is a
-        :class:`StructuredOutputError` (PARSE, retried without backoff). An answer wrapped
-        in a markdown code fence is unwrapped and ``metadata["fence_recovered"]`` is set.
-        """
-        response = self._response
-        if response is None:
-            return raw
-        refusal = metadata.get("refusal")
-        if refusal:
-            raise ProviderError(f"the model refused: {refusal}", category=ErrorCategory.CONTENT_POLICY)
-        output, fenced = response.parse(raw)
-        if fenced:
-            metadata[FENCE_METADATA_KEY] = True
-        return output
-
-    def decode_output(self, stored: Any) -> Any:
-        return self._response.decode(stored) if self._response is not None else stored
-
-    def output_codec(self) -> tuple[Any, Any] | None:
-        """``(encoder, decoder)`` for a store keeping this strategy's outputs; ``None`` for text."""
-        response = self._response
-        if response is None:
-            return None
-        return response.encode, response.decode
 
     def configure_concurrency(self, concurrency: int) -> None:
         """The engine's hint (calls that may run at once), given before an owner's first :meth:`prepare`.
@@ -225,7 +195,7 @@ class _EndpointStrategy(LLMCallStrategy[str]):
         """The API key, wrapped so that it never prints (``None`` without a key)."""
         return self._secret
 
-    def http_client(self) -> Any:
+    def http_client(self) -> object | None:
         """The ``httpx2.AsyncClient`` passed as ``client=``, if any (used as is, never closed by us)."""
         return self._user_client if self._label == "openai-compatible" else None
 
@@ -320,7 +290,7 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         base_url: str,
         api_key: str | None = None,
         api: str = "chat",
-        client: Any = None,
+        client: object = None,
         concurrency: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
         system_prompt: str | None = None,
@@ -330,7 +300,7 @@ class OpenAICompatibleStrategy(_EndpointStrategy):
         timeout: float | None = _DEFAULT_TIMEOUT,
         api_key_env: str | None = None,
         params: Mapping[str, Any] | None = None,
-        response_model: Any = None,
+        response_model: type | Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             shown = redact_urls(base_url) if isinstance(base_url, str) else base_url

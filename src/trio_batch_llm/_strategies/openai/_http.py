@@ -106,6 +106,15 @@ def encode_json_body(body: Mapping[str, Any]) -> bytes:
         ) from exc
 
 
+
+def _reply(response: httpx2.Response) -> HttpReply:
+    """The whole reply, its header names lowercased (a dict: the callers look headers up by name)."""
+    return HttpReply(
+        status_code=response.status_code,
+        headers={name.lower(): value for name, value in response.headers.items()},
+        content=response.content,
+    )
+
 async def post_json(
     client: httpx2.AsyncClient,
     url: str,
@@ -132,11 +141,7 @@ async def post_json(
                                          timeout=_timeout(timeout))
     except httpx2.HTTPError as exc:
         raise transport_error(exc, secret=secret) from exc
-    return HttpReply(
-        status_code=response.status_code,
-        headers={name.lower(): value for name, value in response.headers.items()},
-        content=response.content,
-    )
+    return _reply(response)
 
 
 async def send_request(
@@ -175,11 +180,7 @@ async def send_request(
         )
     except httpx2.HTTPError as exc:
         raise transport_error(exc, secret=secret) from exc
-    return HttpReply(
-        status_code=response.status_code,
-        headers={name.lower(): value for name, value in response.headers.items()},
-        content=response.content,
-    )
+    return _reply(response)
 
 
 def transport_error(exc: BaseException, *, secret: Secret | None = None) -> ProviderError:

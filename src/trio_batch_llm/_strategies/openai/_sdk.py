@@ -29,7 +29,8 @@ from ..._values._results import RetryState, TokenUsage
 from ..._values._retry_after import retry_after_from_headers
 from ..._values._urls import is_openai_api, redact_url
 from .._keys import Secret, endpoint_api_key
-from ._compatible import _DEFAULT_TIMEOUT, _EndpointStrategy
+from .._sdk_strategy import SdkStrategy, import_extra
+from ._compatible import _DEFAULT_TIMEOUT
 from ._wire import parse_response_body
 from ._wire_errors import status_batch_stop, status_category
 
@@ -56,7 +57,7 @@ def _sdk_api_key(api_key: str | None, api_key_env: str | None, base_url: str, *,
 
 
 @final
-class OpenAIStrategy(_EndpointStrategy):
+class OpenAIStrategy(SdkStrategy):
     """OpenAI (or an endpoint the SDK can talk to) via ``openai.AsyncOpenAI``.
 
     ``api="responses"`` (default) calls ``client.responses.create``; ``api="chat"``
@@ -79,7 +80,7 @@ class OpenAIStrategy(_EndpointStrategy):
         self,
         model: str = "gpt-4o-mini",
         *,
-        client: Any = None,
+        client: object = None,
         api: str = "responses",
         base_url: str | None = None,
         api_key: str | None = None,
@@ -92,27 +93,15 @@ class OpenAIStrategy(_EndpointStrategy):
         timeout: float | None = _DEFAULT_TIMEOUT,
         api_key_env: str | None = None,
         params: Mapping[str, Any] | None = None,
-        response_model: Any = None,
+        response_model: type | Mapping[str, Any] | None = None,
     ) -> None:
-        try:
-            import openai
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "OpenAIStrategy needs the openai SDK: pip install 'trio-batch-llm[openai]'"
-            ) from exc
+        openai = import_extra("openai", "OpenAIStrategy needs the openai SDK: "
+                                        "pip install 'trio-batch-llm[openai]'")
         self._openai = openai
+        self._sdk_client_class = openai.AsyncOpenAI
         if client is not None:
-            if not isinstance(client, openai.AsyncOpenAI):
-                raise ConfigurationError("client", type(client).__name__, "must be an openai.AsyncOpenAI")
-            if base_url is not None or api_key is not None or api_key_env is not None:
-                conflict = "base_url" if base_url is not None else "api_key" if api_key is not None \
-                    else "api_key_env"
-                raise ConfigurationError(conflict, "<given>", "client= already decides it; pass one")
-            base_url = str(client.base_url)
-            key = getattr(client, "api_key", None)
-            secret = Secret(key) if isinstance(key, str) and key else None
-            self._identity_client = client
-            client = client.with_options(max_retries=0)
+            base_url, secret, client = self._adopt_client(client, "openai.AsyncOpenAI", base_url=base_url,
+                                                          api_key=api_key, api_key_env=api_key_env)
         else:
             env_base_url = os.environ.get("OPENAI_BASE_URL") or None
             base_url = base_url or env_base_url or _OPENAI_URL
@@ -123,23 +112,6 @@ class OpenAIStrategy(_EndpointStrategy):
                          params=params, response_model=response_model)
         self._user_client = client
         self._secret = secret
-
-    def _open_client(self) -> Any:
-        from . import _http
-
-        assert self._secret is not None  # checked in __init__ for SDK clients we build
-        http_client = None
-        if self.pool_size is not None:
-            http_client = _http.create_client(
-                concurrency=self.concurrency, keepalive=self._concurrency_hint, timeout=self.timeout
-            )
-        return self._openai.AsyncOpenAI(
-            api_key=self._secret.reveal(), base_url=self.base_url, max_retries=0,
-            timeout=self.timeout, http_client=http_client,
-        )
-
-    async def _close_client(self, client: Any) -> None:
-        await client.close()  # closes the httpx2 client too, ours or the SDK's own
 
     _max_tokens_field = "max_completion_tokens"
 
@@ -156,27 +128,18 @@ class OpenAIStrategy(_EndpointStrategy):
         self, request: LLMRequest, attempt: int, timeout: float | None, state: RetryState | None = None
     ) -> tuple[str, TokenUsage | None, Any]:
         client = self._client_for_call()
-        options: dict[str, Any] = {}
+        options = self._call_options(request, timeout)
         body = self.request_body(request)
-        extra = {**self.extra_body, **(self.params.get("extra_body") or {}),
-                 **(request.params.get("extra_body") or {})}
-        if extra:
-            options["extra_body"] = extra
-        if self.headers:
-            options["extra_headers"] = self.headers
-        if timeout is not None:
-            options["timeout"] = timeout
         # The raw response, for its rate-limit headers (what the quota scope paces by).
         resource = client.chat.completions if self.api == "chat" else client.responses
         try:
             raw = await resource.with_raw_response.create(**body, **options)
         except Exception as exc:  # re-raised as itself (CONTRACT C7.2), only scrubbed of the key
-            _scrub_key(exc, self._secret)
-            _report_rate_limits(exc)
+            self._leaving(exc)
             if isinstance(exc, self._openai.APIStatusError):  # credits or quota spent: the batch stops
                 stops = status_batch_stop(exc.status_code, exc.body)
                 if stops is not None:
-                    exc.stops_batch = stops  # type: ignore[attr-defined]  # read duck-typed by the engine
+                    exc.stops_batch = stops  # read duck-typed by the engine
             raise
         text, usage, metadata = parse_response_body(self.api, raw.parse().to_dict(mode="json"))
         metadata["api"] = self.api
@@ -192,26 +155,3 @@ class OpenAIStrategy(_EndpointStrategy):
             return category, retry_after_from_headers(exception.response.headers)
         return None
 
-
-def _report_rate_limits(exc: BaseException) -> None:
-    """Give an SDK status error the ``metadata["rate_limit"]`` a :class:`ProviderError` carries.
-
-    The SDK's exception is raised as itself, so the rate-limit headers of its response are
-    attached to it, as the one attribute the engine reads them from; nothing else changes.
-    """
-    response = getattr(exc, "response", None)
-    if response is None or hasattr(exc, "metadata"):
-        return
-    reported = rate_limit_headers(getattr(response, "headers", None))
-    if reported:
-        exc.metadata = {RATE_LIMIT_METADATA_KEY: reported}  # type: ignore[attr-defined]
-
-
-def _scrub_key(exc: BaseException, secret: Secret | None) -> None:
-    """Remove the API key from an SDK exception's message in place; its type and identity stay."""
-    if secret is None or secret.redact(text := str(exc)) == text:
-        return
-    exc.args = tuple(secret.redact(arg) if isinstance(arg, str) else arg for arg in exc.args)
-    message = getattr(exc, "message", None)
-    if isinstance(message, str):
-        exc.message = secret.redact(message)  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 import sniffio
 
@@ -28,6 +28,7 @@ from ..._values._models import is_pydantic_model_class
 from ..._values._prompts import LLMRequest, check_params
 from ..._values._results import RetryState, TokenUsage
 from .._base import LLMCallStrategy
+from .._sdk_strategy import import_extra
 from ._convert import REFUSED_PARAMS, history_problem, run_input, settings_of, token_usage
 from ._errors import classify_agent_error, stops_batch_of
 
@@ -71,24 +72,22 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
 
     def __init__(
         self,
-        agent: Any,
+        agent: object,
         *,
-        model: Any = None,
-        deps: Any = None,
-        output_type: Any = None,
-        usage_limits: Any = None,
+        model: object = None,
+        deps: object = None,
+        output_type: object = None,
+        usage_limits: object = None,
         model_settings: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
         cacheable: bool | None = None,
     ) -> None:
-        try:
-            from pydantic_ai.agent import AbstractAgent
-            from pydantic_ai.models import Model
-            from pydantic_ai.usage import UsageLimits
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "PydanticAIStrategy needs pydantic-ai: pip install 'trio-batch-llm[pydantic-ai]'"
-            ) from exc
+        import_extra("pydantic_ai", "PydanticAIStrategy needs pydantic-ai: "
+                                    "pip install 'trio-batch-llm[pydantic-ai]'")
+        from pydantic_ai.agent import AbstractAgent
+        from pydantic_ai.models import Model
+        from pydantic_ai.usage import UsageLimits
+
         if not isinstance(agent, AbstractAgent):
             raise ConfigurationError("agent", type(agent).__name__, "must be a pydantic_ai Agent")
         if model is not None and not isinstance(model, (str, Model)):
@@ -126,12 +125,12 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         self._shape = shape
         self._schema = _schema_of(shape)  # once: every item's cache key reads it
         if is_pydantic_model_class(shape):
-            self.response_model = shape
+            self.response_model = cast(type, shape)  # a pydantic model class, just checked
 
     # -- what the strategy is ------------------------------------------------------------------
 
     @property
-    def model(self) -> Any:
+    def model(self) -> object | None:
         """The model the runs use: ``model=``, else the agent's."""
         return self._model if self._model is not None else getattr(self.agent, "model", None)
 
@@ -153,7 +152,7 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         """One scope per provider model and address: strategies over one agent (or one model) share it."""
         return ("pydantic-ai", *_model_parts(self.model))
 
-    def decode_output(self, stored: Any) -> Any:
+    def decode_output(self, stored: object) -> object:
         """A stored output back to the ``output_type`` (a pydantic model, a dataclass, a list of them)."""
         if stored is None or self._shape is str or self._shape is None:
             return stored
@@ -162,7 +161,7 @@ class PydanticAIStrategy(LLMCallStrategy[Any]):
         try:
             from pydantic import TypeAdapter
 
-            return TypeAdapter(self._shape).validate_python(stored)
+            return TypeAdapter(cast("type[object]", self._shape)).validate_python(stored)
         except Exception:  # noqa: BLE001 - not a type pydantic can rebuild (an output function): as stored
             return stored
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import TracebackType
 
-from ._host import ExecutorHost
-from ._ledger import CleanupLedger, unwrap_group
+from .._core._ledger import CleanupLedger, unwrap_group
+from ._executor import ExecutorHost
 
 __all__ = ["HostedOwner"]
 

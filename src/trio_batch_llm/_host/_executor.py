@@ -9,7 +9,6 @@ body.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -20,26 +19,25 @@ import anyio.abc
 
 from .._admission import QuotaRegistry, QuotaScope
 from .._backends import leaves_the_loop
+from .._core._deliveries import unwrap_group
+from .._core._leases import Lease, lease_registry
+from .._core._ledger import CleanupLedger, CleanupStep, LedgerState, LedgerStatistics
 from .._strategies._base import LLMCallStrategy
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
-from ._deliveries import unwrap_group
-from ._leases import Lease, lease_registry
-from ._ledger import CleanupLedger, CleanupStep, LedgerStatistics
 
 __all__ = ["ExecutorHost", "HostStatistics", "RuntimeTasks"]
-
-
-class _State(enum.Enum):
-    UNOPENED = "unopened"
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 @final
 @dataclass(frozen=True, slots=True)
 class HostStatistics:
+    """A snapshot of a host, for tests and diagnostics (``ExecutorHost.statistics()``).
+
+    ``state`` is ``unopened``, ``open``, ``closing`` or ``closed``; ``ledger``
+    is the snapshot of the host's cleanup ledger.
+    """
+
     state: str
     runtime_tasks: int
     prepared_strategies: int
@@ -194,7 +192,8 @@ class ExecutorHost:
     def __init__(self, config: ProcessorConfig | None = None, *, name: str = "ExecutorHost") -> None:
         self.config = config if config is not None else ProcessorConfig()
         self.name = name
-        self._state = _State.UNOPENED
+        # The ledger's one-way lifecycle (open, closing, closed), and None before __aenter__.
+        self._state: LedgerState | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._runtime: RuntimeTasks | None = None
         self._interrupt: BaseException | None = None  # see RuntimeTasks._run; re-raised on leaving
@@ -214,13 +213,13 @@ class ExecutorHost:
     # --- lifecycle -----------------------------------------------------
 
     async def __aenter__(self) -> ExecutorHost:
-        if self._state is not _State.UNOPENED:
+        if self._state is not None:
             raise RuntimeError(f"{self.name} is {self._state.value}; a host can be opened once")
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
         self._runtime = RuntimeTasks(tg, self._hold_interrupt)
-        self._state = _State.OPEN
+        self._state = LedgerState.OPEN
         return self
 
     async def __aexit__(
@@ -260,7 +259,7 @@ class ExecutorHost:
             self._raise_interrupt()  # it takes precedence over what the group raised (CONTRACT C7.4)
             raise
         finally:
-            self._state = _State.CLOSED if self.ledger.finished else _State.CLOSING
+            self._state = LedgerState.CLOSED if self.ledger.finished else LedgerState.CLOSING
         self._raise_interrupt()
         return suppress
 
@@ -296,7 +295,9 @@ class ExecutorHost:
 
     @property
     def state(self) -> str:
-        if self._state is _State.OPEN and self.ledger.state != "open":
+        if self._state is None:
+            return "unopened"
+        if self._state is LedgerState.OPEN and self.ledger.state != "open":
             return self.ledger.state
         return self._state.value
 
@@ -304,13 +305,13 @@ class ExecutorHost:
 
     @property
     def runtime(self) -> RuntimeTasks:
-        if self._runtime is None or self._state is not _State.OPEN:
+        if self._runtime is None or self._state is not LedgerState.OPEN:
             raise AdmissionClosedError(f"{self.name} is {self.state}; it runs no new tasks")
         return self._runtime
 
     def new_runtime_group(self) -> RuntimeTasks:
         """A separately stoppable set of runtime tasks in this host's task group (one per processor)."""
-        if self._tg is None or self._state is not _State.OPEN:
+        if self._tg is None or self._state is not LedgerState.OPEN:
             raise AdmissionClosedError(f"{self.name} is {self.state}; it runs no new tasks")
         return RuntimeTasks(self._tg, self._hold_interrupt)
 
