@@ -34,7 +34,7 @@ async def pass_gate(gate: BreakerGate, run: ItemRun[Any]) -> bool:
         if gated is not None:
             gate.released(probe=gated)
         return False
-    run.gated = gated  # told its outcome once: release_attempt(), else ItemRunner.drive's finally
+    run.gate_passed(gated)  # told its outcome once: release_attempt(), else ItemRunner.drive's finally
     return True
 
 

@@ -15,9 +15,9 @@ an item: one WARNING, and the owner goes on without it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from ._item_run import ItemRun
 
 __all__ = ["SETTLE_SECONDS", "ItemCache", "open_item_cache"]
+
+TOutput = TypeVar("TOutput")
 
 SETTLE_SECONDS: Final = 5.0
 """How long writing an answer (or letting a claim go) may take in a shielded cleanup: bounded, as every
@@ -107,6 +109,26 @@ class ItemCache:
             self._display, name, why, extra={"strategy": name, "cache": self._display},
         )
 
+    async def look_up(self, run: ItemRun[TOutput], clock: Callable[[], float]
+                      ) -> WorkItemResult[TOutput] | None:
+        """Stage 0 of the item path: the cache's answer as ``run``'s result, or ``None``: make the call
+        (a miss holds ``run.claim`` until the item ends; an item not cacheable, a failed cache: none)."""
+        key = self.key(run.item)
+        if key is None:
+            return None  # noqa: ASYNC910 - drive() goes on to the call, which checkpoints
+        found = await self.lookup(key)
+        if found is None:
+            return None  # the cache failed (said once): the item runs as without one
+        if isinstance(found, Claim):
+            run.looked_up(key.digest, found)
+            return None
+        run.looked_up(key.digest, None)
+        try:
+            return self.hit(run, key, found, clock())
+        except Exception as exc:  # noqa: BLE001 - the strategy's decode_output: ask the provider instead
+            self.undecodable(run.item.item_id, exc)
+            return None
+
     async def lookup(self, key: CacheKey) -> CachedAnswer | Claim | None:
         """A hit, a :class:`Claim` (make the call, then :meth:`settle`), or ``None``: the cache failed."""
         try:
@@ -150,8 +172,8 @@ class ItemCache:
             extra={"cache": self._display, "error_type": type(exc).__name__},
         )
 
-    def answer(self, strategy: LLMCallStrategy[Any], output: Any, usage: Mapping[str, int],
-               meta: Any) -> CachedAnswer | None:
+    def answer(self, strategy: LLMCallStrategy[Any], output: object, usage: Mapping[str, int],
+               meta: object) -> CachedAnswer | None:
         """What the cache keeps of a validated success, or ``None``: not kept (a refusal, unless
         ``cache_refusals``; an output a checkpoint could not keep faithfully)."""
         metadata = dict(meta) if isinstance(meta, Mapping) else {}

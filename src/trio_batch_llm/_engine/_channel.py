@@ -55,6 +55,33 @@ class _Failure:
 _SUCCESS = object()
 
 
+@final
+class _Waiters:
+    """The tasks of one side parked until the other side moves: one Event, made by the first to
+    park, set (and dropped) to wake them all; each re-checks what it waited for."""
+
+    __slots__ = ("count", "event")
+
+    def __init__(self) -> None:
+        self.event: anyio.Event | None = None
+        self.count = 0
+
+    async def wait(self) -> None:
+        if self.event is None:
+            self.event = anyio.Event()
+        event = self.event
+        self.count += 1
+        try:
+            await event.wait()
+        finally:
+            self.count -= 1
+
+    def wake(self) -> None:
+        if self.event is not None:
+            self.event.set()
+            self.event = None
+
+
 class ResultChannel(Generic[T]):
     """A bounded (``max_size`` > 0) or unbounded (0) queue with a terminal decision."""
 
@@ -67,10 +94,8 @@ class ResultChannel(Generic[T]):
         self._delivered = 0
         self._producers_done = False
         self._finalizing = False
-        self._readable: anyio.Event | None = None
-        self._writable: anyio.Event | None = None
-        self._readers_waiting = 0
-        self._writers_waiting = 0
+        self._readers = _Waiters()
+        self._writers = _Waiters()
         self.failure_delivered = False
         """Whether some reader has raised the failure terminal (so nobody else must report it)."""
 
@@ -79,14 +104,7 @@ class ResultChannel(Generic[T]):
     async def put(self, item: T) -> None:
         """Queue ``item``; waits while the queue is full; dropped once a terminal is decided."""
         while self._max and len(self._queue) >= self._max and self._decision is None:
-            if self._writable is None:
-                self._writable = anyio.Event()
-            event = self._writable
-            self._writers_waiting += 1
-            try:
-                await event.wait()
-            finally:
-                self._writers_waiting -= 1
+            await self._writers.wait()
         if self._decision is not None:
             await anyio.lowlevel.checkpoint()
             return
@@ -124,10 +142,8 @@ class ResultChannel(Generic[T]):
             self._settle()
 
     def _settle(self) -> None:
-        self._wake_readers()
-        if self._writable is not None:
-            self._writable.set()
-            self._writable = None
+        self._readers.wake()
+        self._writers.wake()
 
     # --- consumer side -------------------------------------------------
 
@@ -151,21 +167,13 @@ class ResultChannel(Generic[T]):
             if self._producers_done and not self._finalizing:
                 await self._run_finalization()
                 continue
-            if self._readable is None:
-                self._readable = anyio.Event()
-            event = self._readable
-            self._readers_waiting += 1
-            try:
-                await event.wait()
-            finally:
-                self._readers_waiting -= 1
+            await self._readers.wait()
 
     async def _pop(self) -> T:
         item = self._queue.popleft()
         self._delivered += 1
-        if self._writable is not None:
-            self._writable.set()
-            self._writable = None
+        if self._writers.event is not None:  # (checked here: the common case, nobody waiting, costs no call)
+            self._writers.wake()
         await anyio.lowlevel.checkpoint()
         return item
 
@@ -184,9 +192,8 @@ class ResultChannel(Generic[T]):
         self._decide_success()
 
     def _wake_readers(self) -> None:
-        if self._readable is not None:
-            self._readable.set()
-            self._readable = None
+        if self._readers.event is not None:
+            self._readers.wake()
 
     def statistics(self) -> ResultChannelStatistics:
         decision = self._decision
@@ -197,8 +204,8 @@ class ResultChannel(Generic[T]):
             max_size=self._max,
             producers_done=self._producers_done,
             decided=decided,
-            readers_waiting=self._readers_waiting,
-            writers_waiting=self._writers_waiting,
+            readers_waiting=self._readers.count,
+            writers_waiting=self._writers.count,
         )
 
 

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 import anyio
+
+if TYPE_CHECKING:
+    from ._item_run import ItemRun
 
 __all__ = ["DeadlineWatcher", "Guard"]
 
@@ -58,7 +61,7 @@ class Guard:
         self.stop_deadline = stop_deadline
         self.stopped: str | None = None
         """The reason of a stop that cut items short; no item starts on this guard after it."""
-        self.run: Any = None
+        self.run: ItemRun[Any] | None = None
 
     def renew(self) -> anyio.CancelScope:
         """A fresh scope to run in (the previous one is left; it may have been cancelled).
@@ -70,7 +73,7 @@ class Guard:
         self.scope = anyio.CancelScope()
         return self.scope
 
-    def arm(self, run: object, deadline: float) -> None:
+    def arm(self, run: ItemRun[Any], deadline: float) -> None:
         """The worker enters the item path with ``run``: from now on a deadline or a stop cancels it."""
         self.run = run
         self.armed = True

@@ -29,7 +29,7 @@ __all__ = [
     "CheckedItems",
     "DuplicateTracker",
     "aiter_items",
-    "check_request",
+    "check_work_item",
     "feed_items",
     "is_sized_source",
     "item_of_mapping",
@@ -59,15 +59,23 @@ def is_sized_source(prompts: object) -> bool:
 def to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> LLMWorkItem[TOutput]:
     """One entry, checked: ``str``, ``(id, prompt[, context])``, a mapping or ``LLMWorkItem``."""
     item = _to_item(entry, index, strategy)
-    where = f"prompts[{index}]"
-    check_item(item.item_id, item.prompt_text if not isinstance(item.prompt, str) else item.prompt,
-               item.context, where=where)
-    check_request(item, where)
+    check_work_item(item, f"prompts[{index}]", source=True)
     return item
 
 
-def check_request(item: LLMWorkItem[Any], where: str) -> None:
-    """An item's messages and params checked, and its strategy able to send them: before any call."""
+def check_work_item(item: LLMWorkItem[Any], where: str, *, source: bool = False) -> None:
+    """The one check of an item at its way in (``where``: ``add_work``, ``submit``, ``prompts[i]``),
+    before any call: its prompt and context (lone surrogates, nesting), its messages and params (made
+    canonical, once), and its strategy able to send it. ``ValueError``/``TypeError`` naming the item;
+    ``source``: its errors also say where in the source it stood.
+
+    Whoever takes an item checked here (a processor's intake, from a source checked whole or lazily:
+    :class:`CheckedItems`, :class:`aiter_items`) does not check it again.
+    """
+    prompt = item.prompt
+    check_item(item.item_id, prompt if isinstance(prompt, str) else item.prompt_text, item.context,
+               where=where if source else None)
+    # Its messages and params checked (and made canonical), and its strategy able to send them.
     if not isinstance(item.prompt, str) or item.params:
         place = f"{where} (item_id={item.item_id!r})"
         item.prompt = check_prompt(item.prompt, place)
@@ -108,7 +116,7 @@ def _to_item(entry: object, index: int, strategy: LLMCallStrategy[TOutput]) -> L
         return item_of_mapping(entry, index, strategy, f"prompts[{index}]")
     if isinstance(entry, tuple) and len(entry) in (2, 3):
         item_id, prompt = entry[0], entry[1]
-        context: Any = entry[2] if len(entry) == 3 else None
+        context: object = entry[2] if len(entry) == 3 else None
         _check_id(item_id, index)
         if not isinstance(prompt, (str, list)):
             raise TypeError(f"prompts[{index}] (item_id={item_id!r}): prompt={prompt!r} must be a str "

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 import anyio
 import anyio.lowlevel
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from .._artifacts import ResumePlan
 from .._values._errors import AdmissionClosedError, QueueFullError
-from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, item_id_problem
 from .._values._results import WorkItemResult
 from .._values._stats import RunCounters
-from ._inputs import CheckedItems, DuplicateTracker, check_request
+from ._inputs import CheckedItems, DuplicateTracker, check_work_item
 from ._stops import StopPolicy
 
-__all__ = ["Intake"]
+__all__ = ["Intake", "ItemQueue"]
 
 TOutput = TypeVar("TOutput")
+
+ItemQueue: TypeAlias = MemoryObjectReceiveStream[LLMWorkItem[TOutput]]
+"""The receiving end of a processor's input: each worker reads a clone of it."""
 
 
 class Intake(Generic[TOutput]):
@@ -61,8 +64,7 @@ class Intake(Generic[TOutput]):
                 raise TypeError(f"item={item!r}: must be an LLMWorkItem")
             if (problem := item_id_problem(item.item_id)) is not None:
                 raise ValueError(f"item_id={item.item_id!r} {problem}")
-            check_item(item.item_id, item.prompt_text, item.context)
-            check_request(item, "add_work")
+            check_work_item(item, "add_work")
             self.ids.check(item.item_id)  # last: an item refused for another reason keeps no id
         replay = self.plan.replay(item) if self.plan is not None else None
         if self._record:
@@ -120,7 +122,7 @@ class Intake(Generic[TOutput]):
             send(item)
         return stop, None
 
-    async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: Any) -> None:
+    async def queue(self, item: LLMWorkItem[TOutput], *, wait: bool, stopped: str | None) -> None:
         """Put an accepted item on the queue: waiting for room (``wait``), or refused at once when full.
 
         ``stopped`` names the batch's stop for the error when the input is closed.

@@ -1,10 +1,13 @@
 """One item's path: admit → attempt → parse → decide, one function per stage, over a :class:`Binding`.
 
-Shared by the processor's workers and the pool's callers. A :class:`Binding` is what the
-path needs of one strategy, resolved once per owner (:mod:`._item_run`): nothing on the hot
-path calls back into the host. An :class:`ItemRun` is one item on its way; it survives its
-guard firing (:mod:`._guards`), so the caller can go on with it (the module is over 400 lines because
-its stages share one runner's state on the hot path; the breaker's part is in :mod:`._breaker_gate`)::
+Shared by the processor's workers and the pool's callers. Over 400 lines because it is the
+path's driver and its stages, which share one runner's state on the hot path; what each stage
+decides or builds is elsewhere: a strategy as the path uses it (:mod:`._binding`), the item's
+record and its results (:mod:`._item_run`), the cache's lookup (:mod:`._cached`), the breaker
+(:mod:`._breaker_item`), the account of an answer (:mod:`._account`), the retry rule
+(:mod:`._retry`), the throttle budget (:mod:`._throttled`). Nothing on the hot path calls back
+into the host. An :class:`ItemRun` survives its guard firing (:mod:`._guards`), so the caller
+can go on with it::
 
     result = await runner.drive(run, guard)     # in the guard's scope
     ...the scope caught a deadline or a stop; in the guard's next scope:
@@ -20,7 +23,7 @@ In :meth:`ItemRunner.drive`, per attempt:
   processor's ``call_start_deadline``);
 - :meth:`~ItemRunner.attempt`: one call under the attempt deadline, awaited in ``drive``;
   a failure is classified in :meth:`~ItemRunner.attempt_failed` (the one ``except
-  Exception`` boundary); :func:`~._item_run.release_attempt` gives the admission back;
+  Exception`` boundary); :func:`~._account.release_attempt` gives the admission back;
 - :meth:`~ItemRunner.parse`: the raw output becomes the item's output;
 - :meth:`~ItemRunner.decide`: a failed attempt becomes the item's result, or the wait
   before the next attempt (separate budgets for rate limits and other failures; no retry
@@ -31,31 +34,30 @@ In :meth:`ItemRunner.drive`, per attempt:
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
 
-from .._cache._flight import Claim
 from .._observe._log import log_retry
 from .._values._categories import ErrorCategory
-from .._values._config_warnings import warn_if_pool_too_small
 from .._values._errors import AttemptTimedOut
 from .._values._requests import LLMWorkItem
-from .._values._results import RetryState, WorkItemResult, add_usage
+from .._values._results import RetryState, WorkItemResult
 from .._values._stop_reasons import StopReason
+from ._account import as_triple, release_attempt
+from ._binding import Binding, resolve_binding
 from ._breaker_gate import Breakers, OnRetire, tell_gate
 from ._breaker_item import pass_gate, retired_result
 from ._cached import ItemCache
 from ._classifier_objects import ClassifierArg, user_classifier
-from ._item_run import Binding, Failure, ItemRun, Retries, as_triple, release_attempt, start_deadline
-from ._throttled import admit_within_budget, over_budget, spent
-from ._tokenizer import load_tokenizer, request_tokens, tokenizer_unloaded
+from ._item_run import Failure, ItemRun, Usage, start_deadline
+from ._retry import retry_or_result
+from ._throttled import admit_within_budget, spent
 
 if TYPE_CHECKING:
     from .._admission import Admission
+    from .._admission._records import QuotaScopeStatistics
     from .._host._executor import ExecutorHost
     from .._observe._hooks import Hooks
     from .._strategies._base import LLMCallStrategy
@@ -156,26 +158,18 @@ class ItemRunner(Generic[TOutput]):
             start_by=self.start_by,
         )
 
+    def scope_statistics(self) -> list[QuotaScopeStatistics]:
+        """The statistics of the quota scope of every strategy bound so far, each once (for progress)."""
+        scopes = {id(binding.quota): binding.quota for binding in self._bindings.values()}
+        return [scope.statistics() for scope in scopes.values()]
+
     async def bind(self, strategy: LLMCallStrategy[Any]) -> Binding:
         """Resolve the Binding of ``strategy`` (prepare it on the host) and keep it for this owner.
 
         :meth:`drive` calls it for a strategy it has not seen, in the item's admission
         time; after that nothing is looked up per item.
         """
-        await self._host.ensure_prepared(strategy)
-        config = self._config
-        warn_if_pool_too_small(strategy, config.provider_concurrency)  # once per owner and strategy
-        if tokenizer_unloaded(strategy, config.token_estimator):
-            await load_tokenizer(strategy)
-        tokens = request_tokens(strategy, config.token_estimator)
-        binding = Binding(
-            strategy,
-            self._host.quota_scope(strategy),
-            estimate=tokens if config.max_tokens_per_minute is not None else None,
-            estimator=tokens,
-            user_classifier=self._classifier,
-        )
-        binding.breaker = self._breakers.of(binding.quota)
+        binding = await resolve_binding(strategy, self._host, self._config, self._classifier, self._breakers)
         self._bindings[id(strategy)] = binding
         return binding
 
@@ -189,8 +183,7 @@ class ItemRunner(Generic[TOutput]):
         try:
             if guard.stopped is not None:
                 return STOPPED  # noqa: ASYNC910 - the worker's next receive checkpoints
-            if run.failed is not None:  # driven again after its attempt timed out
-                failure, run.failed = run.failed, None
+            if (failure := run.take_failure()) is not None:  # driven again after its attempt timed out
                 if (result := await self.back_off(run, failure)) is not None:
                     return result
             elif run.backoff_owed > 0:  # a late deadline broke its backoff off (cut): wait out the rest
@@ -199,7 +192,7 @@ class ItemRunner(Generic[TOutput]):
             # Before admission, and before the strategy is prepared: a hit takes no slot, no RPM/TPM
             # unit, no breaker turn, no call (a re-run answered whole by the cache opens no client).
             if (cache is not None and run.attempts == 0 and run.cache_key is None
-                    and (hit := await self.look_up(cache, run)) is not None):
+                    and (hit := await cache.look_up(run, self._clock)) is not None):
                 return hit  # noqa: ASYNC910 - a hit awaited the cache's lookup
             strategy = run.item.strategy
             binding = self._last
@@ -208,18 +201,16 @@ class ItemRunner(Generic[TOutput]):
                 if binding is None or binding.strategy is not strategy:
                     binding = await self.bind(strategy)
                 self._last = binding
-            run.binding = binding
-            tokens = binding.tokens(run.item.prompt, run.item.params)
+            tokens = run.bind(binding)
             while True:
-                held = run.held = await self.admit(binding, run, tokens)
+                held = await self.admit(binding, run, tokens)
                 if held is None:  # past a start limit (between calls), max_rate_limit_wait, a retired scope
                     retired = retired_result(run, self._breakers.stopped)
                     return retired or self.cut(run, guard)  # type: ignore[return-value]
                 # Stage 2's call is awaited here, not in attempt(): a cancellation unwinds one frame
                 # fewer per call in flight (a frame object and a traceback: ~2 µs a worker, asyncio).
-                timeout = self.attempt(run, guard)
+                timeout = self.attempt(run, held, guard)
                 state = run.retries.state if run.retries is not None else None
-                run.calling = True
                 try:
                     execute_text = binding.execute_text
                     if execute_text is not None:
@@ -233,49 +224,32 @@ class ItemRunner(Generic[TOutput]):
                 else:
                     self.attempt_returned(run, held, usage, meta)
                     try:
-                        output = self.parse(binding, output, meta)
+                        parsed = self.parse(binding, output, meta)
                     except Exception as exc:  # noqa: BLE001 - a parse failure is a failed attempt
-                        run.switch("backoff", self._clock())  # its call ended here, as a raising call's
+                        run.parse_failed(self._clock())
                         guard.set_deadline(run.start_limit)
                         outcome = Failure(exc, binding.classify(exc), parse_stage=True)
                     else:
-                        result = run.succeeded(output, meta, self._clock())
+                        result = run.succeeded(parsed, meta, self._clock())
                         if run.claim is not None:  # a cache miss's validated answer: kept for the next asker
-                            await self.keep_answer(run, output, usage, meta)
+                            await self.keep_answer(run, parsed, usage, meta)
                         return result
                 if (result := await self.back_off(run, outcome)) is not None:
                     return result
         finally:
             guard.disarm()
-            if run.held is not None:
-                run.held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
-                run.held = None
-            if run.gated is not None and run.binding is not None:  # let go by the breaker, cut short
-                tell_gate(run.binding.breaker, run.gated, cut=True)  # (or its admission refused)
-                run.gated = None
+            if run.held is not None or run.gated is not None:
+                held = run.held
+                gated = run.released()
+                if held is not None:
+                    held.release(None, answered=False)  # cut short: usage unknown, the reservation stands
+                if gated is not None and run.binding is not None:  # let go by the breaker, cut short
+                    tell_gate(run.binding.breaker, gated, cut=True)  # (or its admission refused)
 
-    async def look_up(self, cache: ItemCache, run: ItemRun[TOutput]) -> WorkItemResult[TOutput] | None:
-        """Stage 0 (:mod:`._cached`): the cache's answer as ``run``'s result, or ``None``: make the call
-        (a miss holds ``run.claim`` until the item ends; an item not cacheable, a failed cache: none)."""
-        key = cache.key(run.item)
-        if key is None:
-            return None  # noqa: ASYNC910 - drive() goes on to the call, which checkpoints
-        found = await cache.lookup(key)
-        if found is None:
-            return None  # the cache failed (said once): the item runs as without one
-        run.cache_key = key.digest
-        if isinstance(found, Claim):
-            run.claim = found
-            return None
-        try:
-            return cache.hit(run, key, found, self._clock())
-        except Exception as exc:  # noqa: BLE001 - the strategy's decode_output: ask the provider instead
-            cache.undecodable(run.item.item_id, exc)
-            return None
-
-    async def keep_answer(self, run: ItemRun[TOutput], output: Any, usage: Any, meta: Any) -> None:
+    async def keep_answer(self, run: ItemRun[TOutput], output: TOutput, usage: Usage,
+                          meta: object) -> None:
         """A miss ended in a validated success: settle its claim with the answer the cache keeps."""
-        claim, run.claim = run.claim, None
+        claim = run.take_claim()
         cache = self.cache
         assert claim is not None and cache is not None
         await cache.settle(claim, cache.answer(run.item.strategy, output, usage or {}, meta))
@@ -283,7 +257,7 @@ class ItemRunner(Generic[TOutput]):
     async def let_go(self, run: ItemRun[TOutput]) -> None:
         """``run`` ended other than in a success (a failure, a stop, a cancellation): its claim, if it
         holds one, is settled with nothing written. Its owner calls it, shielded within a bound."""
-        claim, run.claim = run.claim, None
+        claim = run.take_claim()
         if claim is not None and self.cache is not None:
             await self.cache.settle(claim, None)
         else:
@@ -298,13 +272,13 @@ class ItemRunner(Generic[TOutput]):
             return None
         gate = binding.breaker
         if gate is not None:  # the circuit breaker lets the attempt go at once, or it waits for its turn
-            run.gated = gate.try_enter()  # (no coroutine on the hot path)
+            run.gate_passed(gate.try_enter())  # (no coroutine on the hot path)
             if run.gated is None:
-                run.waiting = True
+                run.park()
                 try:
                     passed = await pass_gate(gate, run)
                 finally:
-                    run.waiting = False
+                    run.unpark()
                 if not passed or self.halted:
                     return None  # noqa: ASYNC910 - pass_gate() awaited: retired, past the start limit, a stop
         scope = binding.quota
@@ -315,7 +289,7 @@ class ItemRunner(Generic[TOutput]):
         # Booked by phase, so a wait cut short (by the item deadline, a stop) is counted too.
         cooling = scope.statistics().cooldown_remaining > 0
         run.switch("cooldown" if cooling else "admission_wait", clock())
-        run.waiting = True  # a stop cuts this wait short (the owner cancels its guard)
+        run.park()  # a stop cuts this wait short (the owner cancels its guard)
         try:
             if (admission := await admit_within_budget(scope, run, tokens, self._retry)) is None:
                 return None
@@ -327,7 +301,7 @@ class ItemRunner(Generic[TOutput]):
                 admission.release_unused()
                 raise
         finally:
-            run.waiting = False
+            run.unpark()
         # The guard fires at the start limit too; the clock said it first. A batch-stopping error
         # or a stop while it waited: the call must not go.
         if clock() >= run.start_limit or self._breakers.stopped is not None or self.halted:
@@ -335,13 +309,12 @@ class ItemRunner(Generic[TOutput]):
             return None
         return admission
 
-    def attempt(self, run: ItemRun[TOutput], guard: Guard) -> float | None:
+    def attempt(self, run: ItemRun[TOutput], held: Admission, guard: Guard) -> float | None:
         """Stage 2, before its call: count the attempt, start its clock and deadline; its timeout.
 
         :meth:`drive` awaits the call, then :meth:`attempt_returned` or :meth:`attempt_failed`."""
-        run.attempts += 1
         started = self._clock()
-        run.switch("execution", started)
+        run.start_call(held, started)
         timeout = self._attempt_timeout
         if timeout is not None and started + timeout < run.outer:
             guard.set_deadline(started + timeout)
@@ -349,39 +322,24 @@ class ItemRunner(Generic[TOutput]):
             guard.set_deadline(run.outer)
         return timeout
 
-    def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Any, meta: Any) -> None:
+    def attempt_returned(self, run: ItemRun[TOutput], held: Admission, usage: Usage,
+                         meta: object) -> None:
         """Stage 2, the call answered: its usage is the item's, its admission goes back."""
-        run.calling = False
-        if usage:
-            add_usage(run.usage, usage)
-            self.used(run, usage, meta)
-        release_attempt(run, held, usage, meta=meta, exc=None, verdict=None)
-
-    def used(self, run: ItemRun[TOutput], usage: Any, meta: Any) -> None:
-        """The call under way reported ``usage``: its AttemptTiming record carries a copy, priced when
-        read by the config's ``cost_function``, else by ``meta``'s model (else the strategy's)."""
-        if isinstance(usage, Mapping):
-            model = meta.get("model") if isinstance(meta, Mapping) else None
-            if not isinstance(model, str) and run.binding is not None:
-                model = run.binding.strategy.model_name
-            run.call_usage = (dict(usage), model, self._price_attempt)
+        gated = run.call_answered(usage, meta, self._price_attempt)
+        release_attempt(run, held, gated, usage, meta=meta, exc=None, verdict=None)
 
     def attempt_failed(
         self, binding: Binding, run: ItemRun[TOutput], held: Admission, guard: Guard, exc: Exception
     ) -> Failure:
         """Stage 2, the call raised (or answered nothing :func:`as_triple` can read): classify it."""
-        run.calling = False
         failed_usage = getattr(exc, "token_usage", None)
-        if failed_usage:  # a failed but billed call: its record carries what it used
-            self.used(run, failed_usage, None)
-        run.switch("backoff", self._clock())
+        run.call_failed(failed_usage, self._price_attempt, self._clock())
         guard.set_deadline(run.start_limit)
-        add_usage(run.usage, failed_usage)
         verdict = binding.classify(exc)
-        wait = release_attempt(run, held, failed_usage, meta=None, exc=exc, verdict=verdict)
+        wait = release_attempt(run, held, run.released(), failed_usage, meta=None, exc=exc, verdict=verdict)
         return Failure(exc, verdict, wait)
 
-    def parse(self, binding: Binding, raw: Any, meta: Any) -> Any:
+    def parse(self, binding: Binding, raw: object, meta: object) -> TOutput:
         """Stage 3: the call's raw output -> the item's output (``strategy.parse_output``).
 
         A parse failure (any ``Exception``; ``ProviderError(category=PARSE)`` says so, as
@@ -389,14 +347,16 @@ class ItemRunner(Generic[TOutput]):
         retried at once, without backoff: asking again is the remedy, and the provider is not
         overloaded. A strategy that does not override ``parse_output`` costs nothing here."""
         if binding.parses:
-            return binding.strategy.parse_output(raw, meta if isinstance(meta, dict) else {})
-        return raw
+            parsed: TOutput = binding.strategy.parse_output(raw, meta if isinstance(meta, dict) else {})
+            return parsed
+        return raw  # type: ignore[return-value]  # no parse stage: the raw output is the item's
 
     def decide(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | float:
-        """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one."""
+        """Stage 4: a failed attempt -> the item's result, or the seconds to wait before the next one
+        (:mod:`._retry`); a failure that stops the batch (a per-day quota, a spend limit) ends it here."""
         exc, verdict = failure.exc, failure.verdict
         category = verdict.category
-        run.last_error = exc
+        retries = run.note_error(exc)
         if verdict.stops_batch is not None:  # final whatever its category, and the owner's batch ends
             error = f"{type(exc).__name__}: {exc}"
             self._breakers.stop_batch(run.binding.quota if run.binding is not None else None,
@@ -407,32 +367,7 @@ class ItemRunner(Generic[TOutput]):
             # did nothing wrong (tomorrow's quota may serve it): a durable run keeps it pending.
             result.stop_reason = StopReason.PROVIDER_RETIRED
             return result
-        retries = run.retries
-        if retries is None:
-            retries = run.retries = Retries()
-        config = self._retry
-        wait = 0.0
-        if category is ErrorCategory.RATE_LIMIT:
-            retries.rate_limited += 1
-            retry = retries.rate_limited <= config.max_rate_limit_retries
-            wait = failure.wait  # 0 but for a blip: the scope's cooldown (if any) holds everyone
-        else:
-            retries.failures += 1
-            retry = category.retryable and retries.failures < config.max_attempts
-            if retry:
-                if retries.rng is None:
-                    retries.rng = self._rng(run.item)
-                wait = 0.0 if failure.parse_stage else config.wait_before_retry(
-                    retries.failures - 1, verdict.retry_after, retries.rng)
-        now = self._clock()
-        if not retry or (over := over_budget(run, category, wait, config, now)) is not None:
-            return run.failed_with(exc, category, now) if not retry or over is None else over
-        if now + wait >= run.item_deadline:
-            reason = f"{run.limit_name} of {run.limit} s leaves no room for a retry after {wait:.3g} s"
-            return run.deadline_exceeded(reason, now)
-        if now + wait >= self.start_by:
-            return run.refused_start(now)
-        return float(wait)  # a whole-number wait (initial_wait=0, retry_after=1) is still a wait
+        return retry_or_result(run, retries, failure, self._retry, start_by=self.start_by, clock=self._clock)
 
     async def back_off(self, run: ItemRun[TOutput], failure: Failure) -> WorkItemResult[TOutput] | None:
         """After a failed attempt: its hooks, :meth:`decide`, ``on_error()``, the wait; ``None`` to go on."""
@@ -444,7 +379,7 @@ class ItemRunner(Generic[TOutput]):
             return decision  # noqa: ASYNC910 - the failed attempt's execute() was a checkpoint
         if self.halted:  # stopped: no retry, so no on_error() and no backoff; admit() says STOPPED
             return None  # noqa: ASYNC910 - as above
-        run.backoff_owed = decision  # owed from now: see wait_out_backoff()
+        run.owe_backoff(decision)  # owed from now: see wait_out_backoff()
         retries = run.retries
         assert retries is not None
         state = retries.state
@@ -466,12 +401,12 @@ class ItemRunner(Generic[TOutput]):
         if self.halted:  # no retry follows: admit() says STOPPED
             await anyio.lowlevel.checkpoint()
             return
-        run.waiting = True  # a stop cuts this wait short (the owner cancels its guard)
+        run.park()  # a stop cuts this wait short (the owner cancels its guard)
         try:
             await anyio.sleep_until(until)
         finally:
-            run.waiting = False
-            run.backoff_owed = max(0.0, until - self._clock())
+            run.unpark()
+            run.owe_backoff(max(0.0, until - self._clock()))
 
     async def resume(self, run: ItemRun[TOutput], guard: Guard) -> WorkItemResult[TOutput] | None:
         """After ``run``'s guard fired mid-item, in its renewed scope: :meth:`cut`, or :meth:`drive` again."""
@@ -500,21 +435,11 @@ class ItemRunner(Generic[TOutput]):
             # attempt's answer or failure is counted already; inventing a timeout for it would
             # spend a retry twice. Drive on (what is left of a backoff is waited out).
             return RETRY
-        run.calling = False
-        run.switch("backoff", now)
         exc = AttemptTimedOut(f"attempt {run.attempts} timed out after {self._attempt_timeout} s")
         assert run.binding is not None
-        run.failed = Failure(exc, run.binding.classify(exc))
+        run.timed_out(Failure(exc, run.binding.classify(exc)), now)
         return RETRY
 
     def stopped(self, run: ItemRun[TOutput], category: ErrorCategory, reason: str) -> WorkItemResult[TOutput]:
         """The result of an item the batch's stop cut short."""
         return run.stopped(category, reason, self._clock())
-
-    def _rng(self, item: LLMWorkItem[TOutput]) -> random.Random:
-        # Seeded per item, so a seeded run's backoffs do not depend on the
-        # order in which items happen to fail.
-        seed = self._retry.jitter_seed
-        if seed is None:
-            return random.Random()
-        return random.Random(f"{seed}\x00{item.item_id}")

@@ -1,96 +1,41 @@
-"""What the item path works on: a :class:`Binding` per strategy, an :class:`ItemRun` per item.
+"""An :class:`ItemRun`: one item on its way, the one record of its state, and the results built from it.
 
-Plain state and the results built from it; no awaits. The stages that change it are in
-:mod:`._item`. (Over 400 lines because an item's state and every result built from it share
-one class's slots: the response cache's claim and key joined them.)
+No awaits. The stages (:mod:`._item`) change it only through its methods. Long because
+an item's state, the booking of its time and every result built from it share one class's
+slots (the response cache's claim and key joined them); what a strategy is to the path is in
+:mod:`._binding`, what a call's answer gives back in :mod:`._account`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, final
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeAlias, TypeVar, final
 
-from .._admission import RATE_LIMIT_METADATA_KEY, RateLimitObservation, parse_rate_limit_headers
-from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._errors import ItemDeadlineExceeded
 from .._values._requests import LLMWorkItem
-from .._values._results import ItemTiming, RetryState, WorkItemResult, usage_total
+from .._values._results import ItemTiming, RetryState, TokenUsage, WorkItemResult, add_usage
 from .._values._stop_reasons import StopReason
-from .._values._usage import check_token_usage, used_tokens
-from ._breaker_gate import tell_gate
-from ._classify import Classification, classify
 
 if TYPE_CHECKING:
-    from .._admission import Admission, QuotaScope
+    from .._admission import Admission
     from .._cache._flight import Claim
-    from ._breaker_gate import BreakerGate
+    from ._binding import Binding
+    from ._classify import Classification
 
-__all__ = [
-    "THROTTLED_BY_429S", "Binding", "Failure", "ItemRun", "Retries", "UserClassifier", "as_triple",
-    "rate_limit_observation", "release_attempt", "start_deadline",
-]
+__all__ = ["THROTTLED_BY_429S", "CallUsage", "Failure", "ItemRun", "Retries", "Usage", "start_deadline"]
 
 TOutput = TypeVar("TOutput")
-UserClassifier = Callable[[Exception], Any]
+Usage: TypeAlias = Mapping[str, int] | None
+"""A call's token usage, checked (:func:`~._account.as_triple`): counts by ``TokenUsage`` key, or unknown."""
+CallUsage: TypeAlias = tuple[dict[str, int], str | None, Callable[[TokenUsage], float] | None]
+"""What a call in flight reported: its usage, its model, what prices it (its AttemptTiming record's)."""
 
 _Phase = Literal["admission_wait", "execution", "backoff", "cooldown"]
 THROTTLED_BY_429S: Final = "throttled by 429s"
 """What the error of a result a deadline (a stop) cut short while throttled says, with the seconds."""
-
-
-@final
-class Binding:
-    """One strategy as the item path uses it, resolved once per owner (``ItemRunner.bind``)."""
-
-    __slots__ = ("breaker", "estimate", "estimator", "execute_text", "parses", "quota", "strategy",
-                 "strategy_classifier", "user_classifier")
-
-    def __init__(
-        self,
-        strategy: LLMCallStrategy[Any],
-        quota: QuotaScope,
-        *,
-        estimate: Callable[[Any, Mapping[str, Any] | None], int] | None,
-        user_classifier: UserClassifier | None,
-        estimator: Callable[[Any, Mapping[str, Any] | None], int] | None = None,
-    ) -> None:
-        self.strategy = strategy
-        """Prepared on the owner's host."""
-        self.quota = quota
-        self.estimate = estimate
-        """The token estimator, when the config sets a TPM limit (``None``: reserve nothing)."""
-        self.estimator = estimator
-        """The config's token estimator, for a scope that learns a token budget (:meth:`tokens`)."""
-        self.strategy_classifier = strategy.classify_error
-        self.user_classifier = user_classifier
-        self.parses = type(strategy).parse_output is not LLMCallStrategy.parse_output
-        """Whether the strategy has a parse stage of its own (``parse_output`` overridden)."""
-        self.breaker: BreakerGate | None = None
-        """The circuit breaker of ``quota`` for this owner (``None``: off)."""
-        takes_requests = (type(strategy).execute_request is not LLMCallStrategy.execute_request
-                          or "execute_request" in getattr(strategy, "__dict__", ()))
-        self.execute_text: Callable[..., Awaitable[Any]] | None = None if takes_requests else strategy.execute
-        """``strategy.execute`` when ``execute_request`` is the default, which only passes the text
-        on: the attempt calls it directly, one coroutine frame fewer per call in flight."""
-
-    def tokens(self, prompt: Any, params: Mapping[str, Any] | None = None) -> int:
-        """The tokens a request of ``prompt`` with the item's ``params`` is admitted with (input
-        estimate + output allowance): 0 unless a TPM limit is set or reported.
-
-        A scope that learns limits asks for estimates once the provider reports a token budget.
-        """
-        if self.estimate is not None:
-            return self.estimate(prompt, params)
-        if self.estimator is not None and self.quota.needs_token_estimate:
-            return self.estimator(prompt, params)
-        return 0
-
-    def classify(self, exc: Exception) -> Classification:
-        by_user, by_strategy = self.user_classifier, self.strategy_classifier
-        return classify(exc, strategy_classifier=by_strategy, user_classifier=by_user)
 
 
 @final
@@ -109,71 +54,6 @@ class Failure:
         """Non-zero for a 429 that said capacity remains (a blip): only this item waits, not its scope."""
 
 
-def as_triple(returned: Any) -> tuple[Any, Any, Any]:
-    """``execute()``'s answer as ``(output, usage, metadata)``; async-batch-llm's ``(output, usage)`` too.
-
-    Its token usage is checked here, inside the attempt: a bad report is that item's failure
-    (``TypeError``/``ValueError``: a ``LOGIC_ERROR``), never a crash of the batch."""
-    if type(returned) is tuple and len(returned) == 2:
-        check_token_usage(returned[1], _ANSWER)
-        return returned[0], returned[1], {}
-    output, usage, meta = returned
-    check_token_usage(usage, _ANSWER)
-    return output, usage, meta
-
-
-_ANSWER = "the strategy's answer"
-
-
-def rate_limit_observation(source: Any, now: Callable[[], float]) -> RateLimitObservation | None:
-    """What an answer said about the provider's limits, read on the quota scope's clock ``now``.
-
-    ``source`` is a success's metadata or a failure's ``metadata`` attribute: a strategy puts
-    the answer's rate-limit headers under ``"rate_limit"`` there. Anything else gives ``None``,
-    without reading the clock (the uncontended release needs none).
-    """
-    if not isinstance(source, Mapping):
-        return None
-    headers = source.get(RATE_LIMIT_METADATA_KEY)
-    if not headers or not isinstance(headers, Mapping):
-        return None
-    return parse_rate_limit_headers(headers, now())
-
-
-def release_attempt(
-    run: ItemRun[Any],
-    held: Admission,
-    usage: Any,
-    *,
-    meta: Any,
-    exc: Exception | None,
-    verdict: Classification | None,
-) -> float:
-    """Give an attempt's admission back: the one place, for every call that returned or raised.
-
-    The rate-limit headers a success's ``meta`` or a failure's ``exc`` carries
-    (``metadata["rate_limit"]``) go to the scope as an observation. Returns this item's
-    own wait before a retry: non-zero only for a 429 whose headers say capacity remains.
-    A call cut short is released by ``ItemRunner.drive`` instead, with its usage unknown."""
-    run.held = None
-    if run.gated is not None and run.binding is not None:  # the breaker let it go: its outcome
-        tell_gate(run.binding.breaker, run.gated, run.item.item_id, verdict, exc)
-        run.gated = None
-    observation = rate_limit_observation(meta if exc is None else getattr(exc, "metadata", None),
-                                         held.now)
-    if verdict is not None:
-        if verdict.stops_batch is not None or verdict.category is ErrorCategory.SERVER:
-            # A per-day quota, a spend limit, an overload (529, 503) or any 5xx: it says nothing about
-            # the rate this scope may call at, so no cooldown and no lesson for discovery.
-            held.release(usage_total(usage), observation, answered=False, evidence=False)
-            return 0.0
-        if verdict.category is ErrorCategory.RATE_LIMIT:
-            # Cooldown first, then the slot: no waiter slips in ahead of the cooldown.
-            return held.release_rate_limited(verdict.retry_after, usage_total(usage), observation)
-    held.release(used_tokens(usage), observation)  # its cache reads too: not held against an input budget
-    return 0.0
-
-
 @final
 class Retries:
     """Per-item retry bookkeeping, made at the item's first failure."""
@@ -187,7 +67,7 @@ class Retries:
         self.state: RetryState | None = None
 
 
-def _metadata(meta: Any) -> dict[str, Any]:
+def _metadata(meta: object) -> dict[str, Any]:
     if meta is None:
         return {}
     if isinstance(meta, dict):
@@ -274,7 +154,7 @@ class ItemRun(Generic[TOutput]):
         self.gated: bool | None = None  # let go by its breaker (True: the probe); told its outcome once
         self.calling = False
         self.waiting = False  # parked for its next call (admission, the breaker, a backoff): a stop ends it
-        self.call_usage: tuple[Any, ...] | None = None  # the call's (usage, model, pricer): its record's
+        self.call_usage: CallUsage | None = None  # the call's (usage, model, pricer): its record's
         self.failed: Failure | None = None  # an attempt that timed out, handled when driven again
         self.backoff_owed = 0.0  # seconds of backoff decided and not yet slept (ItemRunner.wait_out_backoff)
         self.retries: Retries | None = None
@@ -313,6 +193,124 @@ class ItemRun(Generic[TOutput]):
                 total += max(0.0, now - max(refusing, self.mark))
         return total
 
+    # --- its own changes (the stages call these; nobody else sets its fields) -------------
+
+    def use(self, item: LLMWorkItem[TOutput]) -> None:
+        """Run ``item`` from now on: the item as its middlewares rewrote it (``added`` stays)."""
+        self.item = item
+
+    def bind(self, binding: Binding) -> int:
+        """Run with ``binding`` (its strategy's); the tokens its request is admitted with."""
+        self.binding = binding
+        return binding.tokens(self.item.prompt, self.item.params)
+
+    def looked_up(self, key: str, claim: Claim | None) -> None:
+        """The response cache was asked under ``key``; a miss holds ``claim`` until the item ends."""
+        self.cache_key = key
+        self.claim = claim
+
+    def take_claim(self) -> Claim | None:
+        """Its claim (``None``: none held), given up to the caller, who settles it exactly once."""
+        claim, self.claim = self.claim, None
+        return claim
+
+    def gate_passed(self, gated: bool | None) -> None:
+        """Its breaker let its next attempt go (``True``: as the probe); ``None``: it must wait."""
+        self.gated = gated
+
+    def park(self) -> None:
+        """It waits for its next call (admission, the breaker, a backoff): a stop may end the wait."""
+        self.waiting = True
+
+    def unpark(self) -> None:
+        self.waiting = False
+
+    def start_call(self, held: Admission, now: float) -> None:
+        """Admitted with ``held``: its next attempt's call starts now."""
+        self.held = held
+        self.attempts += 1
+        self.switch("execution", now)
+        self.calling = True
+
+    def call_answered(self, usage: Usage, meta: object, pricer: Callable[[TokenUsage], float] | None
+                      ) -> bool | None:
+        """Its call answered: what it used is the item's (and the attempt record's, priced by ``pricer``),
+        and its admission is going back: as :meth:`released`, whose result it returns."""
+        self.calling = False
+        if usage:
+            add_usage(self.usage, usage)
+            if isinstance(usage, Mapping):  # as _call_used(), inline: once per call on the hot path
+                model = meta.get("model") if isinstance(meta, Mapping) else None
+                if not isinstance(model, str) and self.binding is not None:
+                    model = self.binding.strategy.model_name
+                self.call_usage = (dict(usage), model, pricer)
+        gated, self.gated, self.held = self.gated, None, None
+        return gated
+
+    def call_failed(self, usage: Usage, pricer: Callable[[TokenUsage], float] | None, now: float) -> None:
+        """Its call raised, having used ``usage`` (a failed but billed call): its backoff starts now."""
+        self.calling = False
+        if usage:  # a failed but billed call: its record carries what it used
+            self._call_used(usage, None, pricer)
+        self.switch("backoff", now)
+        add_usage(self.usage, usage)
+
+    def _call_used(self, usage: Usage, meta: object, pricer: Callable[[TokenUsage], float] | None) -> None:
+        # The AttemptTiming record carries a copy, priced when read by the config's cost_function
+        # (``pricer``), else by ``meta``'s model (else the strategy's).
+        if isinstance(usage, Mapping):
+            model = meta.get("model") if isinstance(meta, Mapping) else None
+            if not isinstance(model, str) and self.binding is not None:
+                model = self.binding.strategy.model_name
+            self.call_usage = (dict(usage), model, pricer)
+
+    def parse_failed(self, now: float) -> None:
+        """Its call answered but the answer did not parse: the call ended now, as a raising call's."""
+        self.switch("backoff", now)
+
+    def released(self) -> bool | None:
+        """Its admission is going back: no longer held. Returns what its breaker let go (``None``: nothing),
+        for the caller to tell the breaker that attempt's outcome, once."""
+        gated, self.gated, self.held = self.gated, None, None
+        return gated
+
+    def timed_out(self, failure: Failure, now: float) -> None:
+        """Its call in flight hit the attempt's deadline: a failed attempt, handled when driven again."""
+        self.calling = False
+        self.switch("backoff", now)
+        self.failed = failure
+
+    def take_failure(self) -> Failure | None:
+        """The attempt that timed out (:meth:`timed_out`), handed over once."""
+        failed, self.failed = self.failed, None
+        return failed
+
+    def note_error(self, exc: BaseException) -> Retries:
+        """A failed attempt's error, the item's last; its retry bookkeeping (made at the first failure)."""
+        self.last_error = exc
+        retries = self.retries
+        if retries is None:
+            retries = self.retries = Retries()
+        return retries
+
+    def owe_backoff(self, seconds: float) -> None:
+        """Seconds of backoff decided and not yet slept: a cancellation leaves the rest owed."""
+        self.backoff_owed = seconds
+
+    def throttled_from(self, since: float) -> None:
+        """A throttled wait began at ``since`` (a 429 of its own, or its scope refusing every call)."""
+        self.throttled_since = since
+
+    def throttle_given_up(self, streak: float | None) -> None:
+        """Its scope gave its admission wait up: ``max_rate_limit_wait`` ran out (``streak``: at once,
+        behind refusals longer than its bound)."""
+        self.throttle_spent = True
+        self.refused_streak = streak
+
+    def keep(self, result: WorkItemResult[TOutput]) -> None:
+        """Its result, kept while its worker renews its scope."""
+        self.result = result
+
     def _throttled_note(self, now: float) -> str:
         throttled = self.throttled_for(now)
         return f" after {throttled:.1f} s {THROTTLED_BY_429S}" if throttled > 0 else ""
@@ -325,7 +323,7 @@ class ItemRun(Generic[TOutput]):
 
     # --- its result ----------------------------------------------------------------
 
-    def succeeded(self, output: Any, meta: Any, now: float) -> WorkItemResult[TOutput]:
+    def succeeded(self, output: TOutput, meta: object, now: float) -> WorkItemResult[TOutput]:
         item = self.item
         return WorkItemResult(
             item_id=item.item_id,
@@ -340,10 +338,14 @@ class ItemRun(Generic[TOutput]):
         )
 
     def failed_with(self, exc: BaseException, category: ErrorCategory, now: float) -> WorkItemResult[TOutput]:
+        return self._failure(f"{type(exc).__name__}: {exc}", category, now, exc)
+
+    def _failure(self, error: str, category: ErrorCategory, now: float, exc: BaseException | None = None
+                 ) -> WorkItemResult[TOutput]:
         return WorkItemResult(
             item_id=self.item.item_id,
             success=False,
-            error=f"{type(exc).__name__}: {exc}",
+            error=error,
             exception=exc,
             error_category=category,
             attempts=self.attempts,
@@ -383,17 +385,7 @@ class ItemRun(Generic[TOutput]):
         if category is ErrorCategory.DEADLINE:
             exc = ItemDeadlineExceeded(f"item {self.item.item_id!r}: {reason}")
             return self.failed_with(exc, category, now)
-        return WorkItemResult(
-            item_id=self.item.item_id,
-            success=False,
-            error=reason,
-            error_category=category,
-            attempts=self.attempts,
-            token_usage=self.usage,
-            timing=self.settle(now),
-            context=self.item.context,
-            cache_key=self.cache_key,
-        )
+        return self._failure(reason, category, now)
 
 
 def start_deadline(value: float | None) -> float:

@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 
 from .._admission import QuotaScopeStatistics
-from .._host._executor import ExecutorHost, RuntimeTasks
+from .._host._executor import ExecutorHost
 from .._host._owner import HostedOwner
 from .._observe._events import ItemStarted
 from .._observe._hooks import Hooks
@@ -24,15 +24,15 @@ from .._strategies._base import LLMCallStrategy
 from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError, ConfigurationError, QueueFullError
-from .._values._item_checks import check_item
 from .._values._requests import LLMWorkItem, Prompt
 from .._values._results import LLMCallError, WorkItemResult
 from .._values._stop_reasons import StopReason
 from ._cached import open_item_cache
 from ._classifier_objects import ClassifierArg
 from ._guards import Guard
-from ._inputs import check_request
+from ._inputs import check_work_item
 from ._item import ItemRunner
+from ._observer_tasks import ObserverTasks
 
 __all__ = ["LLMCallPool", "PoolStatistics"]
 
@@ -76,7 +76,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         self.config = config if config is not None else (host.config if host else ProcessorConfig())
         self._init_owner(host, ExecutorHost(self.config, name="LLMCallPool"), "LLMCallPool")
         self._hooks = hooks = Hooks.build(observers=observers, observer_timeout=self.config.observer_timeout)
-        self._observer_tasks: RuntimeTasks | None = None
+        self._observers = ObserverTasks(hooks)  # async observers: they outlive the run
         self._runner: ItemRunner[TOutput] = ItemRunner(self._host, self.config, classifier=error_classifier,
                                                        hooks=hooks)
         self._capacity = None if max_pending is None else self.config.provider_concurrency + max_pending
@@ -89,7 +89,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         """Final failures by category: one WARNING each per pool (the logging policy)."""
         self._ledger.add_step("runtime", "drain in-flight requests", self._drain, nowait=self._drain_nowait)
         if hooks.async_observers:  # after the drain: the last terminal event is emitted by then
-            self._ledger.add_step("runtime", "async observers", self._close_observers)
+            self._ledger.add_step("runtime", "async observers", self._observers.close)
 
     async def __aenter__(self) -> LLMCallPool[TOutput]:
         if self._accepting or self._sequence:
@@ -107,8 +107,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             self._runner.cache = cache
             self._ledger.add_step("store", "response cache", cache.aclose)
         if self._hooks.async_observers:
-            self._observer_tasks = self._host.new_runtime_group()
-            self._hooks.start_observers(self._observer_tasks.start_soon)
+            self._observers.start(self._host.new_runtime_group())
         self._accepting = True
         return self
 
@@ -174,15 +173,14 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
             )
         return None
 
-    async def _run(self, prompt: Prompt, context: Any, timeout: float | None,
+    async def _run(self, prompt: Prompt, context: object, timeout: float | None,
                    params: Mapping[str, Any] | None = None) -> WorkItemResult[TOutput]:
         self._sequence += 1
         item = LLMWorkItem(
             item_id=f"request-{self._sequence}", strategy=self.strategy, prompt=prompt, context=context,
             params=params,
         )
-        check_item(item.item_id, item.prompt_text, context)
-        check_request(item, "submit")
+        check_work_item(item, "submit")
         limit = timeout if timeout is not None else self._submit_timeout
         self._pending += 1
         hooks = self._hooks
@@ -234,11 +232,6 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
                 self._idle = anyio.Event()
             await self._idle.wait()
         await anyio.lowlevel.checkpoint()
-
-    async def _close_observers(self) -> None:
-        await self._hooks.close_observers()
-        if self._observer_tasks is not None:
-            await self._observer_tasks.wait_idle()
 
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(

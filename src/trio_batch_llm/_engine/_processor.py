@@ -10,8 +10,9 @@ stream and its terminal (:mod:`._channel`).
   ``finish()``, and read ``results()`` (completion order) until the terminal (CONTRACT C6).
 
 Over 400 lines because both modes and the run's close (with its synchronous twin, which spares a
-small batch's close a task) act on one state: mode, input, crew, channel; issue 36's item-path
-step moves the stages' wiring out.
+small batch's close a task) act on one state: mode, input, crew, channel. The parts act on what
+they decide themselves and hand the processor a :class:`Stop` (a result's verdict, the batch
+deadline, a retired provider), which :meth:`ParallelBatchProcessor._apply` acts on.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from ._classifier_objects import ClassifierArg
 from ._inputs import CheckedItems, aiter_items, feed_items
 from ._intake import Intake
 from ._item import ItemRunner, start_deadline
+from ._observer_tasks import ObserverTasks
 from ._publish import Publisher
 from ._stops import Stop, StopPolicy
-from ._throttled import scope_statistics
 from ._unowned import STREAMING_NEEDS_A_BLOCK, PendingInput, run_in_own_block
 from ._workers import Crew
 
@@ -108,12 +109,11 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._runner = runner
         self._intake = Intake[TOutput](cfg.max_queue_size, self.counters, record_order=record_input_order)
         self._publisher: Publisher[TOutput] = Publisher(
-            store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply)
-        self._publisher.scope_statistics = partial(scope_statistics, runner._bindings.values())  # progress
+            store=artifact_store, hooks=hooks, counters=self.counters, policy=policy, on_stop=self._apply,
+            scope_statistics=runner.scope_statistics)
         self._crew: Crew[TOutput] = Crew(
             runner=runner, publisher=self._publisher, policy=policy, hooks=hooks, ramp=cfg.startup_ramp,
-            on_deadline=lambda: self._apply(policy.deadline_reached()), on_crash=self._on_crash,
-            on_idle=lambda: self._channel.producers_finished() if self._channel is not None else None,
+            on_stop=self._apply, on_crash=self._on_crash,
         )
         self._progress: Progress | None = make_progress(progress_callback) if progress_callback else None
         self._mode = _Mode.NEW
@@ -121,7 +121,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._pending = PendingInput[TOutput](cfg.max_queue_size)
         self._feeding = False
         self._runtime: RuntimeTasks | None = None
-        self._observer_tasks: RuntimeTasks | None = None  # async observers: they outlive the workers
+        self._observers = ObserverTasks(hooks)  # async observers: they outlive the run
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self._crash: BaseException | None = None
         self._crash_reported = False
@@ -129,7 +129,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         self._ledger.add_step("runtime", "processor workers", self._close_runtime, slow_warning_after=slow,
                               nowait=self._close_runtime_nowait)
         if hooks.async_observers:  # after the workers: BatchFinished is emitted by then
-            self._ledger.add_step("runtime", "async observers", self._close_observers)
+            self._ledger.add_step("runtime", "async observers", self._observers.close)
         if artifact_store is not None:
             self._ledger.add_step("store", "artifact store", self._publisher.close_store)
 
@@ -145,8 +145,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
             await anyio.lowlevel.checkpoint()
         self._runtime = self._host.new_runtime_group()
         if self._hooks.async_observers:
-            self._observer_tasks = self._host.new_runtime_group()
-            self._hooks.start_observers(self._observer_tasks.start_soon)
+            self._observers.start(self._host.new_runtime_group())
         try:
             await self._open_cache()
             if self._publisher.store is not None:
@@ -362,7 +361,7 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
         started = anyio.current_time()
         total = None if self._mode is _Mode.STREAMING else self.counters.accepted
         self._publisher.open(channel=self._channel, progress=self._progress, started_at=started, total=total)
-        self._crew.start(self._runtime, self._intake.recv, count, started_at=started)
+        self._crew.start(self._runtime, self._intake.recv, count, started_at=started, channel=self._channel)
         if self._publisher.renders_progress:
             self._runtime.start_soon(self._publisher.render_progress, self.config.progress_interval)
 
@@ -402,11 +401,6 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
                 await self._finish_run()
                 self._crew.collector.end()
                 await self._hooks.aclose()
-
-    async def _close_observers(self) -> None:
-        await self._hooks.close_observers()
-        if self._observer_tasks is not None:
-            await self._observer_tasks.wait_idle()
 
     def results_statistics(self) -> ResultChannelStatistics:
         """The result channel's state (streaming mode)."""

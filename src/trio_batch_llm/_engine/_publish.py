@@ -13,12 +13,12 @@ result), and put on the stream last.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
 
-from .._artifacts import append_result, item_fingerprint, unstorable_failure
+from .._artifacts import ArtifactStore, append_result, item_fingerprint, unstorable_failure
 from .._observe._events import BatchFinished, BatchStarted
 from .._observe._hooks import Hooks
 from .._observe._log import FailureLog
@@ -32,6 +32,7 @@ from .._values._stats import RunCounters
 from .._values._stop_reasons import StopReason
 from ._channel import ResultChannel
 from ._collector import no_collection
+from ._intake import ItemQueue
 from ._stops import Stop, StopPolicy
 
 __all__ = ["DRAIN_CHUNK", "Publisher"]
@@ -54,11 +55,12 @@ class Publisher(Generic[TOutput]):
     def __init__(
         self,
         *,
-        store: Any,
+        store: ArtifactStore | None,
         hooks: Hooks,
         counters: RunCounters,
         policy: StopPolicy,
         on_stop: Callable[[Stop], None],
+        scope_statistics: ScopeStatistics | None = None,
     ) -> None:
         self.store = store
         """The artifact store results are checkpointed to (``None``: none)."""
@@ -75,8 +77,8 @@ class Publisher(Generic[TOutput]):
         self._announced = False
         self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
         self.tracker: ProgressTracker | None = None
-        self.scope_statistics: ScopeStatistics | None = None
-        """The run's quota scopes, for progress (calls in flight, throttled): the owner sets it."""
+        self._scope_statistics = scope_statistics
+        """The run's quota scopes, for progress (calls in flight, throttled)."""
         self._progress: Progress | None = None
         self._per_item: CallbackProgress | None = None
         self._progress_scope: anyio.CancelScope | None = None
@@ -108,7 +110,7 @@ class Publisher(Generic[TOutput]):
             self._channel = channel
         if progress is not None:
             self._progress = progress
-            self.tracker = ProgressTracker(start=started_at, total=total, scopes=self.scope_statistics)
+            self.tracker = ProgressTracker(start=started_at, total=total, scopes=self._scope_statistics)
             if isinstance(progress, CallbackProgress):
                 self._per_item = progress
 
@@ -128,7 +130,7 @@ class Publisher(Generic[TOutput]):
 
         ``started=False``: a stop took ``item`` from the queue (it was never started)."""
         if self.store is not None and item is not None:
-            result = await self._checkpoint(result, item)
+            result = await self._checkpoint(self.store, result, item)
         self._settle(result, started)
         per_item = self._per_item
         if per_item is not None and (tracker := self.tracker) is not None:
@@ -174,18 +176,19 @@ class Publisher(Generic[TOutput]):
                 tracker.item_finished(success=result.success, tokens=tokens, not_run=is_not_run(result),
                                       started=started)
 
+    @staticmethod
     async def _checkpoint(
-        self, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]
+        store: ArtifactStore, result: WorkItemResult[TOutput], item: LLMWorkItem[TOutput]
     ) -> WorkItemResult[TOutput]:
         """Store ``result``, or, if the store cannot keep it faithfully, the failure that replaces it."""
         key = item_fingerprint(item)
         prompt = request_text(item.prompt, item.params)
         try:
-            await append_result(self.store, result, fingerprint=key, prompt=prompt, strategy=item.strategy)
+            await append_result(store, result, fingerprint=key, prompt=prompt, strategy=item.strategy)
         except ArtifactEncodeError as exc:
             # Item-local: nothing was written; publish (and store) why instead of a lossy copy.
             result = unstorable_failure(result, exc)
-            await self.store.append(result, fingerprint=key, prompt=prompt)
+            await store.append(result, fingerprint=key, prompt=prompt)
         return result
 
     # --- a stopped queue ---------------------------------------------------------
@@ -195,7 +198,7 @@ class Publisher(Generic[TOutput]):
         reason, category = self._policy.not_executed()
         return _not_executed(item, reason, category, self._policy.unfinished_reason)
 
-    async def drain(self, recv: Any) -> None:
+    async def drain(self, recv: ItemQueue[TOutput]) -> None:
         """Publish every queued item as not executed (the batch stopped; its input is closed).
 
         ``receive_nowait()`` in a tight loop, not a scheduler round per item; whichever
@@ -287,8 +290,11 @@ class Publisher(Generic[TOutput]):
         return self._progress_scope is not None or (self._progress is not None and self.tracker is not None)
 
     async def close_store(self) -> None:
-        """The processor's ``store`` close step."""
-        await self.store.aclose()
+        """The processor's ``store`` close step (added only when there is a store)."""
+        if self.store is not None:
+            await self.store.aclose()
+        else:
+            await anyio.lowlevel.checkpoint()
 
     # --- progress ------------------------------------------------------------------
 
@@ -314,7 +320,8 @@ class Publisher(Generic[TOutput]):
             await anyio.lowlevel.checkpoint()
 
 
-def _not_executed(item: LLMWorkItem[Any], reason: str, category: Any, why: StopReason) -> WorkItemResult[Any]:
+def _not_executed(item: LLMWorkItem[TOutput], reason: str, category: ErrorCategory, why: StopReason
+                  ) -> WorkItemResult[TOutput]:
     # Built directly: no run, no exception (none happened), one reason string per stop.
     return WorkItemResult(
         item_id=item.item_id, success=False, error=reason, error_category=category, context=item.context,

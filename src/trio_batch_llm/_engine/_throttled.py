@@ -13,20 +13,18 @@ nowhere else, since a backoff is decided (and bounded) before it is slept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .._admission._throttle import ThrottleBudget, ThrottleBudgetSpent
 from .._values._categories import ErrorCategory
 from .._values._results import WorkItemResult
-from ._item_run import Binding, ItemRun
+from ._item_run import ItemRun
 
 if TYPE_CHECKING:
     from .._admission import Admission, QuotaScope
-    from .._admission._records import QuotaScopeStatistics
     from .._values._config import RetryConfig
 
-__all__ = ["admit_within_budget", "over_budget", "rate_limit_wait_over", "scope_statistics", "spent"]
+__all__ = ["admit_within_budget", "over_budget", "rate_limit_wait_over", "spent"]
 
 
 async def admit_within_budget(scope: QuotaScope, run: ItemRun[Any], tokens: int, config: RetryConfig
@@ -38,11 +36,10 @@ async def admit_within_budget(scope: QuotaScope, run: ItemRun[Any], tokens: int,
     try:
         admission = await scope.admit(tokens, throttle=budget)
     except ThrottleBudgetSpent as spent_:
-        run.throttle_spent = True
-        run.refused_streak = spent_.streak
+        run.throttle_given_up(spent_.streak)
         return None  # noqa: ASYNC910 - admit() checkpointed before it gave up
     if run.throttled_since is None and (refusing := scope.throttle.refusing_since) is not None:
-        run.throttled_since = max(refusing, run.mark)
+        run.throttled_from(max(refusing, run.mark))
     return admission
 
 
@@ -54,7 +51,7 @@ def over_budget(run: ItemRun[Any], category: ErrorCategory, wait: float, config:
     if limit is None or category is not ErrorCategory.RATE_LIMIT:
         return None
     if run.throttled_since is None:
-        run.throttled_since = now  # throttled from its 429 to its next call
+        run.throttled_from(now)  # throttled from its 429 to its next call
     assert run.binding is not None
     ahead = max(wait, run.binding.quota.statistics().cooldown_remaining)
     if run.throttled_for(now) + ahead >= limit:
@@ -65,12 +62,6 @@ def over_budget(run: ItemRun[Any], category: ErrorCategory, wait: float, config:
 def spent(run: ItemRun[Any], config: RetryConfig, now: float) -> WorkItemResult[Any]:
     """The result of ``run``, whose scope gave its admission wait up (``run.throttle_spent``)."""
     return rate_limit_wait_over(run, config.max_rate_limit_wait or 0.0, now, streak=run.refused_streak)
-
-
-def scope_statistics(bindings: Iterable[Binding]) -> list[QuotaScopeStatistics]:
-    """The statistics of every quota scope of ``bindings``, each once (for progress)."""
-    scopes = {id(binding.quota): binding.quota for binding in bindings}
-    return [scope.statistics() for scope in scopes.values()]
 
 
 def rate_limit_wait_over(run: ItemRun[Any], limit: float, now: float, ahead: float = 0.0, *,

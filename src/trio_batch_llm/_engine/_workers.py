@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 import anyio
 
@@ -20,12 +20,14 @@ from .._observe._events import ItemStarted
 from .._values._categories import ErrorCategory
 from .._values._ramp import StartupRampConfig
 from .._values._results import BatchTermination, WorkItemResult
+from ._channel import ResultChannel
 from ._collector import CollectorPause
 from ._guards import DeadlineWatcher, Guard
+from ._intake import ItemQueue
 from ._item import ItemRunner
 from ._item_run import ItemRun
 from ._publish import Publisher
-from ._stops import StopPolicy
+from ._stops import Stop, StopPolicy
 
 if TYPE_CHECKING:
     from .._host._executor import RuntimeTasks
@@ -42,9 +44,12 @@ NOWAIT_STREAK: Final = 16
 class Crew(Generic[TOutput]):
     """The workers of one processor and the watcher of their deadlines.
 
-    ``on_deadline`` is called when the batch deadline cut an item before the watcher
-    had recorded the stop; ``on_crash`` with a worker's unexpected exception;
-    ``on_idle`` once the last worker has left.
+    ``on_stop`` applies the stop the batch deadline makes (:meth:`StopPolicy.deadline_reached`:
+    the watcher's, or a worker's whose item the deadline cut before the watcher recorded it), as
+    the publisher's ``on_stop`` applies a result's: the owner acts on a :class:`Stop`, whoever
+    decided it. ``on_crash`` is called with a worker's unexpected exception. Once the last worker
+    has left, :attr:`done` is set and the result channel (streaming mode) hears that its producers
+    are done.
     """
 
     def __init__(
@@ -54,9 +59,8 @@ class Crew(Generic[TOutput]):
         publisher: Publisher[TOutput],
         policy: StopPolicy,
         hooks: Hooks,
-        on_deadline: Callable[[], None],
+        on_stop: Callable[[Stop | None], None],
         on_crash: Callable[[BaseException], None],
-        on_idle: Callable[[], None],
         ramp: StartupRampConfig | None = None,
     ) -> None:
         self._runner = runner
@@ -67,10 +71,10 @@ class Crew(Generic[TOutput]):
         self._hooks = hooks if hooks.active else None
         self._observing = hooks.observing
         self._watch = runner.has_deadlines
-        self._on_deadline = on_deadline
+        self._on_stop = on_stop
         self._on_crash = on_crash
-        self._on_idle = on_idle
-        self._watcher = DeadlineWatcher(on_batch_deadline=on_deadline)
+        self._channel: ResultChannel[WorkItemResult[TOutput]] | None = None
+        self._watcher = DeadlineWatcher(on_batch_deadline=self._deadline_reached)
         self._stop_deadline = math.inf  # the batch deadline, once started
         self.live = 0
         self.done = anyio.Event()
@@ -79,8 +83,11 @@ class Crew(Generic[TOutput]):
         self.interrupted = False
         """Whether a worker was cancelled (the batch did not run to its end)."""
 
-    def start(self, runtime: RuntimeTasks, recv: Any, count: int, *, started_at: float) -> None:
-        """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed."""
+    def start(self, runtime: RuntimeTasks, recv: ItemQueue[TOutput], count: int, *,
+              started_at: float, channel: ResultChannel[WorkItemResult[TOutput]] | None = None) -> None:
+        """Start ``count`` workers on clones of ``recv`` (closed here), and the watcher if needed;
+        ``channel``: the result stream whose producers they are (streaming mode)."""
+        self._channel = channel
         ramp = self._ramp
         if ramp is not None:
             count = ramp.workers(count)
@@ -115,6 +122,9 @@ class Crew(Generic[TOutput]):
                        if guard.armed and guard.run is not None and guard.run.waiting]
         cancel_scopes(in_hand, reason)
 
+    def _deadline_reached(self) -> None:
+        self._on_stop(self._policy.deadline_reached())
+
     def close(self) -> None:
         """The batch is over: stop watching deadlines."""
         self._watcher.close()
@@ -131,7 +141,7 @@ class Crew(Generic[TOutput]):
         return True
 
     async def _work(  # noqa: ASYNC910 - receive() and drive() checkpoint
-        self, recv: Any, start_at: float | None = None
+        self, recv: ItemQueue[TOutput], start_at: float | None = None
     ) -> None:
         guard = self._watcher.guard(stop_deadline=self._stop_deadline)
         try:
@@ -165,7 +175,8 @@ class Crew(Generic[TOutput]):
             self.live -= 1
             if self.live == 0:
                 self.done.set()
-                self._on_idle()
+                if self._channel is not None:
+                    self._channel.producers_finished()
 
     async def _wait_for_turn(self, start_at: float) -> bool:
         """A ramping worker waits for its start time; ``False`` when the input drained first."""
@@ -174,7 +185,7 @@ class Crew(Generic[TOutput]):
             return False
         return True
 
-    async def _loop(self, recv: Any, guard: Guard) -> bool:  # noqa: ASYNC910 - receive() and drive() checkpoint
+    async def _loop(self, recv: ItemQueue[TOutput], guard: Guard) -> bool:  # noqa: ASYNC910 - receive() and drive() checkpoint
         """Run items in the guard's current scope; ``True`` once the queue is done, ``False`` to renew it."""
         runner = self._runner
         publisher = self._publisher
@@ -220,7 +231,7 @@ class Crew(Generic[TOutput]):
                 if hooks is not None:
                     if self._observing:
                         hooks.emit(ItemStarted(item.item_id))
-                    run.item = await hooks.before_item(item)
+                    run.use(await hooks.before_item(item))
                 result = await runner.drive(run, guard)
             elif run.result is not None:
                 result = run.result  # finished in the instant its last scope was cancelled
@@ -231,7 +242,7 @@ class Crew(Generic[TOutput]):
             if guard.scope.cancel_called or guard.stopped is not None:
                 # Cancelled as the item finished (or about to be: a stop cancels every guard's
                 # scope from one callback on asyncio): leave this scope before awaiting anything.
-                run.result = result
+                run.keep(result)
                 return False  # noqa: ASYNC910 - drive() checkpointed
             if run.claim is not None:  # a cache miss that did not succeed: its claim goes, nothing written
                 await runner.let_go(run)
@@ -247,7 +258,7 @@ class Crew(Generic[TOutput]):
                 await publisher.drain(recv)
                 return True
 
-    async def _finish_stopped(self, recv: Any, guard: Guard) -> None:
+    async def _finish_stopped(self, recv: ItemQueue[TOutput], guard: Guard) -> None:
         """After a stop that cancelled this worker's guard: its item's result, then the queue's."""
         run: ItemRun[TOutput] | None = guard.run
         if run is not None:
@@ -265,7 +276,7 @@ class Crew(Generic[TOutput]):
         if self._policy.kind is None:
             # The batch deadline cut this item before the watcher recorded the stop:
             # stop now rather than when the watcher gets its turn.
-            self._on_deadline()
+            self._deadline_reached()
         policy = self._policy
         deadline = policy.kind == "batch_deadline"
         if run.attempts == 0 and not deadline:  # it never called: as an item the stop left in the queue
