@@ -61,6 +61,7 @@ __all__ = [
     "is_busy",
     "retry_busy",
     "set_busy_timeout",
+    "transaction",
 ]
 
 T = TypeVar("T")
@@ -144,6 +145,25 @@ def busy_message(bound: float) -> str:
         f"the database stayed locked by another connection for longer than busy_timeout={bound:g} s "
         "(another process holds its write lock)"
     )
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection, bound: float, *, immediate: bool = True) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` (or a deferred ``BEGIN``: a read snapshot) … ``COMMIT``, rolled back if
+    the body raises; the BEGIN goes through :func:`retry_busy` with ``bound``.
+
+    A write takes the write lock before its first read (IMMEDIATE), so no statement inside ever
+    needs to upgrade a read lock: the one wait SQLite may refuse at once, without its busy
+    handler. The artifact store, the run repository and the response cache begin theirs here.
+    """
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    retry_busy(conn, bound, lambda: conn.execute(begin))
+    try:
+        yield
+        conn.execute("COMMIT")
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 # -- whose file it is ----------------------------------------------------------------------
@@ -295,21 +315,9 @@ class SqliteFile:
         """``step()`` through :func:`retry_busy`, bounded by this file's ``busy_timeout``."""
         return retry_busy(conn, self._busy_timeout, step)
 
-    @contextlib.contextmanager
-    def transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back if the body raises.
-
-        BEGIN IMMEDIATE takes the write lock before the first read, so no
-        statement inside ever needs to upgrade a read lock (the one wait SQLite
-        may refuse at once); the BEGIN itself is retried like the journal mode.
-        """
-        self.retry(conn, lambda: conn.execute("BEGIN IMMEDIATE"))
-        try:
-            yield
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+    def transaction(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (:func:`transaction`), bounded by this file's ``busy_timeout``."""
+        return transaction(conn, self._busy_timeout)
 
     @contextlib.contextmanager
     def errors(self, doing: str) -> Iterator[None]:
