@@ -153,6 +153,8 @@ class BatchSegmentDriver(DriverBase):
             next_poll = self._timers.next_poll
             for sid in [sid for sid in next_poll if sid not in submitted]:
                 del next_poll[sid]  # settled meanwhile (by an operator, or another handle)
+            # An unknown create may be a live batch holding items and capacity: until it is
+            # resolved nothing new is submitted, or those items could run twice.
             unresolved = [s for s in subs if s.state in ("creating", "unknown")]
             for sub in unresolved:
                 await self._resolve(api, sub)
@@ -190,6 +192,9 @@ class BatchSegmentDriver(DriverBase):
     # --- steps -------------------------------------------------------------------
 
     async def _recover(self) -> None:
+        # ``reserved``: the intent (``creating``) is written before a create may leave, so this
+        # one's create was never sent; abandoning it returns its items and its capacity. A
+        # ``creating`` one may have reached the provider: only a lookup (or an operator) can say.
         for sub in await self._db.call(self._repo.submissions, self._run_id, states=frozenset({"reserved"})):
             await self._db.call(
                 self._repo.abandon_submission, self._run_id, sub.submission_id, to="abandoned",
@@ -255,6 +260,8 @@ class BatchSegmentDriver(DriverBase):
         except ProviderError:
             await anyio.lowlevel.checkpoint()
             return  # downloaded again at the next poll
+        # Downloaded before anything is written: a crash or a failed download leaves the submission
+        # ``submitted``: the next poll finds the batch terminal and downloads its files again.
         items = await self._db.call(self._repo.submission_items, self._run_id, sid)
         # Decoding and encoding tens of thousands of lines would stall the event loop: a worker
         # thread does it while this task waits.
@@ -264,6 +271,10 @@ class BatchSegmentDriver(DriverBase):
         ))
         if settled.answered:
             self._submitter.answered()
+        # One transaction settles the whole batch (results with their sequences, retries and unrun
+        # items back to pending, its enqueued tokens released): a crash leaves it settled or not at
+        # all, never results recorded while their items still count as in a batch. The timers
+        # after it are memory only: lost in a crash, a retry is simply tried at once.
         await self._db.call(self._repo.finish_submission, self._run_id, sid, settled.results, settled.retry,
                             detail=f"batch {info.id} {info.status}", unrun_item_ids=settled.unrun)
         self._timers.next_poll.pop(sid, None)
@@ -292,6 +303,8 @@ class BatchSegmentDriver(DriverBase):
                             await connection.cancel(batch_id)
                     except ProviderError:
                         pass  # best effort: the run is cancelled either way
+                # Marked cancelled whatever the provider said: the run is over either way, and a
+                # batch that still finishes there is never collected.
                 await self._db.call(self._repo.abandon_submission, self._run_id, sub.submission_id,
                                     to="cancelled", detail="the run was cancelled")
         finally:

@@ -369,6 +369,8 @@ class Run:
         made no progress (nothing to lease now: the caller waits a poll interval)."""
         segment = self._segment = Segment()
         try:
+            # An idle segment keeps its lease for the next; no heartbeat runs between segments, so it
+            # is renewed here, and opened anew if it expired meanwhile (its items went back then).
             lease = self._lease
             if lease is None or not await self._db.call(self._repo.renew_lease, self._run_id, lease):
                 self._lease = await self._db.call(
