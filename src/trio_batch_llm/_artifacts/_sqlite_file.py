@@ -55,10 +55,10 @@ from ._protocol import FORMAT_NAME, FORMAT_VERSION, check_format_version
 __all__ = [
     "APPLICATION_ID",
     "SqliteFile",
-    "busy_message",
     "check_busy_timeout",
     "classify_database",
     "is_busy",
+    "problem_of",
     "retry_busy",
     "set_busy_timeout",
     "transaction",
@@ -140,7 +140,11 @@ def retry_busy(conn: sqlite3.Connection, bound: float, step: Callable[[], T]) ->
             set_busy_timeout(conn, bound)
 
 
-def busy_message(bound: float) -> str:
+def problem_of(exc: BaseException, bound: float) -> str:
+    """What ``exc`` says went wrong, for a message; a lock held past ``bound`` seconds says so,
+    since SQLite's own words for it ("database is locked") name neither the wait nor its cause."""
+    if not is_busy(exc):
+        return str(exc)
     return (
         f"the database stayed locked by another connection for longer than busy_timeout={bound:g} s "
         "(another process holds its write lock)"
@@ -326,7 +330,7 @@ class SqliteFile:
         try:
             yield
         except (sqlite3.Error, OSError) as exc:
-            problem = busy_message(self._busy_timeout) if is_busy(exc) else str(exc)
+            problem = problem_of(exc, self._busy_timeout)
             raise ArtifactStoreError(f"{self._path}: {doing} failed: {problem}") from exc
 
     def initialise(self, conn: sqlite3.Connection, identity: ArtifactIdentity) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, final
 
-from .._artifacts._sqlite_file import busy_message, is_busy, retry_busy, set_busy_timeout, transaction
+from .._artifacts._sqlite_file import problem_of, retry_busy, set_busy_timeout, transaction
 from .._artifacts._worker_gate import WorkerGate
 from .._values._errors import ArtifactStoreError
 from .._values._response_cache import SqliteResponseCache
@@ -156,7 +156,7 @@ class SqliteCacheConnection(CacheConnection):
             if isinstance(exc, ArtifactStoreError):
                 error = exc
             else:
-                problem = busy_message(BUSY_TIMEOUT) if is_busy(exc) else str(exc)
+                problem = problem_of(exc, BUSY_TIMEOUT)
                 error = ArtifactStoreError(f"{self._path}: {_DOING[batch[0].kind]} failed: {problem}")
                 error.__cause__ = exc
             for op in batch:
@@ -300,7 +300,7 @@ def _connect(path: Path, *, default_location: bool) -> sqlite3.Connection:
         raise
     except (sqlite3.Error, OSError) as exc:
         conn.close()
-        problem = busy_message(BUSY_TIMEOUT) if is_busy(exc) else str(exc)
+        problem = problem_of(exc, BUSY_TIMEOUT)
         raise ArtifactStoreError(f"{path}: opening the response cache failed: {problem}") from exc
     except BaseException:
         conn.close()
