@@ -143,8 +143,8 @@ class LiveSegmentDriver(DriverBase):
         # others go on); driving alone, only an outage past the bound is not the run's failure.
         lost = DatabaseUnavailableError if lease is None else ArtifactStoreError
         try:
-            # The processor is entered outside the segment's task group, so its ordered close
-            # runs after every task here has ended: the recorder has drained its results first.
+            # The processor is entered outside the segment's task group, so every task here (the
+            # feeder that calls finish(), the recorder reading results) has ended before its close.
             with unwrap_group():
                 async with proc:
                     proc.start()
