@@ -136,7 +136,6 @@ class Segment:
             self.request("cancelled", "cancelled from another handle")
 
 
-
 class DriverBase:
     """What the live and the provider-batch drivers share: the run, its ingestion, its status."""
 
@@ -189,7 +188,6 @@ class DriverBase:
             return await self._db.call(fn, *args, **kwargs)
         except ClaimLostError:
             return await self._db.call(fn, *args, **kwargs)
-
 
     async def _ingest_slices(self, seg: Segment, ingestor: Ingestor, on_slice: OnSlice) -> None:
         """Commit the source slice by slice, handing each committed slice to ``on_slice``.
