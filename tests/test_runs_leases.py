@@ -323,10 +323,10 @@ async def test_a_pause_landing_as_the_feeder_is_refused_is_caught_by_the_feeder(
     # the order the driver now uses them:
     import inspect
 
-    import trio_batch_llm._runs._drive as drive_module
+    import trio_batch_llm._runs._live_drive as drive_module
     from trio_batch_llm._core._deliveries import unwrap_group
 
-    feeding = inspect.getsource(drive_module.SegmentDriver._feed_leased)
+    feeding = inspect.getsource(drive_module.LiveSegmentDriver._feed_leased)
     assert "with unwrap_group(), seg.feeder_scope:" in feeding
     feeder_scope = anyio.CancelScope()
     caught = False

@@ -36,7 +36,7 @@ from trio_batch_llm import (
     process_prompts,
 )
 from trio_batch_llm._runs import iter_run_results
-from trio_batch_llm._runs._drive import Segment
+from trio_batch_llm._runs._segment import Segment
 
 from ._runs_child import IDENTITY
 from ._servers.postgres import postgres_server, postgres_url  # noqa: F401

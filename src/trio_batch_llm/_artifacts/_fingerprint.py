@@ -106,6 +106,23 @@ def _utf8(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+def _digest(tag: bytes, body: bytes, context: object) -> str:
+    """SHA-256 (hex) of ``tag``, ``body`` and ``context``, as every input fingerprint is made.
+
+    ``body`` (the prompt, or the whole request) is length-prefixed, so no body/context split can
+    collide with another; the context is its canonical JSON, else its ``repr()``, tagged by which,
+    so that no JSON text and no repr can stand for each other."""
+    try:
+        context_bytes = b"j" + _utf8(canonical_json(context, allow_nan=True))
+    except (TypeError, ValueError, RecursionError):
+        context_bytes = b"r" + _utf8(repr(context))
+    digest = hashlib.sha256(tag)
+    digest.update(len(body).to_bytes(8, "big"))
+    digest.update(body)
+    digest.update(context_bytes)
+    return digest.hexdigest()
+
+
 def fingerprint(prompt: str, context: Any) -> str:
     """SHA-256 (hex) of the prompt and the canonical JSON of ``context``.
 
@@ -113,16 +130,7 @@ def fingerprint(prompt: str, context: Any) -> str:
     so no prompt/context split can collide with another. Contexts that cannot
     be encoded as JSON are hashed through ``repr()`` (see the module docstring).
     """
-    try:
-        context_bytes = b"j" + _utf8(canonical_json(context, allow_nan=True))
-    except (TypeError, ValueError, RecursionError):
-        context_bytes = b"r" + _utf8(repr(context))
-    prompt_bytes = _utf8(prompt)
-    digest = hashlib.sha256(_FORMAT_TAG)
-    digest.update(len(prompt_bytes).to_bytes(8, "big"))
-    digest.update(prompt_bytes)
-    digest.update(context_bytes)
-    return digest.hexdigest()
+    return _digest(_FORMAT_TAG, _utf8(prompt), context)
 
 
 _REQUEST_TAG: Final = b"trio-batch-llm request fingerprint v1\x00"
@@ -135,18 +143,10 @@ def request_fingerprint(prompt: Prompt, params: Mapping[str, Any] | None, contex
     if isinstance(prompt, str) and not params:
         return fingerprint(prompt, context)
     try:
-        context_bytes = b"j" + _utf8(canonical_json(context, allow_nan=True))
-    except (TypeError, ValueError, RecursionError):
-        context_bytes = b"r" + _utf8(repr(context))
-    try:
         request = _utf8(canonical_json({"prompt": prompt, "params": dict(params or {})}, allow_nan=True))
     except (TypeError, ValueError, RecursionError):
         request = _utf8(repr((prompt, params)))
-    digest = hashlib.sha256(_REQUEST_TAG)
-    digest.update(len(request).to_bytes(8, "big"))
-    digest.update(request)
-    digest.update(context_bytes)
-    return digest.hexdigest()
+    return _digest(_REQUEST_TAG, request, context)
 
 
 _SAMPLE_TAG: Final = b"trio-batch-llm sample\x00"

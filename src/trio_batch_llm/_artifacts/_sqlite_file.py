@@ -55,12 +55,13 @@ from ._protocol import FORMAT_NAME, FORMAT_VERSION, check_format_version
 __all__ = [
     "APPLICATION_ID",
     "SqliteFile",
-    "busy_message",
     "check_busy_timeout",
     "classify_database",
     "is_busy",
+    "problem_of",
     "retry_busy",
     "set_busy_timeout",
+    "transaction",
 ]
 
 T = TypeVar("T")
@@ -139,11 +140,34 @@ def retry_busy(conn: sqlite3.Connection, bound: float, step: Callable[[], T]) ->
             set_busy_timeout(conn, bound)
 
 
-def busy_message(bound: float) -> str:
+def problem_of(exc: BaseException, bound: float) -> str:
+    """What ``exc`` says went wrong, for a message; a lock held past ``bound`` seconds says so,
+    since SQLite's own words for it ("database is locked") name neither the wait nor its cause."""
+    if not is_busy(exc):
+        return str(exc)
     return (
         f"the database stayed locked by another connection for longer than busy_timeout={bound:g} s "
         "(another process holds its write lock)"
     )
+
+
+@contextlib.contextmanager
+def transaction(conn: sqlite3.Connection, bound: float, *, immediate: bool = True) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` (or a deferred ``BEGIN``: a read snapshot) … ``COMMIT``, rolled back if
+    the body raises; the BEGIN goes through :func:`retry_busy` with ``bound``.
+
+    A write takes the write lock before its first read (IMMEDIATE), so no statement inside ever
+    needs to upgrade a read lock: the one wait SQLite may refuse at once, without its busy
+    handler. The artifact store, the run repository and the response cache begin theirs here.
+    """
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    retry_busy(conn, bound, lambda: conn.execute(begin))
+    try:
+        yield
+        conn.execute("COMMIT")
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
 
 
 # -- whose file it is ----------------------------------------------------------------------
@@ -295,21 +319,9 @@ class SqliteFile:
         """``step()`` through :func:`retry_busy`, bounded by this file's ``busy_timeout``."""
         return retry_busy(conn, self._busy_timeout, step)
 
-    @contextlib.contextmanager
-    def transaction(self, conn: sqlite3.Connection) -> Iterator[None]:
-        """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back if the body raises.
-
-        BEGIN IMMEDIATE takes the write lock before the first read, so no
-        statement inside ever needs to upgrade a read lock (the one wait SQLite
-        may refuse at once); the BEGIN itself is retried like the journal mode.
-        """
-        self.retry(conn, lambda: conn.execute("BEGIN IMMEDIATE"))
-        try:
-            yield
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+    def transaction(self, conn: sqlite3.Connection) -> contextlib.AbstractContextManager[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` (:func:`transaction`), bounded by this file's ``busy_timeout``."""
+        return transaction(conn, self._busy_timeout)
 
     @contextlib.contextmanager
     def errors(self, doing: str) -> Iterator[None]:
@@ -318,7 +330,7 @@ class SqliteFile:
         try:
             yield
         except (sqlite3.Error, OSError) as exc:
-            problem = busy_message(self._busy_timeout) if is_busy(exc) else str(exc)
+            problem = problem_of(exc, self._busy_timeout)
             raise ArtifactStoreError(f"{self._path}: {doing} failed: {problem}") from exc
 
     def initialise(self, conn: sqlite3.Connection, identity: ArtifactIdentity) -> dict[str, Any] | None:

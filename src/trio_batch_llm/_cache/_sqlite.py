@@ -38,12 +38,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final, final
 
-from .._artifacts._sqlite_file import busy_message, is_busy, retry_busy, set_busy_timeout
+from .._artifacts._sqlite_file import problem_of, retry_busy, set_busy_timeout, transaction
 from .._backends._worker_gate import WorkerGate
 from .._values._errors import ArtifactStoreError
 from .._values._response_cache import SqliteResponseCache
@@ -144,7 +143,7 @@ class SqliteCacheConnection(CacheConnection):
             if conn is None:
                 raise ArtifactStoreError(f"{self._path}: the cache connection is closed")
             writes = any(op.kind not in _READS for op in batch)
-            with self._transaction(conn, immediate=writes):
+            with transaction(conn, BUSY_TIMEOUT, immediate=writes):
                 now = self._clock()
                 for op in batch:
                     op.result = getattr(self, "_" + op.kind)(conn, now, stale, *op.args)
@@ -157,7 +156,7 @@ class SqliteCacheConnection(CacheConnection):
             if isinstance(exc, ArtifactStoreError):
                 error = exc
             else:
-                problem = busy_message(BUSY_TIMEOUT) if is_busy(exc) else str(exc)
+                problem = problem_of(exc, BUSY_TIMEOUT)
                 error = ArtifactStoreError(f"{self._path}: {_DOING[batch[0].kind]} failed: {problem}")
                 error.__cause__ = exc
             for op in batch:
@@ -167,24 +166,11 @@ class SqliteCacheConnection(CacheConnection):
             op.answered = True
         if conn is not None and not writes and (stale or len(self._touched) >= _TOUCH_BATCH):
             try:  # best effort: the reads are answered already
-                with self._transaction(conn, immediate=True):
+                with transaction(conn, BUSY_TIMEOUT):
                     self._delete_stale(conn, stale)
                     self._write_touches(conn)
             except sqlite3.Error:
                 pass
-
-    @contextmanager
-    def _transaction(self, conn: sqlite3.Connection, *, immediate: bool) -> Iterator[None]:
-        """``BEGIN IMMEDIATE`` (the write lock first, so no read lock ever needs upgrading) or a
-        deferred read snapshot; committed, or rolled back if the body raises."""
-        begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
-        retry_busy(conn, BUSY_TIMEOUT, lambda: conn.execute(begin))
-        try:
-            yield
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
 
     def _get(self, conn: sqlite3.Connection, now: float, stale: list[tuple[str, float]],
              digest: str) -> CachedAnswer | None:
@@ -275,7 +261,7 @@ class SqliteCacheConnection(CacheConnection):
             return
         try:
             if self._touched:
-                with self._transaction(conn, immediate=True):
+                with transaction(conn, BUSY_TIMEOUT):
                     self._write_touches(conn)
             # Without waiting: another process's connection keeps the WAL; the last one folds it.
             set_busy_timeout(conn, 0)
@@ -307,19 +293,14 @@ def _connect(path: Path, *, default_location: bool) -> sqlite3.Connection:
         if str(mode).lower() != "wal":
             raise ArtifactStoreError(f"{path}: SQLite refused WAL mode (journal_mode={mode})")
         conn.execute("PRAGMA synchronous=NORMAL")
-        retry_busy(conn, BUSY_TIMEOUT, lambda: conn.execute("BEGIN IMMEDIATE"))
-        try:
+        with transaction(conn, BUSY_TIMEOUT):
             initialise_schema(conn, path)
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
     except ArtifactStoreError:
         conn.close()
         raise
     except (sqlite3.Error, OSError) as exc:
         conn.close()
-        problem = busy_message(BUSY_TIMEOUT) if is_busy(exc) else str(exc)
+        problem = problem_of(exc, BUSY_TIMEOUT)
         raise ArtifactStoreError(f"{path}: opening the response cache failed: {problem}") from exc
     except BaseException:
         conn.close()

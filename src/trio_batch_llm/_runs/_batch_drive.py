@@ -1,11 +1,11 @@
 """One drive segment of a ``mode="provider-batch"`` run: the provider's Batch API instead of live calls.
 
-Like a live segment (:mod:`._drive`) it runs inside ``run.wait()`` while its
-process holds the run's claim, with the same ingestion task and status
-watcher. Its body is a loop over the run's stored *submissions* (one provider
-batch each), every step of which is a repository transaction or one Batch
-API request, so a crash or a cancellation between any two steps leaves a
-state the next segment continues from:
+Like a live segment (:mod:`._live_drive`) it runs inside ``run.wait()`` while
+its process holds the run's claim, with the same ingestion task and status
+watcher (:mod:`._segment`). Its body is a loop over the run's stored
+*submissions* (one provider batch each), every step of which is a repository
+transaction or one Batch API request, so a crash or a cancellation between
+any two steps leaves a state the next segment continues from:
 
 1. **recover**: a submission left ``reserved`` (its create was never sent) is
    abandoned, its items go back to pending; one left ``creating`` (the create
@@ -52,9 +52,9 @@ from .._values._errors import DatabaseUnavailableError, ProviderError
 from ._batch_config import ProviderBatchConfig
 from ._batch_settle import describe_errors, settle
 from ._batch_submit import METADATA_KEY, BatchSubmitter, BatchTimers
-from ._drive import DriverBase, Segment, only_of
 from ._ingest import Ingestor
 from ._schema import LIVE_SUBMISSION_STATES, ClaimLostError, RunSnapshot, RunTermination, SubmissionRecord
+from ._segment import DriverBase, Segment
 from .repository._client import RepositoryClient
 
 __all__ = ["METADATA_KEY", "BatchSegmentDriver", "capacity_scope_of"]
@@ -118,41 +118,25 @@ class BatchSegmentDriver(DriverBase):
                     seg.raise_interrupt()  # before the close below, as on Trio (CONTRACT C6.4, C7.4)
             if seg.stop == "cancelled":
                 await self.cancel_open(api)
-        except Exception as exc:
-            if only_of(exc, ClaimLostError) is not None:
-                await anyio.lowlevel.checkpoint()
-                return  # another process holds the claim now: it submits; the run goes on there
-            lost = only_of(exc, DatabaseUnavailableError)
-            if lost is not None:  # the database is gone (past the bound): nothing to store, nor failed
-                raise lost from None if lost is not exc else exc.__cause__
-            await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
-            raise
+        except Exception as exc:  # noqa: BLE001 - _body_raised re-raises all but a lost claim
+            await self._body_raised(exc, DatabaseUnavailableError)
+            return  # the claim is lost: another process submits now, the run goes on there
         finally:
             await api.aclose()
-        if isinstance(seg.failure, ClaimLostError):
-            return
-        if isinstance(seg.failure, DatabaseUnavailableError):
-            raise seg.failure
-        if seg.stop is None and seg.failure is not None:
-            await self._fail(RunTermination(seg.failure_kind, f"{type(seg.failure).__name__}: {seg.failure}"))
-            raise seg.failure
+        await self._tasks_ended(seg, DatabaseUnavailableError)
 
-    async def _ingest(self, seg: Segment, ingestor: Ingestor) -> None:
-        with unwrap_group():
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(seg.guarded, ingestor.read_ahead, name="run source reader")
-                try:
-                    while (items := await ingestor.next_slice()) is not None:
-                        seg.progress += len(items)
-                        self.poke()
-                    self.poke()  # ingestion complete: the loop may complete the run
-                except (ClaimLostError, DatabaseUnavailableError) as exc:  # not the source's fault
-                    seg.fail(exc, "error")
-                    seg.request("detached", str(exc))
-                except Exception as exc:  # noqa: BLE001 - a bad entry or failing source fails the run
-                    seg.fail(exc, "ingestion_failed")
-                finally:
-                    tg.cancel_scope.cancel("ingestion stopped")
+    async def _ingest(  # noqa: ASYNC910 - a task of the segment: it awaited the source, or failed at once
+        self, seg: Segment, ingestor: Ingestor
+    ) -> None:
+        try:
+            await self._ingest_slices(seg, ingestor, lambda _items: self.poke())
+        except (ClaimLostError, DatabaseUnavailableError) as exc:  # not the source's fault
+            seg.fail(exc, "error")
+            seg.request("detached", str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bad entry or failing source fails the run
+            seg.fail(exc, "ingestion_failed")
+        else:
+            self.poke()  # ingestion complete: the loop may complete the run
 
     def _stopping(self, seg: Segment) -> bool:
         return seg.stop is not None or seg.failure is not None
@@ -169,6 +153,8 @@ class BatchSegmentDriver(DriverBase):
             next_poll = self._timers.next_poll
             for sid in [sid for sid in next_poll if sid not in submitted]:
                 del next_poll[sid]  # settled meanwhile (by an operator, or another handle)
+            # An unknown create may be a live batch holding items and capacity: until it is
+            # resolved nothing new is submitted, or those items could run twice.
             unresolved = [s for s in subs if s.state in ("creating", "unknown")]
             for sub in unresolved:
                 await self._resolve(api, sub)
@@ -206,6 +192,9 @@ class BatchSegmentDriver(DriverBase):
     # --- steps -------------------------------------------------------------------
 
     async def _recover(self) -> None:
+        # ``reserved``: the intent (``creating``) is written before a create may leave, so this
+        # one's create was never sent; abandoning it returns its items and its capacity. A
+        # ``creating`` one may have reached the provider: only a lookup (or an operator) can say.
         for sub in await self._db.call(self._repo.submissions, self._run_id, states=frozenset({"reserved"})):
             await self._db.call(
                 self._repo.abandon_submission, self._run_id, sub.submission_id, to="abandoned",
@@ -271,6 +260,8 @@ class BatchSegmentDriver(DriverBase):
         except ProviderError:
             await anyio.lowlevel.checkpoint()
             return  # downloaded again at the next poll
+        # Downloaded before anything is written: a crash or a failed download leaves the submission
+        # ``submitted``: the next poll finds the batch terminal and downloads its files again.
         items = await self._db.call(self._repo.submission_items, self._run_id, sid)
         # Decoding and encoding tens of thousands of lines would stall the event loop: a worker
         # thread does it while this task waits.
@@ -280,6 +271,10 @@ class BatchSegmentDriver(DriverBase):
         ))
         if settled.answered:
             self._submitter.answered()
+        # One transaction settles the whole batch (results with their sequences, retries and unrun
+        # items back to pending, its enqueued tokens released): a crash leaves it settled or not at
+        # all, never results recorded while their items still count as in a batch. The timers
+        # after it are memory only: lost in a crash, a retry is simply tried at once.
         await self._db.call(self._repo.finish_submission, self._run_id, sid, settled.results, settled.retry,
                             detail=f"batch {info.id} {info.status}", unrun_item_ids=settled.unrun)
         self._timers.next_poll.pop(sid, None)
@@ -308,6 +303,8 @@ class BatchSegmentDriver(DriverBase):
                             await connection.cancel(batch_id)
                     except ProviderError:
                         pass  # best effort: the run is cancelled either way
+                # Marked cancelled whatever the provider said: the run is over either way, and a
+                # batch that still finishes there is never collected.
                 await self._db.call(self._repo.abandon_submission, self._run_id, sub.submission_id,
                                     to="cancelled", detail="the run was cancelled")
         finally:

@@ -29,7 +29,7 @@ from .._values._categories import ErrorCategory
 from .._values._config import RetryConfig
 from .._values._errors import ProviderError
 from .._values._results import WorkItemResult
-from ._drive import encode_new_result
+from ._encode import encode_new_result
 from ._ingest import decode_context
 from ._schema import NewResult, PendingItem
 

@@ -178,6 +178,8 @@ class BatchSubmitter:
                 size += len(line)
                 tokens += need
         if too_big:
+            # Recorded before any file is sent: an item no file can hold fails once, and is not
+            # chunked again at the next look (a crash before this write only repeats the look).
             await self._db.call(self._repo.record, self._run_id, too_big)
         if not ids:
             return None
@@ -210,20 +212,31 @@ class BatchSubmitter:
     async def _send(self, api: BatchConnection, chunk: _Chunk) -> bool:
         """Reserve, upload, create; ``False`` when submitting should pause (refused, unknown, no room)."""
         sid = uuid.uuid4().hex
+        # Each step below is one transaction or one request, so a crash between two of them leaves a
+        # state the next segment's recovery reads (see _batch_drive's steps 1 and 2).
+        # 1. Reserve the scope's capacity and the items at once: two runs or processes sharing the
+        #    scope never both take the same room. A crash from here to step 3 leaves ``reserved``:
+        #    nothing was created, so recovery abandons it and its items go back to pending.
         submission = NewSubmission(submission_id=sid, scope=self._scope, item_ids=tuple(chunk.item_ids),
                                    tokens=chunk.tokens)
         reserved = await self._db.call(self._repo.reserve_submission, self._run_id, submission,
                                        capacity_limit=self._batch.enqueued_token_limit)
         if not reserved:
             return False  # another run took the room first: look again after a poll interval
+        # 2. Upload. A crash now leaves a file at the provider that no batch uses: harmless.
         try:
             file_id = await api.upload(f"{self._run_id}-{sid}.jsonl", chunk.content)
         except ProviderError as exc:
             await self._abandon(sid, f"upload failed: {exc}")
             self.refused()
             return False
+        # 3. The intent, written before the create may leave: a crash during the create leaves
+        #    ``creating``, which recovery makes ``unknown`` and resolves by the metadata below.
+        #    Written after, a crash would leave a batch at the provider that no submission names:
+        #    paid for, its results never collected, its items submitted and run again.
         await self._db.call(self._repo.update_submission, self._run_id, sid,
                             from_states=frozenset({"reserved"}), to="creating", input_file_id=file_id)
+        # 4. Create, carrying the submission id: how an unknown outcome is found again.
         sending = SendMark()
         try:
             info = await api.create(file_id, completion_window=self._batch.completion_window,
@@ -248,6 +261,7 @@ class BatchSubmitter:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_SETTLE_SECONDS):
                     await self._abandon(sid, "never sent: stopped before its create call")
             raise
+        # A crash before this write leaves ``creating`` for a batch that exists: found by its metadata.
         await self._db.call(self._repo.update_submission, self._run_id, sid,
                             from_states=frozenset({"creating"}), to="submitted", batch_id=info.id)
         self._timers.next_poll[sid] = anyio.current_time() + self._batch.poll_interval

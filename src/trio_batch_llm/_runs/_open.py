@@ -26,8 +26,8 @@ from .._values._errors import ConfigurationError
 from .._values._response_cache import CacheMode, ResponseCache, as_response_cache
 from ._batch_config import ProviderBatchConfig
 from ._batch_drive import BatchSegmentDriver
-from ._drive import SegmentDriver
 from ._ingest import Ingestor
+from ._live_drive import LiveSegmentDriver
 from ._run import Run
 from ._schema import RunMode, RunSpec
 from ._source import make_source
@@ -204,7 +204,7 @@ async def open_run(
         ingestor = Ingestor(
             run_source, strategy, run_id=run_id, db=db, slice_items=slice_items, slice_seconds=slice_seconds
         )
-    driver: SegmentDriver | BatchSegmentDriver
+    driver: LiveSegmentDriver | BatchSegmentDriver
     if endpoint is not None:
         assert batch is not None
         driver = BatchSegmentDriver(
@@ -212,7 +212,7 @@ async def open_run(
             poll_interval=poll_interval,
         )
     else:
-        driver = SegmentDriver(
+        driver = LiveSegmentDriver(
             db=db, run_id=run_id, strategy=strategy, config=config, ingestor=ingestor,
             poll_interval=poll_interval, lease_seconds=lease_seconds,
         )

@@ -2,7 +2,7 @@
 
 A run is driven by ``await run.wait()``: while a ``wait()`` is running and its
 process holds the run's claim, the run makes progress (one *drive segment*
-at a time, see :mod:`._drive`); the handle owns no task outside those calls.
+at a time, see :mod:`._segment`); the handle owns no task outside those calls.
 So any number of processes may open the same run: the one that claims it
 drives, the others poll its stored status, and when the driving process dies
 its claim dies with it and a waiting process takes over.
@@ -28,9 +28,10 @@ import anyio.lowlevel
 from .._core._deliveries import unwrap_group
 from .._values._errors import ConfigurationError, DatabaseUnavailableError
 from ._batch_drive import BatchSegmentDriver
-from ._drive import Segment, SegmentDriver, deadline_after
+from ._live_drive import LiveSegmentDriver
 from ._reader import export_results_jsonl, load_results
 from ._schema import ClaimLostError, RunResult, RunSnapshot, RunStateError, RunTermination
+from ._segment import Segment, deadline_after
 from .repository._client import RepositoryClient
 
 __all__ = ["Run"]
@@ -45,7 +46,7 @@ class Run:
         *,
         db: RepositoryClient,
         run_id: str,
-        driver: SegmentDriver | BatchSegmentDriver,
+        driver: LiveSegmentDriver | BatchSegmentDriver,
         poll_interval: float,
     ) -> None:
         self._db = db
@@ -124,7 +125,7 @@ class Run:
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"limit={limit!r}: must be a whole number >= 1, or None")
         driver = self._driver
-        output = driver.decode_output if isinstance(driver, SegmentDriver) else None
+        output = driver.decode_output if isinstance(driver, LiveSegmentDriver) else None
         return await self._db.call(load_results, self._repo, self._run_id, after_sequence, limit, output)
 
     async def export_jsonl(self, path: str | os.PathLike[str], *, after_sequence: int = 0) -> int:
@@ -341,7 +342,7 @@ class Run:
     async def _drive_once(self, deadline: float) -> bool:
         """Claim and drive one segment; ``False`` if another driver holds the claim."""
         driver = self._driver
-        if isinstance(driver, SegmentDriver) and driver.lease_seconds is not None:
+        if isinstance(driver, LiveSegmentDriver) and driver.lease_seconds is not None:
             return await self._drive_shared(driver, driver.lease_seconds, deadline)
         segment = self._segment = Segment()
         claimed = False
@@ -363,11 +364,13 @@ class Run:
             if claimed:
                 self._notify()  # other wait() calls on this handle look again
 
-    async def _drive_shared(self, driver: SegmentDriver, lease_seconds: float, deadline: float) -> bool:
+    async def _drive_shared(self, driver: LiveSegmentDriver, lease_seconds: float, deadline: float) -> bool:
         """Drive one segment beside other drivers, under this handle's lease; ``False`` if it
         made no progress (nothing to lease now: the caller waits a poll interval)."""
         segment = self._segment = Segment()
         try:
+            # An idle segment keeps its lease for the next; no heartbeat runs between segments, so it
+            # is renewed here, and opened anew if it expired meanwhile (its items went back then).
             lease = self._lease
             if lease is None or not await self._db.call(self._repo.renew_lease, self._run_id, lease):
                 self._lease = await self._db.call(

@@ -1,10 +1,12 @@
 """One *drive segment* of a live run: a streaming ParallelBatchProcessor fed from the run.
 
 Over 400 lines because one segment has two feeders (alone, and beside other drivers under a
-lease) that share its recorder, watcher and stop handling; split apart they would drift.
+lease) that share its recorder and stop handling, and the why of each write sits beside it;
+split apart the two feeders would drift.
 
-A segment runs while its process holds the run's claim, inside the caller's
-``wait()`` (which owns every task here). Three tasks:
+What every driver shares (the segment's control surface, ingestion, the status
+watcher, how a segment ends) is :mod:`._segment`; this module is what a live
+segment does with them. Three tasks, all owned by the caller's ``wait()``:
 
 * the **feeder** hands the processor the run's pending items (ingested by an
   earlier segment or process, in ingestion order), then each newly committed
@@ -16,6 +18,14 @@ A segment runs while its process holds the run's claim, inside the caller's
 * the **watcher** polls the stored status, so a pause or cancel made in
   another process reaches this one within a poll interval (each record call
   also returns the status, so a busy run notices sooner).
+
+**The order of writes, and what a crash leaves.** An item's life is written
+in transactions of their own: ingested (with the source's checkpoint past it,
+:mod:`._ingest`), its call started (only beside other drivers, before the call
+leaves, :mod:`._starts`), its result recorded (done and sequenced at once). A
+crash before the record leaves the item pending: the next segment calls it
+again (calls are at-least-once), and it is never recorded twice (results are
+exactly-once), since the record is the one write that ends it.
 
 A pause asks the processor to stop admitting (``request_stop``): calls in
 flight finish and are recorded, queued items come back ``NOT_EXECUTED`` and
@@ -34,22 +44,21 @@ raises it without storing a failure (the run stays ``running``). A claim lost
 with the connection (:class:`ClaimLostError`: another process took it
 meanwhile) ends the segment the same way, silently: the caller's next
 segment claims again, or watches (or, with leases, drives without ingesting).
+
+With leases (many drivers per run) the feeder leases its items a page at a
+time, and two more tasks run: the lease's **heartbeat** and the **call starts**
+writer (:class:`CallStarts`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Literal, ParamSpec, TypeVar, final
+from typing import Any, Final, final
 
 import anyio
 import anyio.lowlevel
 
-from .._artifacts._codec import OutputCodec, unstorable_failure
-from .._artifacts._protocol import encode_result
-from .._backends import leaves_the_loop
 from .._core._deliveries import unwrap_group
 from .._engine._processor import ParallelBatchProcessor
 from .._strategies._base import LLMCallStrategy
@@ -57,180 +66,34 @@ from .._values._categories import ErrorCategory
 from .._values._config import ProcessorConfig
 from .._values._errors import (
     AdmissionClosedError,
-    ArtifactEncodeError,
     ArtifactStoreError,
     BatchInterruptedError,
     DatabaseUnavailableError,
 )
 from .._values._requests import LLMWorkItem, request_of_text
-from .._values._results import BatchTermination, WorkItemResult
+from .._values._results import BatchTermination
 from .._values._stop_reasons import StopReason
-from ._ingest import Ingestor, decode_context
-from ._schema import ClaimLostError, LeaseLostError, NewResult, RunSnapshot, RunSourceError, RunTermination
+from ._encode import encode_new_result
+from ._ingest import IngestedItem, Ingestor, decode_context
+from ._schema import ClaimLostError, LeaseLostError, NewResult, RunSnapshot, RunTermination
+from ._segment import DriverBase, Segment
 from ._starts import CallStarts
 from .repository._client import RepositoryClient
 
-__all__ = ["DriverBase", "Segment", "SegmentDriver", "deadline_after", "encode_new_result", "only_of"]
+__all__ = ["LiveSegmentDriver"]
 
 # Results the engine gives items it stopped: not the item's outcome, so it stays pending. So does
 # the item whose answer stopped the batch (a per-day quota, a spend limit: stop_reason PROVIDER_RETIRED).
 _NOT_TERMINAL: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.ABORTED, ErrorCategory.BUDGET})
 _PENDING_PAGE: Final = 512
+# One transaction per group of results, not per result; a crash loses only the calls whose results
+# were not recorded yet (their items run again).
 _RECORD_GROUP: Final = 256
-# The artifact stores' rule for outputs (open_run takes no codec, so a refusal names none).
-_OUTPUTS: Final = OutputCodec(codec_option=False)
-
-StopKind = Literal["paused", "cancelled", "detached"]
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 @final
-class Segment:
-    """The control surface of one drive: stop requests arrive here, from this process or the watcher."""
-
-    def __init__(self) -> None:
-        self.ended = anyio.Event()
-        self.stop: StopKind | None = None
-        self.stop_reason = ""
-        self.failure: BaseException | None = None
-        self.failure_kind = "error"
-        self.progress = 0
-        self.leased = 0  # items this segment leased (many drivers per run)
-        self._listeners: list[Callable[[], None]] = []
-        self._proc: ParallelBatchProcessor[Any] | None = None
-        self._scope: anyio.CancelScope | None = None
-        self.feeder_scope = anyio.CancelScope()
-        self._interrupt: BaseException | None = None  # see guarded()
-
-    def request(self, kind: StopKind, reason: str) -> None:
-        # A cancel or detach overrides a pause (it is stronger); nothing overrides them.
-        if self.stop is not None and (self.stop != "paused" or kind == "paused"):
-            return
-        self.stop, self.stop_reason = kind, reason
-        self._apply()
-        self._tell()
-
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every stop request or failure (a driver waiting idle wakes)."""
-        self._listeners.append(listener)
-
-    def _tell(self) -> None:
-        for listener in self._listeners:
-            listener()
-
-    def bind(self, proc: ParallelBatchProcessor[Any] | None, scope: anyio.CancelScope) -> None:
-        self._proc, self._scope = proc, scope
-        self._apply()
-
-    def _apply(self) -> None:
-        if self.stop is None:
-            return
-        if self._proc is not None:
-            why = StopReason.PAUSE if self.stop == "paused" else StopReason.SHUTDOWN
-            self._proc.request_stop(self.stop_reason, stop_reason=why)
-        # The feeder stops reading and calls finish() at once, so the stream ends as finished.
-        self.feeder_scope.cancel(self.stop_reason)
-        if self.stop != "paused" and self._scope is not None:
-            self._scope.cancel(self.stop_reason)
-
-    async def guarded(  # noqa: ASYNC910 - fn() ran on every path (a held interrupt ends it)
-        self, fn: Callable[..., Awaitable[object]], *args: object
-    ) -> None:
-        """Run ``fn(*args)`` as a task of this segment (every task of a segment runs so).
-
-        A Ctrl+C or ``sys.exit()`` raised in it (the run's source, a hook) would, on asyncio,
-        leave the event loop itself instead of this task (:func:`leaves_the_loop`): it is held
-        here and the segment cancelled, as Trio's task group does with it; the driver
-        re-raises it, with its type, after the ordered close (:meth:`raise_interrupt`).
-        """
-        try:
-            await fn(*args)
-        except (KeyboardInterrupt, SystemExit) as exc:
-            if not leaves_the_loop(exc):
-                raise
-            if self._interrupt is None:
-                self._interrupt = exc
-            assert self._scope is not None  # bound before any task starts
-            self._scope.cancel("interrupted")
-
-    def raise_interrupt(self) -> None:
-        """Re-raise what :meth:`guarded` held (asyncio), once the segment's task group is left."""
-        interrupt, self._interrupt = self._interrupt, None
-        if interrupt is not None:
-            raise interrupt
-
-    def fail(self, exc: BaseException, kind: str) -> None:
-        """Ingestion failed: what was fed still runs; the driver raises ``exc`` once it has."""
-        if self.failure is None:
-            self.failure, self.failure_kind = exc, kind
-        self._tell()
-
-    def observe(self, snapshot: RunSnapshot) -> None:
-        """React to the stored status (changed by another handle or process)."""
-        if snapshot.status == "paused":
-            self.request("paused", "paused from another handle")
-        elif snapshot.status == "cancelled":
-            self.request("cancelled", "cancelled from another handle")
-
-
-class DriverBase:
-    """What the live and the provider-batch drivers share: the run, its ingestion, its status."""
-
-    def __init__(
-        self,
-        *,
-        db: RepositoryClient,
-        run_id: str,
-        config: ProcessorConfig,
-        ingestor: Ingestor | None,
-        poll_interval: float,
-    ) -> None:
-        self._db = db
-        self._repo = db.repository
-        self._run_id = run_id
-        self._config = config
-        self._ingestor = ingestor
-        self._poll_interval = poll_interval
-
-    async def _prepare_ingestion(self, snap: RunSnapshot) -> None:
-        """Line the source up with the stored checkpoint, if ingestion is not complete."""
-        if snap.checkpoint.exhausted:
-            await anyio.lowlevel.checkpoint()
-            return
-        if self._ingestor is None:
-            raise RunSourceError(
-                f"run {self._run_id!r}: its ingestion is incomplete (at entry "
-                f"{snap.checkpoint.position}) and this handle was opened without a source"
-            )
-        await self._ingestor.prepare(snap.checkpoint)
-
-    async def _fail(self, termination: RunTermination) -> None:
-        await self._db.call(
-            self._repo.transition, self._run_id, from_statuses=frozenset({"running"}), to="failed",
-            termination=termination,
-        )
-
-    async def _watch(self, seg: Segment, *, leased: bool = False) -> None:
-        """Poll the stored status, so a pause or cancel from another process reaches this segment."""
-        while True:
-            await anyio.sleep(self._poll_interval)
-            seg.observe(await (self._leased_call if leased else self._db.call)(self._repo.snapshot,
-                                                                                self._run_id))
-
-    async def _leased_call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """A repository call of a driver under a lease. A :class:`ClaimLostError` is raised before
-        anything ran, and a lease's work does not need the claim (only ingesting does, and the
-        repository keeps refusing that): the call is made again."""
-        try:
-            return await self._db.call(fn, *args, **kwargs)
-        except ClaimLostError:
-            return await self._db.call(fn, *args, **kwargs)
-
-
-@final
-class SegmentDriver(DriverBase):
-    """Runs live drive segments for one run handle."""
+class LiveSegmentDriver(DriverBase):
+    """Runs live drive segments for one run handle (see the module docstring)."""
 
     def __init__(
         self,
@@ -276,7 +139,12 @@ class SegmentDriver(DriverBase):
                                 functools.partial(self._lost, seg))
         proc = ParallelBatchProcessor[Any](config, call_start_deadline=deadline,
                                            middlewares=[starts] if starts is not None else None)
+        # Beside other drivers any database error is this driver's alone (its lease lapses, the
+        # others go on); driving alone, only an outage past the bound is not the run's failure.
+        lost = DatabaseUnavailableError if lease is None else ArtifactStoreError
         try:
+            # The processor is entered outside the segment's task group, so every task here (the
+            # feeder that calls finish(), the recorder reading results) has ended before its close.
             with unwrap_group():
                 async with proc:
                     proc.start()
@@ -299,24 +167,11 @@ class SegmentDriver(DriverBase):
                             tg.cancel_scope.cancel("segment finished")
                     finally:
                         seg.raise_interrupt()  # into the processor's close, as on Trio (CONTRACT C6.4, C7.4)
-        except Exception as exc:
-            if only_of(exc, ClaimLostError) is not None:
-                await anyio.lowlevel.checkpoint()
-                return  # another process holds the claim now: this segment is over, the run is not
-            lost = only_of(exc, DatabaseUnavailableError if lease is None else ArtifactStoreError)
-            if lost is not None:
-                # This driver lost the database (down past the bound, cut off; with leases any
-                # database error). The run is not failed: other drivers go on, and wait() may be
-                # called again.
-                raise lost from None if lost is not exc else exc.__cause__
-            await self._fail(RunTermination("error", f"{type(exc).__name__}: {exc}"))
-            raise
-        if isinstance(seg.failure, ClaimLostError):
-            await anyio.lowlevel.checkpoint()
+        except Exception as exc:  # noqa: BLE001 - _body_raised re-raises all but a lost claim
+            await self._body_raised(exc, lost)
+            return  # the claim is lost: another process drives now, the run goes on there
+        if await self._tasks_ended(seg, lost):
             return
-        if isinstance(seg.failure, DatabaseUnavailableError) or (
-                lease is not None and isinstance(seg.failure, ArtifactStoreError)):
-            raise seg.failure
         await self._conclude(seg, proc.termination, shared=lease is not None)
 
     def _segment_config(self, snap: RunSnapshot, *, shared: bool = False) -> ProcessorConfig | None:
@@ -341,15 +196,12 @@ class SegmentDriver(DriverBase):
         return config
 
     async def _conclude(self, seg: Segment, termination: BatchTermination, *, shared: bool = False) -> None:
-        if seg.stop is not None:
-            await anyio.lowlevel.checkpoint()
-            return  # paused or cancelled: the status was stored by whoever asked
-        if seg.failure is not None:
-            await self._fail(RunTermination(seg.failure_kind, f"{type(seg.failure).__name__}: {seg.failure}"))
-            raise seg.failure
+        """The segment ran to its end (no stop, no failure): the engine's termination says how."""
         if termination.kind != "completed":
             await self._fail(RunTermination(termination.kind, termination.reason, termination.item_id))
             return
+        # ``complete`` refuses while an item is pending or ingestion is incomplete: the run stays
+        # ``running``, and the caller's next segment goes on.
         completed, snap = await self._db.call(self._repo.complete, self._run_id)
         if not completed and snap.status == "running" and seg.progress == 0 and not shared:
             # Defensive: a segment that neither ingested nor recorded anything would loop forever.
@@ -363,6 +215,8 @@ class SegmentDriver(DriverBase):
     async def _feed(self, seg: Segment, proc: ParallelBatchProcessor[Any], exhausted: bool) -> None:
         try:
             with seg.feeder_scope:
+                # What is pending first, in ingestion order: items an earlier segment ingested
+                # and did not record (a crash, a pause, a deadline), then the source's new slices.
                 after = 0
                 while page := await self._db.call(
                     self._repo.pending, self._run_id, after_ingest_seq=after, limit=_PENDING_PAGE
@@ -375,7 +229,9 @@ class SegmentDriver(DriverBase):
                     after = page[-1].ingest_seq
                 if not exhausted:
                     assert self._ingestor is not None
-                    await self._ingest(seg, proc, self._ingestor)
+                    # A slice is fed only once committed (with the source's checkpoint past it),
+                    # so a result is never recorded for an item the run does not hold.
+                    await self._ingest_slices(seg, self._ingestor, functools.partial(self._feed_slice, proc))
         except AdmissionClosedError:
             pass  # a stop was requested; what was not fed stays pending
         except ClaimLostError as exc:
@@ -387,18 +243,12 @@ class SegmentDriver(DriverBase):
             seg.fail(exc, "ingestion_failed")
         await proc.finish()
 
-    async def _ingest(self, seg: Segment, proc: ParallelBatchProcessor[Any], ingestor: Ingestor) -> None:
-        with unwrap_group():
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(seg.guarded, ingestor.read_ahead, name="run source reader")
-                try:
-                    while (items := await ingestor.next_slice()) is not None:
-                        seg.progress += len(items)
-                        for item_id, text, context in items:
-                            prompt, params = request_of_text(text)
-                            await proc.add_work(LLMWorkItem(item_id, self._strategy, prompt, context, params))
-                finally:
-                    tg.cancel_scope.cancel("ingestion stopped")
+    async def _feed_slice(  # noqa: ASYNC910 - a committed slice is never empty
+        self, proc: ParallelBatchProcessor[Any], items: list[IngestedItem]
+    ) -> None:
+        for item_id, text, context in items:
+            prompt, params = request_of_text(text)
+            await proc.add_work(LLMWorkItem(item_id, self._strategy, prompt, context, params))
 
     async def _record(self, seg: Segment, proc: ParallelBatchProcessor[Any], lease: int | None) -> None:
         await anyio.lowlevel.checkpoint()
@@ -412,6 +262,8 @@ class SegmentDriver(DriverBase):
                         and result.stop_reason is not StopReason.PROVIDER_RETIRED):
                     group.append(encode_new_result(result, self._repo.location,
                                                    replay=self.decode_output))
+                # Flushed when full, or as soon as no other result waits: a quiet run records each
+                # result at once, so a crash loses (and a resume calls again) as little as it can.
                 if group and (len(group) >= _RECORD_GROUP or proc.results_statistics().queued == 0):
                     await self._flush(seg, group, lease)
                     group = []
@@ -425,12 +277,17 @@ class SegmentDriver(DriverBase):
         if group:
             await self._flush(seg, group, lease)
         if uncalled and lease is not None:
+            # Their starts were written, their calls never left: forgotten, so the next driver's
+            # call of them is not counted as a repeated one. Once, at the end: they stay leased
+            # to this driver until its lease closes, so nobody calls them meanwhile.
             try:
                 await self._leased_call(self._repo.unstart_calls, self._run_id, lease, uncalled)
             except LeaseLostError:
                 pass  # those items are another driver's now: its start is the first that counts
 
     async def _flush(self, seg: Segment, group: list[NewResult], lease: int | None) -> None:
+        # One transaction marks the items done and gives their results sequences: a crash before
+        # it leaves them pending (called again), after it they are never called nor recorded again.
         if lease is None:
             try:
                 snapshot = await self._db.call(self._repo.record, self._run_id, group)
@@ -441,6 +298,8 @@ class SegmentDriver(DriverBase):
                 return
         else:
             try:
+                # Fenced by the lease: a driver that was frozen past its lease and wakes cannot
+                # record over the driver that leased the items since.
                 snapshot = await self._leased_call(self._repo.record, self._run_id, group, lease=lease)
             except LeaseLostError as exc:
                 # Our lease expired (we were frozen, or cut off): these items belong to another
@@ -467,6 +326,8 @@ class SegmentDriver(DriverBase):
         segment once nothing is pending: the next segment tries for the ingestion claim again
         (the ingesting process may have died)."""
         wake = _Wake()
+        # A page about the size of the worker pool: the bounded input queue holds the rest back,
+        # so this driver holds few leased items ahead of its calls (see _segment_config).
         page_size = max(self._config.workers, 8)
         try:
             # The scope inside the unwrapping: a pause cancels it while add_work() raises, and the
@@ -480,6 +341,8 @@ class SegmentDriver(DriverBase):
                         ingest_only = functools.partial(self._ingest_only, seg, self._ingestor, wake)
                         tg.start_soon(seg.guarded, ingest_only, name="run ingestion")
                     while True:
+                        # Taken before leasing: a slice committed while lease_items runs sets
+                        # this event, so the wait below cannot miss it.
                         waiting = wake.event
                         page = await self._leased_call(self._repo.lease_items, self._run_id, lease,
                                                        limit=page_size)
@@ -509,15 +372,7 @@ class SegmentDriver(DriverBase):
     async def _ingest_only(self, seg: Segment, ingestor: Ingestor, wake: _Wake) -> None:
         """Commit the source slice by slice (each slice pending, for any driver to lease)."""
         try:
-            with unwrap_group():
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(seg.guarded, ingestor.read_ahead, name="run source reader")
-                    try:
-                        while (items := await ingestor.next_slice()) is not None:
-                            seg.progress += len(items)
-                            wake.set()
-                    finally:
-                        tg.cancel_scope.cancel("ingestion stopped")
+            await self._ingest_slices(seg, ingestor, lambda _items: wake.set())
         except ClaimLostError:
             pass  # the claim's new holder ingests: this segment leases what it commits
         except ArtifactStoreError as exc:
@@ -541,6 +396,10 @@ class SegmentDriver(DriverBase):
     async def _heartbeat(self, seg: Segment, lease: int) -> None:
         """Renew the lease every third of its length; a lease found dead stops the segment."""
         assert self.lease_seconds is not None
+        # A task of its own, not a step of the feeder or the recorder: a slow call, a full queue
+        # or a long record never delays a renewal. A third of the length leaves room for two
+        # renewals to be late (a slow database, a busy loop) before the lease expires under
+        # work still in flight here.
         while True:
             await anyio.sleep(self.lease_seconds / 3)
             try:
@@ -549,20 +408,10 @@ class SegmentDriver(DriverBase):
                 seg.fail(exc, "error")
                 alive = False
             if not alive:
+                # Expired already: its items may be another driver's, so nothing more is called or
+                # recorded under it (the record and the call starts are refused as well).
                 seg.request("detached", f"run {self._run_id!r}: lease {lease} could not be renewed")
                 return
-
-
-def only_of(exc: Exception, kind: type[ArtifactStoreError]) -> ArtifactStoreError | None:
-    """``exc`` if it (or every exception of its group) is a ``kind``: the first one."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, ExceptionGroup):
-        matched, rest = exc.split(kind)
-        if matched is not None and rest is None:
-            first = matched.exceptions[0]
-            return only_of(first, kind) if isinstance(first, Exception) else None
-    return None
 
 
 @final
@@ -576,46 +425,3 @@ class _Wake:
     def set(self) -> None:
         self.event.set()
         self.event = anyio.Event()
-
-
-def encode_new_result(
-    result: WorkItemResult[Any], location: str, *, replay: Callable[[Any], Any] | None = None
-) -> NewResult:
-    """What the repository stores of a terminal result.
-
-    The output is kept by the artifact stores' rule (``_codec.py``): plain JSON,
-    or a pydantic model that ``replay`` (the strategy's ``decode_output``, which
-    :meth:`Run.read_results` applies) gives back as itself. Any other output (a
-    tuple, a dataclass, a model without ``response_model=``, ``NaN``) would be
-    read back changed: the item becomes a ``PARSE`` failure, stored instead,
-    and the run goes on.
-    """
-    try:
-        output = _OUTPUTS.encode(result.output, replay=replay)
-        text = encode_result(result, lambda payload: payload, output=output).decode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
-        error = ArtifactEncodeError(
-            f"{location}: the result of item {result.item_id!r} cannot be stored: {exc}"
-        )
-        error.__cause__ = exc
-        result = unstorable_failure(result, error)
-        text = encode_result(result, lambda payload: payload).decode("utf-8")
-    usage = result.token_usage
-    inp, out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
-    return NewResult(
-        item_id=result.item_id,
-        success=result.success,
-        error_category=result.error_category.value if result.error_category else None,
-        result_json=text,
-        input_tokens=inp,
-        output_tokens=out,
-        total_tokens=usage.get("total_tokens", inp + out),
-    )
-
-
-def deadline_after(timeout: float | None) -> float:
-    if timeout is None:
-        return math.inf
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-        raise ValueError(f"timeout={timeout!r}: must be a number >= 0, or None")
-    return anyio.current_time() + timeout
