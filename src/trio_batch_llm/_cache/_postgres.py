@@ -45,9 +45,9 @@ import anyio
 import anyio.lowlevel
 
 from .._backends._worker_gate import WorkerGate
-from .._runs.repository._conninfo import display, secret_of
 from .._runs.repository._postgres import DEFAULT_CONNECT_TIMEOUT, _unreachable
 from .._runs.repository._postgres_tables import MIGRATION_LOCK, SCHEMA_TABLE
+from .._values._conninfo import display, secret_of
 from .._values._errors import ArtifactStoreError, ConfigurationError, DatabaseUnavailableError
 from .._values._response_cache import PostgresResponseCache
 from .._values._urls import REDACTED

@@ -94,7 +94,7 @@ def redaction_note(command: str) -> str:
     if REDACTED not in command:
         return ""
     # Only here, when a note is due: rendering does not load the runs.
-    from .._runs.repository._conninfo import is_postgres_store
+    from .._values._conninfo import is_postgres_store
 
     try:
         words = shlex.split(command)

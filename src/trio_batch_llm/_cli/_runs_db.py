@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import final
 
-from .._runs.repository._conninfo import display, is_postgres_store
+from .._values._conninfo import display, is_postgres_store
 from ._command import UsageError
 
 __all__ = ["RunDb"]

@@ -14,7 +14,7 @@ import os
 
 from ..._artifacts._sqlite import SqliteArtifactStore
 from ..._values._config import ArtifactIdentity
-from ._conninfo import display, is_postgres_store
+from ..._values._conninfo import display, is_postgres_store
 from ._postgres import PostgresRunRepository
 from ._protocol import RunRepository
 from ._sqlite import SqliteRunRepository

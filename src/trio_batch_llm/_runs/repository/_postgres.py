@@ -24,7 +24,7 @@ retries those within its outage window -- and every other database error
 :class:`ArtifactStoreError`.
 
 The database is named by a ``postgresql://`` URL or a libpq keyword string
-(``"host=... dbname=..."``, :mod:`._conninfo`). Credentials: either may carry a
+(``"host=... dbname=..."``, :mod:`..._values._conninfo`). Credentials: either may carry a
 password (or psycopg finds one in ``PGPASSWORD``/``~/.pgpass``). It is used to
 connect and nowhere else: ``location``, the repr and every error message show
 the store with its password (and a URL's userinfo and key-like query values)
@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar, Final, final
 
+from ..._values._conninfo import display, is_postgres_store, is_postgres_url, secret_of
 from ..._values._errors import ArtifactStoreError, ConfigurationError, DatabaseUnavailableError
 from ..._values._urls import REDACTED
 from .._schema import (
@@ -52,7 +53,6 @@ from .._schema import (
     SourceCheckpoint,
 )
 from . import _postgres_writes as writes
-from ._conninfo import display, is_postgres_store, is_postgres_url, secret_of
 from ._dialect import POSTGRES, Dialect
 from ._postgres_tables import MIGRATION_LOCK, MIGRATIONS, SCHEMA_TABLE, SCHEMA_VERSION
 from ._sql import SqlRunRepository

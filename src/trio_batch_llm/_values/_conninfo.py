@@ -19,7 +19,7 @@ import re
 from typing import Final
 from urllib.parse import unquote, urlsplit
 
-from ..._values._urls import REDACTED, redact_url
+from ._urls import REDACTED, redact_url
 
 __all__ = ["display", "is_conninfo", "is_postgres_store", "is_postgres_url", "secret_of"]
 
