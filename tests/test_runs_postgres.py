@@ -34,8 +34,9 @@ from trio_batch_llm._runs import (
     read_run_snapshot,
 )
 from trio_batch_llm._runs._schema import ClaimLostError, NewItem, NewResult, RunSpec, SourceCheckpoint
-from trio_batch_llm._runs.repository._postgres_tables import SCHEMA_TABLE, SCHEMA_VERSION
+from trio_batch_llm._runs.repository._postgres_tables import SCHEMA_VERSION
 from trio_batch_llm._runs.repository._postgres_writes import mark_done
+from trio_batch_llm._values._postgres import SCHEMA_TABLE
 from trio_batch_llm.testing import MockServerConfig, serve_mock
 
 from ._runs_child import IDENTITY, CountingStrategy, prompts

@@ -45,10 +45,9 @@ import anyio
 import anyio.lowlevel
 
 from .._backends._worker_gate import WorkerGate
-from .._runs.repository._postgres import DEFAULT_CONNECT_TIMEOUT, _unreachable
-from .._runs.repository._postgres_tables import MIGRATION_LOCK, SCHEMA_TABLE
 from .._values._conninfo import display, secret_of
 from .._values._errors import ArtifactStoreError, ConfigurationError, DatabaseUnavailableError
+from .._values._postgres import DEFAULT_CONNECT_TIMEOUT, MIGRATION_LOCK, SCHEMA_TABLE, unreachable
 from .._values._response_cache import PostgresResponseCache
 from .._values._urls import REDACTED
 from ._answer_json import answer_from_json, answer_to_json
@@ -122,7 +121,7 @@ class _Store:
             problem = str(exc).strip() or type(exc).__name__
             if self._secret:
                 problem = problem.replace(self._secret, REDACTED)
-            kind = DatabaseUnavailableError if _unreachable(exc) else ArtifactStoreError
+            kind = DatabaseUnavailableError if unreachable(exc) else ArtifactStoreError
             # Unchained: the original's text (and its connection info) may hold the password.
             raise kind(f"{self.location}: {doing} failed: {problem}") from None
 
@@ -139,7 +138,7 @@ class _Store:
                 try:
                     return fn(self._conn)
                 except (psycopg.Error, OSError) as exc:
-                    if attempt == 2 or fresh or not _unreachable(exc):
+                    if attempt == 2 or fresh or not unreachable(exc):
                         raise
                     self._drop()  # lost since its last use (a restart, a cut): reconnect once
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Final, final
 
 from ..._values._conninfo import display, is_postgres_store, is_postgres_url, secret_of
 from ..._values._errors import ArtifactStoreError, ConfigurationError, DatabaseUnavailableError
+from ..._values._postgres import DEFAULT_CONNECT_TIMEOUT, MIGRATION_LOCK, SCHEMA_TABLE, unreachable
 from ..._values._urls import REDACTED
 from .._schema import (
     ClaimLostError,
@@ -54,40 +55,15 @@ from .._schema import (
 )
 from . import _postgres_writes as writes
 from ._dialect import POSTGRES, Dialect
-from ._postgres_tables import MIGRATION_LOCK, MIGRATIONS, SCHEMA_TABLE, SCHEMA_VERSION
+from ._postgres_tables import MIGRATIONS, SCHEMA_VERSION
 from ._sql import SqlRunRepository
 from ._tables import utc_now
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "PostgresRunRepository", "is_postgres_store", "is_postgres_url"]
 
-DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 # A process stopped mid-transaction holds the run's row lock: the server ends its session after this.
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Final = 5.0
 _CLAIM_SALT: Final = b"trio-batch-llm run claim\x00"
-# SQLSTATEs of a server that is going away or not there yet: admin_shutdown, crash_shutdown,
-# cannot_connect_now (starting up, shutting down). Class 08 (connection exceptions) and
-# errors without a SQLSTATE (refused, reset, closed, no such host) count as unreachable too.
-_GOING_AWAY: Final = frozenset({"57P01", "57P02", "57P03"})
-_NOT_UP: Final = ("shutting down", "starting up", "in recovery", "not yet accepting", "too many clients",
-                  "terminating connection")
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` says the server could not be reached (rather than that it refused something)."""
-    import psycopg
-
-    if isinstance(exc, OSError):
-        return True
-    if not isinstance(exc, psycopg.OperationalError):
-        return False
-    state = exc.sqlstate
-    if state is None:
-        # A connection attempt that failed: the network's word (refused, reset, timed out, no such
-        # host) is an outage; the server's (a FATAL line) only when it is going away or not up yet,
-        # never a refused login or a database that does not exist.
-        text = str(exc).lower()
-        return "fatal:" not in text or any(marker in text for marker in _NOT_UP)
-    return state.startswith("08") or state in _GOING_AWAY
 
 
 def _claim_key(run_id: str) -> int:
@@ -249,7 +225,7 @@ class PostgresRunRepository(SqlRunRepository[Any]):
             yield
         except (psycopg.Error, OSError) as exc:
             problem = self._scrub(str(exc).strip()) or type(exc).__name__
-            kind = DatabaseUnavailableError if _unreachable(exc) else ArtifactStoreError
+            kind = DatabaseUnavailableError if unreachable(exc) else ArtifactStoreError
             # The original goes unchained: its text (and its connection info) may hold the password.
             raise kind(f"{self._location}: {doing} failed: {problem}") from None
 

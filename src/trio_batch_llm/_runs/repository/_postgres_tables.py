@@ -19,11 +19,8 @@ from typing import Final
 from ._leases import DRIVERS_TABLE_SQL
 from ._tables import INDEXES, create_tables
 
-__all__ = ["MIGRATIONS", "MIGRATION_LOCK", "SCHEMA_TABLE", "SCHEMA_VERSION"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
 
-SCHEMA_TABLE: Final = "trio_batch_llm_schema"
-# pg_advisory_xact_lock key of the migration (any fixed 64-bit number; "tbllruns" in ASCII).
-MIGRATION_LOCK: Final = 0x74626C6C72756E73
 
 _V1: Final = (
     *create_tables(big="BIGINT", serial="BIGSERIAL", created_seq="created_seq BIGSERIAL,\n        ",
