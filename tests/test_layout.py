@@ -242,6 +242,52 @@ def test_the_kernel_stands_on_values_and_backends_only() -> None:
     assert up == []
 
 
+# DESIGN.md's layout from the ground up (docs/architecture.md draws it): a package imports only
+# packages on floors below its own, lazily or for the type checker alike. Packages on one floor know
+# nothing of each other. The package's own face (``trio_batch_llm``) and the faces of the command line
+# and the test helpers stand on top.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("_values", "_backends", "_version", "_public"),
+    ("_core",),
+    ("_observe",),
+    ("_admission",),
+    ("_strategies", "mock"),
+    ("_artifacts",),
+    ("_host",),
+    ("_cache",),
+    ("_engine",),
+    ("_runs",),
+    ("_compat",),
+    ("_cli",),
+    ("",),  # trio_batch_llm/__init__.py: the public face
+    ("cli", "testing"),
+    ("__main__",),
+)
+# The one arrow back up, for the type checker only: an item names the strategy type that serves it.
+UP_FOR_TYPES: frozenset[tuple[str, str]] = frozenset({(f"{P}._values._requests", f"{P}._strategies._base")})
+
+
+def _floor_of(module: str) -> int:
+    rest = module[len(P) + 1:] if module != P else ""
+    package = rest.split(".")[0]
+    for floor, packages in enumerate(FLOORS):
+        if package in packages:
+            return floor
+    raise AssertionError(f"{module}: no floor in FLOORS; give its package one")
+
+
+def test_every_package_imports_only_the_floors_below_it() -> None:
+    up = sorted(
+        f"{a} -> {b}"
+        for a, targets in import_graph().items()
+        for b in targets
+        if a.split(".")[:2] != b.split(".")[:2]  # within a package any import is its own affair
+        and _floor_of(b) >= _floor_of(a)
+        and (a, b) not in UP_FOR_TYPES
+    )
+    assert up == []
+
+
 def test_the_item_path_knows_no_particular_provider() -> None:
     item_path = (f"{P}._engine", f"{P}._admission", f"{P}._core", f"{P}._host")
     assert _breaks(item_path, (f"{P}._strategies.openai",)) == []
