@@ -1,5 +1,8 @@
 """One quota scope's combined state machine: every quota reserved atomically, waiters served FIFO.
 
+Over 400 lines because it is one state machine: admitting, settling and the rate-limit reports
+change the same fields together, and each rule reads the others' state.
+
 :class:`QuotaCore` joins a concurrency bound, the optional RPM and TPM cores
 and the cooldown core of :mod:`._limits`. Like them it is synchronous
 and takes ``now`` explicitly. A request is admitted only when *all* its quotas
@@ -44,7 +47,7 @@ from .._values._errors import AdmissionClosedError, ConfigurationError
 from ._headers import RateLimitObservation
 from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore
 from ._pacing import PacingCore
-from ._records import Grant, QuotaScopeStatistics, Ticket, check_tokens
+from ._records import Grant, Pace, QuotaScopeStatistics, Ticket, check_tokens
 from ._refusals import RefusalRule
 
 __all__ = ["Grant", "QuotaCore", "QuotaScopeStatistics", "Ticket"]
@@ -375,6 +378,18 @@ class QuotaCore:
         self.fast = False
         return list(self.queue)
 
+    def pace(self) -> Pace:
+        """What the learning admission knows now (for the log of what a release changed)."""
+        pacing = self.pacing
+        if pacing is None:
+            return Pace(self.cooldown.generation, None, None, None)
+        discovered, reported = pacing.discovery.rate, pacing.requests.limit
+        return Pace(self.cooldown.generation, discovered, reported, pacing.tokens.limit)
+
+    def cooldown_remaining(self, now: float) -> float:
+        """Seconds until the cooldown in force ends (0: none)."""
+        return self.cooldown.remaining(now)
+
     def statistics(self, now: float) -> QuotaScopeStatistics:
         requests, tokens, pacing = self.requests, self.tokens, self.pacing
         return QuotaScopeStatistics(
@@ -387,7 +402,7 @@ class QuotaCore:
             tokens_per_minute=None if tokens is None else tokens.tokens_per_minute,
             tokens_reserved_in_window=None if tokens is None else tokens.reserved_in_window(now),
             tokens_available=None if tokens is None else tokens.available(now),
-            cooldown_remaining=self.cooldown.remaining(now),
+            cooldown_remaining=self.cooldown_remaining(now),
             admitted_total=self.admitted_total,
             rate_limits_reported=self.rate_limits_reported,
             closed=self.closed,
