@@ -46,6 +46,7 @@ import anyio.lowlevel
 
 from .._observe._log import admission_logger
 from ._redis_line import WaitingLine, Want
+from ._redis_lua import SCRIPT_NOW, reply_text
 
 if TYPE_CHECKING:
     from ._redis_link import RedisLink
@@ -59,15 +60,9 @@ _PLACE_SECONDS: Final = 5.0  # a place in line not refreshed this long belongs t
 # ARGV: now ('' = the server's TIME), limit, expiry, place seconds, process id, want (>0: ask for the
 # next `want` ids below; 0: leave the line; -1: keep the place, refresh it), then counted lists:
 # releases, renewals, wanted ids.
-INFLIGHT_SCRIPT: Final = r"""
+_INFLIGHT_TEMPLATE: Final = r"""
 local leases, line, alive, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- @now@
 local limit, expiry, place = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local me, want = ARGV[5], tonumber(ARGV[6])
 local i = 7
@@ -126,6 +121,7 @@ for _, id in ipairs(lost) do reply[#reply + 1] = id end
 for _, id in ipairs(granted) do reply[#reply + 1] = id end
 return reply
 """
+INFLIGHT_SCRIPT: Final = _INFLIGHT_TEMPLATE.replace("-- @now@\n", SCRIPT_NOW)
 
 
 class InFlightReply(NamedTuple):
@@ -136,14 +132,10 @@ class InFlightReply(NamedTuple):
     """The wanted ids granted, a prefix of those sent, in order."""
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def parse_inflight_reply(raw: object) -> InFlightReply:
     if not isinstance(raw, list) or len(raw) < 2:
         raise ValueError(f"unexpected reply from the in-flight script: {raw!r}")
-    fields = [_text(value) for value in raw]
+    fields = [reply_text(value) for value in raw]
     lost = int(fields[1])
     return InFlightReply(float(fields[0]), fields[2:2 + lost], fields[2 + lost:])
 
