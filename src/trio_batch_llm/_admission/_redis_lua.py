@@ -135,6 +135,9 @@ for _ = 1, n do
 end
 if n > 0 then redis.call('HSET', st, 'kc', kc, 'km', km, 'kr', kr) end
 
+-- a cooldown one process reports pauses every process: joined (the later end wins), never added
+-- end to end, so a storm seen by ten processes is one pause, not ten; 'gen' lets each process
+-- see that a new one began (it joins it locally: _scope's join_cooldown)
 local until_ = tonumber(redis.call('HGET', st, 'cool') or '0')
 if cool ~= '' and now + tonumber(cool) > until_ then
   until_ = now + tonumber(cool)
@@ -145,6 +148,8 @@ end
 -- @discovery@
 
 -- 2. admit the waiters, in order, while everything fits; then spare units
+-- (in order: the first that does not fit stops the rest, so a large request is never starved by
+-- smaller ones behind it, across processes as within one)
 if limit > 0 then redis.call('ZREMRANGEBYSCORE', req, '-inf', now) end
 n = tonumber(ARGV[i]); i = i + 1
 local ids = {}
@@ -175,6 +180,8 @@ local function blocked(tokens)
 end
 local function grant(tokens)
   local id = tostring(redis.call('HINCRBY', st, 'id', 1))
+  -- an open call counts until admitted + hold + window: its end re-stamps it (settle, above), and a
+  -- process that dies with calls open frees their units after that, not never
   if limit > 0 then redis.call('ZADD', req, now + hold + window, id) end
   if tpm > 0 and tokens > 0 then
     redis.call('ZADD', tok, now + 60, id)
