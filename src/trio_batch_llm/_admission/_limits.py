@@ -1,5 +1,8 @@
 """The pure state machines behind each quota of a scope: requests per minute, tokens per minute, cooldown.
 
+Over 400 lines because each rule keeps its why beside it, and the three cores share one time model
+(half-open windows, ``NOW``/``NEVER``, a fit derived from ``ready_at``) that is clearest in one place.
+
 Each core is synchronous, takes ``now`` (seconds on any monotonic clock)
 explicitly and never touches an event loop, so ``hypothesis.stateful`` can
 drive it directly. Each answers two questions with one expression:
