@@ -1,5 +1,8 @@
 """One quota scope's combined state machine: every quota reserved atomically, waiters served FIFO.
 
+Over 400 lines because it is one state machine: admitting, settling and the rate-limit reports
+change the same fields together, and each rule reads the others' state.
+
 :class:`QuotaCore` joins a concurrency bound, the optional RPM and TPM cores
 and the cooldown core of :mod:`._limits`. Like them it is synchronous
 and takes ``now`` explicitly. A request is admitted only when *all* its quotas
@@ -44,7 +47,7 @@ from .._values._errors import AdmissionClosedError, ConfigurationError
 from ._headers import RateLimitObservation
 from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore
 from ._pacing import PacingCore
-from ._records import Grant, QuotaScopeStatistics, Ticket, check_tokens
+from ._records import Grant, Pace, QuotaScopeStatistics, Ticket, check_tokens
 from ._refusals import RefusalRule
 
 __all__ = ["Grant", "QuotaCore", "QuotaScopeStatistics", "Ticket"]
@@ -176,6 +179,8 @@ class QuotaCore:
             check_tokens(tokens)  # raises, unless tokens is a subclass of int
         if not self.fast and self.requests is None and self.tokens is None and not self.paced:
             self.fast = not self.cooldown.active(now)  # the ramp is over: the fast path reopens
+        # FIFO over fit: while anyone waits a newcomer queues too, even if it would fit. Otherwise a
+        # stream of small requests keeps slipping past a large one at the head, which never runs.
         if self.queue or self.ready_at(tokens, now) > now:
             raise anyio.WouldBlock
         return self._commit(tokens, now)
@@ -199,6 +204,7 @@ class QuotaCore:
             head = queue[0]
             woken.append(head)
             if self.ready_at(head.tokens, now) > now:
+                # Nobody behind the head is admitted either (FIFO, see try_admit_nowait).
                 break  # the head stays; it is woken to compute its new ready time
             queue.popleft()
             head.grant = self._commit(head.tokens, now)
@@ -264,6 +270,9 @@ class QuotaCore:
         """
         pacing = self.pacing
         generation = pacing.discovery.generation if self.paced and pacing is not None else None
+        # An answer may show that the run of 429s which acted on the scope is one that random
+        # refusals make (the noise share grew since: _refusals); what it did to the pace or the
+        # cooldown is undone, or it would stand for a limit for good and pace the scope ever lower.
         if evidence and self.refusals.answered(generation):
             self.refusals.forget(pacing, self.cooldown, now)  # noise confirmed: undo what lone 429s did
         if pacing is not None and (self.paced or observation is not None):
@@ -295,8 +304,12 @@ class QuotaCore:
             self.report_rate_limit(retry_after, now, admitted_generation=grant.generation)
             return 0.0, self._settle(grant, actual_tokens, now)
         # The calls that ended before this one, less the 429s among them: roughly what got through.
+        # Discovery's first guess at a window's worth (only if a 429 starts it: see _discovery).
         served_before = self.admitted_total - self.in_flight - self.rate_limits_reported
         self.rate_limits_reported += 1
+        # A blip: a 429 that says nothing of the limit (no budget reported, and too few in a row to be
+        # the rate's: _refusals). Only this call waits; slowing or pausing the whole scope for a
+        # refusal a lower rate would not cure would cost every other call and cure nothing.
         if (observation is None or not observation.reports_budget) and not self.refusals.refused(
                 pacing.discovery):
             self.refusals.forget(pacing, self.cooldown, now)  # a refusal a lower rate would not cure
@@ -310,6 +323,8 @@ class QuotaCore:
             wait = retry_after if retry_after is not None else self._blip_wait
             return wait, self._settle(grant, actual_tokens, now)
         if retry_after is not None:  # the provider asked for a wait: kept even if the cooldown is lifted
+            # Learning paces by the 429's budget or the discovered rate; a scope-wide pause is only
+            # for a wait the provider asked for (without one, pausing would only idle the scope).
             started = self._cool_down(retry_after, now, grant.generation)
             self.refusals.cooled(self.cooldown.generation if started else None, now + retry_after)
         self.fast = False
@@ -337,6 +352,8 @@ class QuotaCore:
     def _cool_down(self, retry_after: float | None, now: float, generation: int | None) -> bool:
         started = self.cooldown.report(retry_after, now, admitted_generation=generation)
         if started:
+            # The shared bare grant carries the generation: calls admitted from now on belong to the
+            # new storm, so their 429s may start the next cooldown (older ones only join this one).
             self._bare = Grant(self.cooldown.generation, None, None, None)
         self.fast = False
         return started
@@ -375,6 +392,18 @@ class QuotaCore:
         self.fast = False
         return list(self.queue)
 
+    def pace(self) -> Pace:
+        """What the learning admission knows now (for the log of what a release changed)."""
+        pacing = self.pacing
+        if pacing is None:
+            return Pace(self.cooldown.generation, None, None, None)
+        discovered, reported = pacing.discovery.rate, pacing.requests.limit
+        return Pace(self.cooldown.generation, discovered, reported, pacing.tokens.limit)
+
+    def cooldown_remaining(self, now: float) -> float:
+        """Seconds until the cooldown in force ends (0: none)."""
+        return self.cooldown.remaining(now)
+
     def statistics(self, now: float) -> QuotaScopeStatistics:
         requests, tokens, pacing = self.requests, self.tokens, self.pacing
         return QuotaScopeStatistics(
@@ -387,7 +416,7 @@ class QuotaCore:
             tokens_per_minute=None if tokens is None else tokens.tokens_per_minute,
             tokens_reserved_in_window=None if tokens is None else tokens.reserved_in_window(now),
             tokens_available=None if tokens is None else tokens.available(now),
-            cooldown_remaining=self.cooldown.remaining(now),
+            cooldown_remaining=self.cooldown_remaining(now),
             admitted_total=self.admitted_total,
             rate_limits_reported=self.rate_limits_reported,
             closed=self.closed,

@@ -133,6 +133,9 @@ class Discovery:
             if ready > now:
                 self._limited_at = now
         if self._storm:
+            # One call at a time while the provider refuses everything: each probe costs at most
+            # one 429, where a full rate would spend a 429 per call and, with some providers,
+            # prolong the refusal. A probe in flight will answer first.
             probe = math.inf if in_flight else self._probed_at + self._storm_gap
             if self._storm_gap and self.wall_offset is not None and probe < math.inf:
                 probe = min(probe, next_minute(self._probed_at, self.wall_offset()))
@@ -148,6 +151,8 @@ class Discovery:
         self._probed_at = now
         rate = self.rate
         if rate is not None:
+            # max(): idle time is not banked beyond PACE_CREDIT (ready_at), so a quiet scope does
+            # not wake to a burst of a window's worth that the provider would refuse.
             self._tat = max(self._tat, now) + 1.0 / rate
 
     def answered(self, generation: int, now: float) -> None:
@@ -169,6 +174,8 @@ class Discovery:
         if rate is None:
             return
         if self._limited_at >= self._grown_at:
+            # Grown only when the rate held a call back since the last answer: a scope calling below
+            # its rate proves nothing about a higher one, and would otherwise climb without limit.
             # Back to the rate the last decrease came from within the recovery time, then
             # beyond it only slowly: the limit is near there.
             elapsed = now - self._grown_at

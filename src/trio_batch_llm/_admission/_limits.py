@@ -1,5 +1,8 @@
 """The pure state machines behind each quota of a scope: requests per minute, tokens per minute, cooldown.
 
+Over 400 lines because each rule keeps its why beside it, and the three cores share one time model
+(half-open windows, ``NOW``/``NEVER``, a fit derived from ``ready_at``) that is clearest in one place.
+
 Each core is synchronous, takes ``now`` (seconds on any monotonic clock)
 explicitly and never touches an event loop, so ``hypothesis.stateful`` can
 drive it directly. Each answers two questions with one expression:
@@ -33,6 +36,10 @@ __all__ = [
 WINDOW_SECONDS: Final = 60.0
 PACE_CREDIT: Final = 3.0
 """Seconds of pace an idle scope may bank (5 % of a window's worth), and the slack for late wake-ups."""
+# Why 3 s: a paced scope admits at ``tat - PACE_CREDIT``, so a waiter that wakes a little late
+# (a busy event loop, a coarse timer) does not push every later call back by its lateness; and a
+# scope idle for a while may start a few calls at once, which no provider's per-minute window
+# notices, but never a window's worth: the credit is 5 % of it, far under any pacing margin.
 NEVER: Final = math.inf
 """A ready time that only an event (a release), not the clock, can bring closer."""
 NOW: Final = -math.inf
@@ -82,6 +89,8 @@ class RequestRateCore:
         self.window: float = max(WINDOW_SECONDS, WINDOW_SECONDS * self.limit / requests_per_minute)
         self._burst = burst if burst is not None and burst < self.limit else None
         self._burst_window = self.window * (self._burst or 1) / self.limit
+        # A call counts from admission to a window after it *ended* (the class docstring): an open
+        # call is not stamped, since when it reaches the provider is unknown until it ends.
         self._open = 0  # admitted, call not ended: counts however long it takes
         # End times of calls that ended less than a window ago: non-decreasing
         # (appended at the clock's now), so the head is the next to leave.
@@ -187,6 +196,8 @@ class TokenRateCore:
         self._total = 0
 
     def reservation_size(self, estimate: int) -> int:
+        # Clamped to the whole quota: a request estimated above it could never fit and would wait
+        # forever; clamped, it runs alone in an empty window and its excess is charged as debt.
         if estimate < 0:
             raise ValueError(f"tokens={estimate!r}: must be >= 0")
         return min(estimate, self.tokens_per_minute)
@@ -229,11 +240,13 @@ class TokenRateCore:
             return 0
         reservation.settled = True
         if actual is None:
-            return 0
+            return 0  # unknown usage is never taken for zero: the reservation stays charged
         self._prune(now)
         if actual < reservation.reserved:
             self._refund(reservation, reservation.reserved - max(actual, 0))
             return 0
+        # More than reserved: the excess is charged *now*, when it became known, not back at the
+        # admission: back-dating would let it leave the window sooner than the provider forgets it.
         debt = actual - reservation.reserved
         if debt:
             self._log.append(TokenReservation(now, debt))
@@ -249,6 +262,7 @@ class TokenRateCore:
         self._refund(reservation, reservation.reserved)
 
     def _refund(self, reservation: TokenReservation, tokens: int) -> None:
+        # An entry that already left the window frees nothing: its tokens no longer count.
         if reservation.live:
             tokens = min(tokens, reservation.amount)
             reservation.amount -= tokens
@@ -305,14 +319,24 @@ class CooldownCore:
             retry_after = None  # a garbage header is no better than none
         elif retry_after is not None:
             retry_after = max(0.0, retry_after)
+        # The generation tells one storm from the next. Calls admitted before the latest cooldown
+        # began were sent into the storm that started it; their 429s arrive during or after that
+        # cooldown and say nothing new. Were each to start (or add to) a cooldown, a batch of 200
+        # calls in flight would pause the scope 200 times over for one refusal.
         stale = admitted_generation is not None and admitted_generation < self.generation
         if now < self._until or stale:
+            # Joined, not added end to end. Only the provider's own word may push the end later:
+            # its Retry-After is when it will take calls again, whoever asked.
             if retry_after is not None and now + retry_after > self._until:
                 self._pause_until(now + retry_after)
             return False
+        # Backoff grows only for storms that follow each other (within the last one's aftermath:
+        # its ramp, and at least its own length): one 429 an hour must not grow a cooldown forever.
         self._level = self._level + 1 if now < self._aftermath_end else 0
         config = self._config
         if retry_after is not None:
+            # The provider's word, not capped by max_cooldown_seconds: starting earlier than it
+            # said only buys more 429s (and, with some providers, a longer ban).
             duration = retry_after
         else:
             try:
@@ -320,12 +344,14 @@ class CooldownCore:
             except OverflowError:
                 grown = math.inf
             duration = min(config.max_cooldown_seconds, grown)
-        self.generation += 1
+        self.generation += 1  # grants made from now on belong to the new storm (see ``stale``)
         self._pause_until(now + duration)
         self._aftermath_end = self._until + max(config.slow_start_seconds, duration)
         return True
 
     def _pause_until(self, until: float) -> None:
+        # The ramp always follows the pause: resuming at full concurrency would send a whole
+        # bound of calls into a provider that has just refused, and likely start the next storm.
         self._until = until
         self.ramp_end = until + self._config.slow_start_seconds
 

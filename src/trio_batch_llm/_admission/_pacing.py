@@ -106,6 +106,10 @@ class HeaderBudget:
         if remaining is None:
             return
         reset = reset_at if reset_at is not None else at + WINDOW_SECONDS
+        # Answers arrive out of order (calls of different lengths). The answer to the latest call
+        # (highest mark) knows the most and replaces the ceiling; a stale one may only lower it:
+        # the provider may count a call we think it has not seen yet, never the other way round.
+        # Once the reset passed, the old ceiling describes a window that is gone: any answer wins.
         ceiling = mark + remaining - margin
         if mark >= self.mark or self.reset_at <= at:
             self.ceiling, self.mark, self.reset_at, self.remaining = ceiling, mark, reset, remaining
@@ -117,7 +121,13 @@ class HeaderBudget:
         ready = NOW
         reset_at = self.reset_at
         if now < reset_at and total + charge > self.ceiling:
+            # At the ceiling with calls in flight, their answers will move it: wait for them. With
+            # none in flight no answer will come, and waiting for the reset could idle the scope a
+            # whole window while the provider's budget refills: one probe goes when it would have
+            # refilled by one call, and its answer reports the budget afresh.
             ready = reset_at if in_flight else min(reset_at, self._probe_at(charge))
+        # The pace (theoretical arrival time, less the credit): calls spread over the window instead
+        # of spending the budget in one burst that a provider counting per second would refuse.
         if self.limit is not None and self._tat - PACE_CREDIT > ready:
             ready = self._tat - PACE_CREDIT
         return ready
@@ -267,6 +277,9 @@ class PacingCore:
 
     def refund(self, mark: PaceMark | None) -> None:
         """A paced call that never reached the provider: it stays charged (the cautious side)."""
+        # Not uncharged: calls admitted after it carry marks that count it, and the ceilings their
+        # answers set are read against the total; lowering the total would admit one call more
+        # than the provider said remains.
         if mark is not None:
             self._open -= 1
 

@@ -1,4 +1,4 @@
-"""The records a quota scope hands out: a call's :class:`Grant`, a waiter's :class:`Ticket`, statistics."""
+"""The records of a quota scope: a call's :class:`Grant`, a waiter's :class:`Ticket`, its pace, statistics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, final
 from ._limits import TokenReservation
 from ._pacing import PaceMark
 
-__all__ = ["Grant", "QuotaScopeStatistics", "Ticket", "check_tokens"]
+__all__ = ["Grant", "Pace", "QuotaScopeStatistics", "Ticket", "check_tokens"]
 
 
 class Grant(NamedTuple):
@@ -34,6 +34,24 @@ class Grant(NamedTuple):
         """Tokens reserved for this call (0 when the scope has no token limit)."""
         reservation = self.token_reservation
         return 0 if reservation is None else reservation.reserved
+
+
+class Pace(NamedTuple):
+    """What a scope's learning admission knows at one moment, compared before and after a release to log
+    what the release changed (:class:`~trio_batch_llm._observe._log.PaceWatch`).
+
+    Read through :meth:`QuotaCore.pace <trio_batch_llm._admission._core.QuotaCore.pace>`, so the logger
+    reads one record rather than the cores inside the scope.
+    """
+
+    cooldowns: int
+    """The cooldown generation: it moves when a new cooldown starts."""
+    rate: float | None
+    """The discovered request rate, per second (``None``: nothing discovered, or learning off)."""
+    request_limit: int | None
+    """The request limit the provider reported (``None``: never reported, or learning off)."""
+    token_limit: int | None
+    """The token limit the provider reported (``None``: never reported, or learning off)."""
 
 
 @final

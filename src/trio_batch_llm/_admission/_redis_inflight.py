@@ -23,8 +23,8 @@ the request: a round trip cut short (cancelled, timed out) may have applied, so
 every id it asked for is released afterwards; a release of an id never granted
 removes nothing.
 
-**Waiting: a line in Redis, polled.** One waiter per process (the leader, as in
-:mod:`._redis_quota`) asks for as many leases as this process has waiters. A
+**Waiting: a line in Redis, polled.** One waiter per process (the leader of its
+:class:`~._redis_line.WaitingLine`) asks for as many leases as this process has waiters. A
 process that gets none takes a place at the back of the line; free slots go
 first to the processes ahead in line (each holds one back for itself), and a
 process granted some but not all goes to the back again, so slots go round the
@@ -37,16 +37,16 @@ not refreshed for ``_PLACE_SECONDS`` (a dead process) is dropped.
 
 from __future__ import annotations
 
+import math
 import random
 import secrets
-from collections import deque
 from typing import TYPE_CHECKING, Final, NamedTuple, final
 
-import anyio
 import anyio.lowlevel
 
 from .._observe._log import admission_logger
-from .._values._errors import AdmissionClosedError
+from ._redis_line import WaitingLine, Want
+from ._redis_lua import SCRIPT_NOW, reply_text
 
 if TYPE_CHECKING:
     from ._redis_link import RedisLink
@@ -60,15 +60,9 @@ _PLACE_SECONDS: Final = 5.0  # a place in line not refreshed this long belongs t
 # ARGV: now ('' = the server's TIME), limit, expiry, place seconds, process id, want (>0: ask for the
 # next `want` ids below; 0: leave the line; -1: keep the place, refresh it), then counted lists:
 # releases, renewals, wanted ids.
-INFLIGHT_SCRIPT: Final = r"""
+_INFLIGHT_TEMPLATE: Final = r"""
 local leases, line, alive, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
+-- @now@
 local limit, expiry, place = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local me, want = ARGV[5], tonumber(ARGV[6])
 local i = 7
@@ -127,6 +121,7 @@ for _, id in ipairs(lost) do reply[#reply + 1] = id end
 for _, id in ipairs(granted) do reply[#reply + 1] = id end
 return reply
 """
+INFLIGHT_SCRIPT: Final = _INFLIGHT_TEMPLATE.replace("-- @now@\n", SCRIPT_NOW)
 
 
 class InFlightReply(NamedTuple):
@@ -137,57 +132,36 @@ class InFlightReply(NamedTuple):
     """The wanted ids granted, a prefix of those sent, in order."""
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def parse_inflight_reply(raw: object) -> InFlightReply:
     if not isinstance(raw, list) or len(raw) < 2:
         raise ValueError(f"unexpected reply from the in-flight script: {raw!r}")
-    fields = [_text(value) for value in raw]
+    fields = [reply_text(value) for value in raw]
     lost = int(fields[1])
     return InFlightReply(float(fields[0]), fields[2:2 + lost], fields[2 + lost:])
 
 
 @final
-class _Want:
-    __slots__ = ("event", "gone", "lease")
+class SharedInFlight(WaitingLine[str]):
+    """One scope's bound on calls in flight in every process together (see the module docstring).
 
-    def __init__(self) -> None:
-        self.lease: str | None = None
-        self.event: anyio.Event | None = None
-        self.gone = False
-
-
-def _leased(want: _Want) -> bool:
-    # A call, so that type checkers do not carry a narrowed `want.lease` across the round trip.
-    return want.lease is not None
-
-
-@final
-class SharedInFlight:
-    """One scope's bound on calls in flight in every process together (see the module docstring)."""
+    Its waiters wait for a lease id in a :class:`~._redis_line.WaitingLine`."""
 
     __slots__ = (
-        "_held", "_in_line", "_keys", "_leader", "_link", "_next", "_queue", "_releases", "_wake", "closed",
-        "expiry", "limit", "lost", "me", "name", "round_trips",
+        "_held", "_in_line", "_keys", "_next", "_releases", "expiry", "limit", "lost", "me", "name",
+        "round_trips",
     )
 
     def __init__(self, link: RedisLink, name: str, limit: int, expiry: float) -> None:
-        self._link = link
+        super().__init__(link, _POLL_FIRST, _POLL_MAX)
         self.name = name
         self.limit = limit
         self.expiry = expiry
         self._keys = [f"{{{name}}}:{key}" for key in ("lea", "lwq", "lwa", "lst")]
         self.me = secrets.token_hex(8)  # this process's id in the line, and its lease ids' prefix
         self._next = 0
-        self._queue: deque[_Want] = deque()
-        self._leader = False
-        self._wake: anyio.Event | None = None
         self._held: set[str] = set()  # leases granted here and not yet released: what renewal renews
         self._releases: list[str] = []
         self._in_line = False  # whether Redis may hold a place in line for this process
-        self.closed = False
         self.round_trips = 0
         self.lost = 0
         link.add(self)
@@ -200,69 +174,26 @@ class SharedInFlight:
 
     async def acquire(self) -> str:
         """Wait, in line with this process's other waiters and with the other processes, for a lease."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        want = _Want()
-        self._queue.append(want)
-        try:
-            while want.lease is None:
-                if self.closed:
-                    raise AdmissionClosedError("quota scope is closed")
-                if not self._leader:
-                    await self._lead(want)
-                else:
-                    want.event = anyio.Event()
-                    await want.event.wait()
-        except BaseException:
-            want.gone = True
-            try:
-                self._queue.remove(want)
-            except ValueError:
-                pass
-            if want.lease is not None:
-                self.release(want.lease)
-            self._pass_lead()
-            raise
-        return want.lease
+        return await self._wait_in_line(Want())
 
-    def _pass_lead(self) -> None:
-        if not self._leader and self._queue:
-            event = self._queue[0].event
-            if event is not None:
-                event.set()
-        elif not self._leader and self._in_line:
+    def _line_empty(self) -> None:
+        if self._in_line:
             self._link.want_flush()  # nobody here waits any more: the flusher leaves the line
 
-    async def _lead(self, own: _Want) -> None:
-        self._leader = True
-        pause = _POLL_FIRST
-        try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            while own.lease is None and not self.closed:
-                wants = list(self._queue)
-                ids = [self._new_id() for _ in wants]
-                reply = await self._round_trip(len(wants), ids)
-                for want, lease in zip(wants, reply.granted, strict=False):
-                    if want.gone or want.lease is not None:
-                        self.release(lease)
-                        continue
-                    want.lease = lease
-                    try:
-                        self._queue.remove(want)
-                    except ValueError:
-                        pass
-                    if want.event is not None:
-                        want.event.set()
-                if _leased(own):
-                    break
-                wake = self._wake = anyio.Event()
-                # Jittered, so that waiting processes do not ask in step.
-                with anyio.move_on_after(pause * random.uniform(0.5, 1.0)):
-                    await wake.wait()
-                pause = _POLL_FIRST if wake.is_set() else min(pause * 2, _POLL_MAX)
-        finally:
-            self._leader = False
-            self._wake = None
-            self._pass_lead()
+    async def _ask(self) -> float:
+        wants = list(self._queue)
+        ids = [self._new_id() for _ in wants]
+        reply = await self._round_trip(len(wants), ids)
+        for want, lease in zip(wants, reply.granted, strict=False):
+            if not self._hand(want, lease):
+                self.release(lease)
+        return math.inf
+
+    def _paused(self, pause: float) -> float:
+        return pause * random.uniform(0.5, 1.0)  # jittered, so that waiting processes do not ask in step
+
+    def _give_back(self, grant: str) -> None:
+        self.release(grant)
 
     def _new_id(self) -> str:
         self._next += 1
@@ -312,11 +243,7 @@ class SharedInFlight:
         """The call is over (or never started): its slot goes back with the next round trip."""
         self._held.discard(lease)
         self._releases.append(lease)
-        wake = self._wake
-        if wake is not None:
-            wake.set()  # the leader carries it, and may take the slot for a waiter here
-        else:
-            self._link.want_flush()
+        self._kick()  # the leader carries it, and may take the slot for a waiter here
 
     # -- the link's task ---------------------------------------------------------------
 
@@ -356,13 +283,7 @@ class SharedInFlight:
             await anyio.lowlevel.checkpoint()
 
     def close(self) -> None:
-        self.closed = True
-        for want in self._queue:
-            if want.event is not None:
-                want.event.set()
-        wake = self._wake
-        if wake is not None:
-            wake.set()
+        self._close_line()
 
     @property
     def pending(self) -> bool:

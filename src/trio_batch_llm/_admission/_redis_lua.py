@@ -51,17 +51,24 @@ from typing import Final, NamedTuple
 
 from ._redis_discovery import DISCOVERY_LUA
 
-__all__ = ["ACQUIRE_SCRIPT", "AcquireReply", "parse_reply"]
+__all__ = ["ACQUIRE_SCRIPT", "SCRIPT_NOW", "AcquireReply", "parse_reply", "reply_text"]
 
-_TEMPLATE: Final = r"""
-local req, tok, amt, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now
+SCRIPT_NOW: Final = r"""local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
+"""
+"""How every script of a shared scope reads the time (``-- @now@`` in a template; see **Time** above).
+
+The server's ``TIME``, once per run, so that every process on every machine measures windows,
+leases and cooldowns on one clock; ``ARGV[1]`` set (not ``''``) is a test's fake clock instead."""
+
+_TEMPLATE: Final = r"""
+local req, tok, amt, st = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- @now@
 local limit, window, hold = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tpm, spare, cool = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local i = 8
@@ -128,6 +135,9 @@ for _ = 1, n do
 end
 if n > 0 then redis.call('HSET', st, 'kc', kc, 'km', km, 'kr', kr) end
 
+-- a cooldown one process reports pauses every process: joined (the later end wins), never added
+-- end to end, so a storm seen by ten processes is one pause, not ten; 'gen' lets each process
+-- see that a new one began (it joins it locally: _scope's join_cooldown)
 local until_ = tonumber(redis.call('HGET', st, 'cool') or '0')
 if cool ~= '' and now + tonumber(cool) > until_ then
   until_ = now + tonumber(cool)
@@ -138,6 +148,8 @@ end
 -- @discovery@
 
 -- 2. admit the waiters, in order, while everything fits; then spare units
+-- (in order: the first that does not fit stops the rest, so a large request is never starved by
+-- smaller ones behind it, across processes as within one)
 if limit > 0 then redis.call('ZREMRANGEBYSCORE', req, '-inf', now) end
 n = tonumber(ARGV[i]); i = i + 1
 local ids = {}
@@ -168,6 +180,8 @@ local function blocked(tokens)
 end
 local function grant(tokens)
   local id = tostring(redis.call('HINCRBY', st, 'id', 1))
+  -- an open call counts until admitted + hold + window: its end re-stamps it (settle, above), and a
+  -- process that dies with calls open frees their units after that, not never
   if limit > 0 then redis.call('ZADD', req, now + hold + window, id) end
   if tpm > 0 and tokens > 0 then
     redis.call('ZADD', tok, now + 60, id)
@@ -201,7 +215,7 @@ local reply = {string.format('%.6f', now), ready, cooling, tostring(spares), gen
 for k = 1, #ids do reply[#reply + 1] = ids[k] end
 return reply
 """
-ACQUIRE_SCRIPT: Final = _TEMPLATE.replace("-- @discovery@\n", DISCOVERY_LUA)
+ACQUIRE_SCRIPT: Final = _TEMPLATE.replace("-- @now@\n", SCRIPT_NOW).replace("-- @discovery@\n", DISCOVERY_LUA)
 
 
 class AcquireReply(NamedTuple):
@@ -222,14 +236,15 @@ class AcquireReply(NamedTuple):
     """The shared discovered rate in force, requests per second (``None``: none)."""
 
 
-def _text(value: object) -> str:
+def reply_text(value: object) -> str:
+    """One field of a script's reply as text (a client may give ``bytes`` or ``str``)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def parse_reply(raw: object) -> AcquireReply:
     if not isinstance(raw, list) or len(raw) < 6:
         raise ValueError(f"unexpected reply from the quota script: {raw!r}")
-    fields = [_text(value) for value in raw]
+    fields = [reply_text(value) for value in raw]
     now, ready, cooling, spares, generation, rate = fields[:6]
     return AcquireReply(
         now=float(now),

@@ -9,11 +9,11 @@ asks a :class:`RedisSharedQuota` for the shared part once its local admission
 succeeded: :meth:`~RedisSharedQuota.try_take_nowait` (no round trip: a spare
 unit) or :meth:`~RedisSharedQuota.take` (waits in a local FIFO).
 
-**One round trip for many waiters.** Waiters queue here in order; the first
-becomes the *leader* and asks Redis for everyone queued at once (the script
-admits the longest prefix that fits, in order, so FIFO holds across the
-batch). The leader sleeps until the reported ready time, or until a local
-release gives it something new to say, and asks again; when its own request is
+**One round trip for many waiters.** Waiters queue here in order, in a
+:class:`~._redis_line.WaitingLine`: the first becomes the *leader* and asks Redis for
+everyone queued at once (the script admits the longest prefix that fits, in order, so
+FIFO holds across the batch). The leader sleeps until the reported ready time, or until
+a local release gives it something new to say, and asks again; when its own request is
 granted it hands the lead to the next waiter. No task is spawned for this.
 
 **Releases ride along.** A call's end, a refund, a token settlement, a
@@ -43,17 +43,16 @@ import hashlib
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Final, final
+from typing import Final, cast, final
 
-import anyio
 import anyio.lowlevel
 
 from .._values._config import RateLimitConfig
-from .._values._errors import AdmissionClosedError
 from ._headers import RateLimitObservation
 from ._limits import WINDOW_SECONDS
 from ._redis_discovery import SharedDiscovery
 from ._redis_inflight import SharedInFlight
+from ._redis_line import WaitingLine, Want
 from ._redis_link import RedisLink
 from ._redis_lua import AcquireReply
 
@@ -91,29 +90,28 @@ class SharedTicket:
 
 
 @final
-class _Want:
-    __slots__ = ("event", "gone", "ticket", "tokens")
+class _Want(Want[SharedTicket]):
+    __slots__ = ("tokens",)
 
     def __init__(self, tokens: int) -> None:
+        super().__init__()
         self.tokens = tokens
-        self.ticket: SharedTicket | None = None
-        self.event: anyio.Event | None = None
-        self.gone = False
 
-
-def _granted(want: _Want) -> bool:
-    # A call, so that type checkers do not carry a narrowed `want.ticket` across the round trip.
-    return want.ticket is not None
+    @property
+    def ticket(self) -> SharedTicket | None:
+        """What Redis granted this waiter (its :attr:`~._redis_line.Want.grant`)."""
+        return self.grant
 
 
 @final
-class RedisSharedQuota:
-    """The shared RPM/TPM of one scope (see the module docstring)."""
+class RedisSharedQuota(WaitingLine[SharedTicket]):
+    """The shared RPM/TPM of one scope (see the module docstring); its waiters wait in a
+    :class:`~._redis_line.WaitingLine`."""
 
     __slots__ = (
-        "_admitted", "_budgets", "_carrying", "_cool", "_demand_at", "_ends", "_keys", "_leader", "_link",
-        "_pace", "_queue", "_refilling", "_refunds", "_round_trip_seconds", "_settles", "_spare_cap",
-        "_spares", "_taking", "_token_budgets", "_wake", "closed", "discovery", "hold", "inflight", "limit",
+        "_admitted", "_budgets", "_carrying", "_cool", "_demand_at", "_ends", "_keys",
+        "_pace", "_refilling", "_refunds", "_round_trip_seconds", "_settles", "_spare_cap",
+        "_spares", "_taking", "_token_budgets", "discovery", "hold", "inflight", "limit",
         "name", "on_cooldown",
         "pacing_margin", "requests_per_minute", "round_trips", "tpm", "window",
     )
@@ -122,7 +120,7 @@ class RedisSharedQuota:
         self, link: RedisLink, name: str, *, requests_per_minute: float | None, tokens_per_minute: int | None,
         rate_limit: RateLimitConfig | None = None,
     ) -> None:
-        self._link = link
+        super().__init__(link, _POLL_FIRST, _POLL_MAX)
         self.name = name
         self._keys = [f"{{{name}}}:{key}" for key in ("req", "tok", "amt", "st", "dga", "dsv")]
         if requests_per_minute is None:
@@ -138,9 +136,6 @@ class RedisSharedQuota:
         self.hold = link.backend.max_call_seconds
         self._spare_cap = 0 if self.tpm else min(link.backend.max_lease, self.limit // 20)
         self.on_cooldown: Callable[[float], None] | None = None  # the scope's join_cooldown
-        self._queue: deque[_Want] = deque()
-        self._leader = False
-        self._wake: anyio.Event | None = None
         self._spares: deque[tuple[str, float]] = deque()  # (unit, leased at, on the link's clock)
         self._admitted = 0  # admissions since the last round trip: the demand a lease may cover
         self._taking = 0  # admissions inside take(): they hold a local slot, and no call yet
@@ -155,7 +150,6 @@ class RedisSharedQuota:
         self._cool: float | None = None
         self._carrying = 0  # round trips under way that carry releases
         self._refilling = False
-        self.closed = False
         link.add(self)
         backend = link.backend
         self.inflight = None if backend.max_in_flight is None else SharedInFlight(
@@ -215,55 +209,16 @@ class RedisSharedQuota:
             assert ticket is not None
             await anyio.lowlevel.cancel_shielded_checkpoint()
             return ticket
-        want = _Want(self.clamp(tokens))
-        self._queue.append(want)
-        try:
-            while want.ticket is None:
-                if self.closed:
-                    raise AdmissionClosedError("quota scope is closed")
-                if not self._leader:
-                    await self._lead(want)
-                else:
-                    want.event = anyio.Event()
-                    await want.event.wait()
-        except BaseException:
-            want.gone = True
-            try:
-                self._queue.remove(want)
-            except ValueError:
-                pass
-            if want.ticket is not None:
-                self.settle_unused(want.ticket)
-            self._pass_lead()
-            raise
-        return want.ticket
+        return await self._wait_in_line(_Want(self.clamp(tokens)))
 
-    def _pass_lead(self) -> None:
-        if not self._leader and self._queue:
-            event = self._queue[0].event
-            if event is not None:
-                event.set()
+    async def _ask(self) -> float:
+        wants = cast("list[_Want]", list(self._queue))  # only _take queues, and only _Want
+        reply = await self._round_trip(wants)
+        self._admit(wants, reply)
+        return _POLL_MAX if reply.ready_at is None else max(0.0, reply.ready_at - reply.now)
 
-    async def _lead(self, own: _Want) -> None:
-        self._leader = True
-        pause = _POLL_FIRST
-        try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            while own.ticket is None and not self.closed:
-                wants = [want for want in self._queue]
-                reply = await self._round_trip(wants)
-                self._admit(wants, reply)
-                if _granted(own):
-                    break
-                wait = _POLL_MAX if reply.ready_at is None else max(0.0, reply.ready_at - reply.now)
-                wake = self._wake = anyio.Event()
-                with anyio.move_on_after(min(wait, pause)):
-                    await wake.wait()
-                pause = _POLL_FIRST if wake.is_set() else min(pause * 2, _POLL_MAX)
-        finally:
-            self._leader = False
-            self._wake = None
-            self._pass_lead()
+    def _give_back(self, grant: SharedTicket) -> None:
+        self.settle_unused(grant)
 
     def _admit(self, wants: list[_Want], reply: AcquireReply) -> None:
         granted = len(reply.units) - reply.spares
@@ -271,18 +226,10 @@ class RedisSharedQuota:
         for want, unit, mark in zip(wants[:granted], reply.units[:granted], reply.token_marks[:granted],
                                     strict=True):
             ticket = SharedTicket(unit, want.tokens, mark, reply.generation)
-            if want.gone or want.ticket is not None:
-                # Withdrawn while we asked, or served from spares meanwhile: the share goes back.
+            if self._hand(want, ticket):
+                self._admitted += 1
+            else:  # withdrawn while we asked, or served from spares meanwhile: the share goes back
                 self.settle_unused(ticket)
-                continue
-            want.ticket = ticket
-            self._admitted += 1
-            try:
-                self._queue.remove(want)
-            except ValueError:
-                pass
-            if want.event is not None:
-                want.event.set()
         for unit in reply.units[granted:]:
             self._spares.append((unit, now))
         self._serve_from_spares()
@@ -300,7 +247,7 @@ class RedisSharedQuota:
         queue, spares = self._queue, self._spares
         while queue and spares and not self.tpm:
             want = queue.popleft()
-            want.ticket = SharedTicket(spares.popleft()[0], 0)
+            want.grant = SharedTicket(spares.popleft()[0], 0)
             self._admitted += 1
             if want.event is not None:
                 want.event.set()
@@ -376,13 +323,6 @@ class RedisSharedQuota:
         return max(0, min(self._spare_cap - len(self._spares), max(admitted, ahead - len(self._spares))))
 
     # -- settling (synchronous: called from Admission's release methods) ----------
-
-    def _kick(self) -> None:
-        wake = self._wake
-        if wake is not None:
-            wake.set()  # the leader carries it, and may now be admitted too
-        else:
-            self._link.want_flush()
 
     def settle_ended(
         self, ticket: SharedTicket, actual_tokens: int | None,
@@ -497,15 +437,9 @@ class RedisSharedQuota:
             await anyio.lowlevel.checkpoint()
 
     def close(self) -> None:
-        self.closed = True
         if self.inflight is not None:
             self.inflight.close()
-        for want in self._queue:
-            if want.event is not None:
-                want.event.set()
-        wake = self._wake
-        if wake is not None:
-            wake.set()
+        self._close_line()
 
     def statistics(self) -> tuple[int, int]:
         """``(waiting, spares)``."""

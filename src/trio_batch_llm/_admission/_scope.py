@@ -175,7 +175,7 @@ class Admission:
             if ticket is not None:
                 shared.settle_ended(ticket, actual_tokens, observation)
             shared.rate_limited(ticket, core.discovery_signal(observation, retry_after, now),
-                                core.cooldown.remaining(now))
+                                core.cooldown_remaining(now))
         return wait
 
     def release_unused(self) -> None:
@@ -402,7 +402,7 @@ class QuotaScope:
         _wake(self.throttle.refused_by(before, self.name, core, now, retry_after, 0.0))
         if (shared := self._shared) is not None:
             shared.rate_limited(None, core.discovery_signal(None, retry_after, now),
-                                core.cooldown.remaining(now))
+                                core.cooldown_remaining(now))
         return started
 
     def close(self) -> None:

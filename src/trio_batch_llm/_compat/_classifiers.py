@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import final
 
-from .._engine._classify import _category_by_status
+from .._engine._classify import category_by_status
 from .._engine._classify import classify as _classify
 from .._strategies.anthropic._errors import sdk_verdict
 from .._strategies.openai._wire_errors import PAYMENT_REQUIRED_STOPS
@@ -116,7 +116,7 @@ class OpenRouterErrorClassifier(DefaultErrorClassifier):
         code = _openrouter_code(getattr(exception, "body", None))
         category = None
         if isinstance(code, int):
-            category = _category_by_status(code)
+            category = category_by_status(code)
         elif code == "no_provider_available":
             category = ErrorCategory.SERVER
         if category is None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol, TypeAlias
 
 from .._values._categories import ErrorCategory
-from ._classify import ClassifierVerdict, ErrorClassifier
+from ._classify import ClassifierFunction, ClassifierVerdict
 
 __all__ = ["ANCHOR_CATEGORIES", "ClassifierArg", "SupportsClassify", "user_classifier", "verdict_of"]
 
@@ -70,7 +70,7 @@ def _by_flags(info: Any) -> ErrorCategory:
     return _C.TIMEOUT if getattr(info, "is_timeout", False) else _C.TRANSIENT
 
 
-def user_classifier(classifier: object, *, field: str = "error_classifier") -> ErrorClassifier | None:
+def user_classifier(classifier: object, *, field: str = "error_classifier") -> ClassifierFunction | None:
     """The engine's callable form of ``classifier`` (``TypeError`` naming it when it is neither)."""
     if classifier is None:
         return None

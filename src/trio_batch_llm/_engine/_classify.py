@@ -1,5 +1,8 @@
 """Error classification: one failed attempt's exception -> an :class:`ErrorCategory`.
 
+Over 400 lines because the built-in rules (class names, statuses, built-in types, wording) are one
+precedence order, and their tables read best beside the code that applies them in that order.
+
 The engine has exactly one ``except Exception`` boundary around an attempt and
 calls :func:`classify` from it. Cancellation, ``KeyboardInterrupt`` and
 ``SystemExit`` are ``BaseException`` subclasses that never reach that boundary,
@@ -42,14 +45,19 @@ from ._endpoint import endpoint_unusable
 
 __all__ = [
     "Classification",
-    "ErrorClassifier",
+    "ClassifierFunction",
     "StrategyClassifier",
+    "category_by_status",
     "classify",
 ]
 
 ClassifierVerdict: TypeAlias = ErrorCategory | tuple[ErrorCategory, float | None] | None
-ErrorClassifier: TypeAlias = Callable[[Exception], ClassifierVerdict]
-"""A user classifier: ``None`` defers; a category or ``(category, retry_after)`` decides."""
+ClassifierFunction: TypeAlias = Callable[[Exception], ClassifierVerdict]
+"""A user classifier as the engine calls it: ``None`` defers; a category or ``(category, retry_after)``
+decides. Whatever ``error_classifier=`` was given (a function, or an object with ``classify`` such as the
+public :class:`trio_batch_llm.ErrorClassifier`) becomes one of these once
+(:func:`~trio_batch_llm._engine._classifier_objects.user_classifier`); the name differs from the
+public class's so that ``ErrorClassifier`` means one thing."""
 StrategyClassifier: TypeAlias = Callable[[Exception], tuple[ErrorCategory, float | None] | None]
 """The shape of :meth:`LLMCallStrategy.classify_error`."""
 
@@ -168,7 +176,7 @@ def classify(
     exc: Exception,
     *,
     strategy_classifier: StrategyClassifier | None = None,
-    user_classifier: ErrorClassifier | None = None,
+    user_classifier: ClassifierFunction | None = None,
     now: float | None = None,
 ) -> Classification:
     """Classify one attempt's failure.
@@ -229,7 +237,7 @@ def _default(exc: Exception, now: float | None) -> Classification:
         return Classification(ErrorCategory.DEADLINE, retry_after, status)
     category = _category_by_class_name(type(exc))
     if category is None and status is not None:
-        category = _category_by_status(status)
+        category = category_by_status(status)
     if category is None:
         category = _category_by_builtin_type(exc)
     return Classification(_refine(category, exc), retry_after, status, _unusable(exc, status),
@@ -266,7 +274,11 @@ def _category_by_class_name(exc_type: type[Exception]) -> ErrorCategory | None:
     return found
 
 
-def _category_by_status(status: int) -> ErrorCategory | None:
+def category_by_status(status: int) -> ErrorCategory | None:
+    """The category an HTTP status alone says (``None`` for a status that says nothing, such as 2xx).
+
+    Shared with :class:`trio_batch_llm.OpenRouterErrorClassifier`, which files the status inside an
+    OpenRouter error body by the same table."""
     if status == 429:
         return ErrorCategory.RATE_LIMIT
     if status == 408:

@@ -32,18 +32,19 @@ and engine layers can both use it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from .._values._categories import ErrorCategory
 
 if TYPE_CHECKING:
-    from .._admission._core import QuotaCore
+    from .._admission._records import Pace
 
 __all__ = [
     "ADMISSION_LOGGER",
     "ENGINE_LOGGER",
     "FailureLog",
     "PaceWatch",
+    "PacedScope",
     "log_cooldown",
     "log_first_rate_limit",
     "log_retry",
@@ -133,6 +134,15 @@ def _per_minute(rate: float | None) -> str:
     return "none" if rate is None else f"{rate:.4g}/min"
 
 
+class PacedScope(Protocol):
+    """What :class:`PaceWatch` reads of a quota scope (its :class:`~trio_batch_llm._admission._core.QuotaCore`
+    gives both): one record of its pace, and how long its cooldown lasts."""
+
+    def pace(self) -> Pace: ...
+
+    def cooldown_remaining(self, now: float, /) -> float: ...
+
+
 @final
 class PaceWatch:
     """What a quota scope's learning admission knows before a release, to log what the release changed.
@@ -140,39 +150,31 @@ class PaceWatch:
     ``before = PaceWatch.of(core)``, release, ``before.log_changes(name, core, now)``:
     a new cooldown (INFO), a discovered request rate that moved (INFO down, DEBUG
     up: it grows a little with every answer), a limit the provider reported for
-    the first time or changed (INFO). Reads the core's public attributes only.
+    the first time or changed (INFO). Reads the scope's :class:`PacedScope` view only.
     """
 
-    __slots__ = ("cooldowns", "rate", "request_limit", "token_limit")
+    __slots__ = ("_before",)
 
-    def __init__(self, cooldowns: int, rate: float | None, request_limit: int | None,
-                 token_limit: int | None) -> None:
-        self.cooldowns = cooldowns
-        self.rate = rate
-        self.request_limit = request_limit
-        self.token_limit = token_limit
+    def __init__(self, before: Pace) -> None:
+        self._before = before
 
     @classmethod
-    def of(cls, core: QuotaCore) -> PaceWatch:
-        pacing = core.pacing
-        if pacing is None:
-            return cls(core.cooldown.generation, None, None, None)
-        cooldowns = core.cooldown.generation
-        return cls(cooldowns, pacing.discovery.rate, pacing.requests.limit, pacing.tokens.limit)
+    def of(cls, core: PacedScope) -> PaceWatch:
+        return cls(core.pace())
 
     def log_changes(
-        self, scope: str | None, core: QuotaCore, now: float, retry_after: float | None = None
+        self, scope: str | None, core: PacedScope, now: float, retry_after: float | None = None
     ) -> bool:
         """Log what changed since :meth:`of`; return whether a cooldown or a lower pace was logged at INFO."""
         name = scope or "-"
-        after = PaceWatch.of(core)
+        before, after = self._before, core.pace()
         said = False
-        if after.cooldowns != self.cooldowns:
-            first = self.cooldowns == 0
-            log_cooldown(name, core.cooldown.remaining(now), retry_after, first=first)
+        if after.cooldowns != before.cooldowns:
+            first = before.cooldowns == 0
+            log_cooldown(name, core.cooldown_remaining(now), retry_after, first=first)
             said = first
-        if after.rate != self.rate:
-            old = None if self.rate is None else self.rate * 60
+        if after.rate != before.rate:
+            old = None if before.rate is None else before.rate * 60
             new = None if after.rate is None else after.rate * 60
             lowered = new is not None and (old is None or new < old)
             level = logging.INFO if lowered else logging.DEBUG
@@ -183,8 +185,8 @@ class PaceWatch:
                     name, "lowered" if lowered else "raised", _per_minute(new), _per_minute(old),
                     extra={"scope": name, "old_rpm": old, "new_rpm": new, "source": "discovery"},
                 )
-        for what, old_limit, new_limit in (("requests", self.request_limit, after.request_limit),
-                                           ("tokens", self.token_limit, after.token_limit)):
+        for what, old_limit, new_limit in (("requests", before.request_limit, after.request_limit),
+                                           ("tokens", before.token_limit, after.token_limit)):
             if new_limit != old_limit:
                 admission_logger.info(
                     "quota scope %s: the provider reports a limit of %s %s per window (was %s); pacing by it",
