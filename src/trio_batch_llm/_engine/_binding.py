@@ -15,7 +15,7 @@ from .._strategies._base import LLMCallStrategy
 from .._values._config_warnings import warn_if_pool_too_small
 from .._values._prompts import Prompt
 from .._values._results import RetryState
-from ._classify import Classification, ErrorClassifier, classify
+from ._classify import Classification, ClassifierFunction, classify
 from ._tokenizer import load_tokenizer, request_tokens, tokenizer_unloaded
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Binding", "ExecuteText", "StrategyHost", "TokenEstimate", "UserClassifier", "resolve_binding"]
 
-UserClassifier: TypeAlias = ErrorClassifier
+UserClassifier: TypeAlias = ClassifierFunction
 TokenEstimate: TypeAlias = Callable[[Prompt, Mapping[str, object] | None], int]
 """A request's tokens from its prompt and params (the config's ``token_estimator`` as bound)."""
 ExecuteText: TypeAlias = Callable[[str, int, float | None, RetryState | None], Awaitable[tuple[object, ...]]]
