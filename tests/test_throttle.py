@@ -35,12 +35,12 @@ from trio_batch_llm import (
     process_prompts,
 )
 from trio_batch_llm._admission import QuotaScope
-from trio_batch_llm._admission._records import QuotaScopeStatistics
 from trio_batch_llm._admission._throttle import ThrottleWatch
 from trio_batch_llm._observe._progress import ProgressTracker
 from trio_batch_llm._observe._progress_line import fit_progress_line, format_progress_line
 from trio_batch_llm._observe._snapshot import Progress, ProgressSnapshot
 from trio_batch_llm._strategies.openai._compatible import OpenAICompatibleStrategy
+from trio_batch_llm._values._quota_reports import QuotaScopeStatistics
 from trio_batch_llm.mock import MockServerConfig, serve_mock
 
 from .test_fault_storm import AutojumpEventLoop

@@ -1,6 +1,5 @@
 """trio-batch-llm: run thousands of LLM calls concurrently and correctly, on Trio or asyncio."""
 
-from ._admission._records import QuotaScopeStatistics as QuotaScopeStatistics
 from ._artifacts import ArtifactStore as ArtifactStore
 from ._artifacts import JsonlArtifactStore as JsonlArtifactStore
 from ._artifacts import SqliteArtifactStore as SqliteArtifactStore
@@ -136,6 +135,7 @@ from ._values._errors import RunStateError as RunStateError
 from ._values._errors import StreamFinalizationError as StreamFinalizationError
 from ._values._prompts import LLMRequest as LLMRequest
 from ._values._quota_backend import RedisQuotaBackend as RedisQuotaBackend
+from ._values._quota_reports import QuotaScopeStatistics as QuotaScopeStatistics
 from ._values._ramp import StartupRampConfig as StartupRampConfig
 from ._values._requests import LLMWorkItem as LLMWorkItem
 from ._values._response_cache import MemoryResponseCache as MemoryResponseCache

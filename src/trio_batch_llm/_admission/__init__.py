@@ -12,11 +12,11 @@ Other packages import from here only; the modules below are this package's own.
     _registry   QuotaRegistry: one scope per quota key of a host
 """
 
+from .._values._quota_reports import QuotaScopeStatistics as QuotaScopeStatistics
 from ._headers import RATE_LIMIT_METADATA_KEY as RATE_LIMIT_METADATA_KEY
 from ._headers import RateLimitObservation as RateLimitObservation
 from ._headers import parse_rate_limit_headers as parse_rate_limit_headers
 from ._headers import rate_limit_headers as rate_limit_headers
-from ._records import QuotaScopeStatistics as QuotaScopeStatistics
 from ._registry import QuotaRegistry as QuotaRegistry
 from ._registry import QuotaRegistryStatistics as QuotaRegistryStatistics
 from ._scope import Admission as Admission

@@ -44,10 +44,11 @@ import anyio
 
 from .._values._config import RateLimitConfig
 from .._values._errors import AdmissionClosedError, ConfigurationError
+from .._values._quota_reports import Pace, QuotaScopeStatistics
 from ._headers import RateLimitObservation
 from ._limits import NEVER, NOW, CooldownCore, RequestRateCore, TokenRateCore
 from ._pacing import PacingCore
-from ._records import Grant, Pace, QuotaScopeStatistics, Ticket, check_tokens
+from ._records import Grant, Ticket, check_tokens
 from ._refusals import RefusalRule
 
 __all__ = ["Grant", "QuotaCore", "QuotaScopeStatistics", "Ticket"]

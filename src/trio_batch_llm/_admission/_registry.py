@@ -11,7 +11,7 @@ import anyio.lowlevel
 from .._values._config import ProcessorConfig
 from .._values._errors import AdmissionClosedError
 from .._values._quota_backend import RedisQuotaBackend
-from ._records import QuotaScopeStatistics
+from .._values._quota_reports import QuotaScopeStatistics
 from ._scope import QuotaScope
 
 if TYPE_CHECKING:

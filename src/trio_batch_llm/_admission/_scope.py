@@ -47,9 +47,10 @@ import anyio.lowlevel
 from .._observe._log import PaceWatch
 from .._values._config import ProcessorConfig, RateLimitConfig
 from .._values._errors import AdmissionClosedError
+from .._values._quota_reports import QuotaScopeStatistics
 from ._core import QuotaCore
 from ._headers import RateLimitObservation
-from ._records import Grant, QuotaScopeStatistics, Ticket
+from ._records import Grant, Ticket
 from ._throttle import ThrottleBudget, ThrottleWatch
 
 if TYPE_CHECKING:

@@ -57,11 +57,11 @@ from ._throttled import admit_within_budget, spent
 
 if TYPE_CHECKING:
     from .._admission import Admission
-    from .._admission._records import QuotaScopeStatistics
     from .._host._executor import ExecutorHost
     from .._observe._hooks import Hooks
     from .._strategies._base import LLMCallStrategy
     from .._values._config import ProcessorConfig
+    from .._values._quota_reports import QuotaScopeStatistics
     from ._guards import Guard
 
 __all__ = ["RETRY", "STOPPED", "AttemptTimedOut", "ItemRunner", "start_deadline"]

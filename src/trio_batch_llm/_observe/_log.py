@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 from .._values._categories import ErrorCategory
 
 if TYPE_CHECKING:
-    from .._admission._records import Pace
+    from .._values._quota_reports import Pace
 
 __all__ = [
     "ADMISSION_LOGGER",

@@ -33,7 +33,7 @@ from ._progress_line import duration
 from ._snapshot import Progress, ProgressSnapshot, estimate_eta
 
 if TYPE_CHECKING:
-    from .._admission._records import QuotaScopeStatistics
+    from .._values._quota_reports import QuotaScopeStatistics
 
 __all__ = [
     "QUOTA_BACKEND",

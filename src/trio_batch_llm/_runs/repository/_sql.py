@@ -27,7 +27,21 @@ from typing import ClassVar, Generic, Literal, TypeVar
 
 from ..._artifacts._fingerprint import canonical_json, identity_fingerprint
 from ..._values._errors import ArtifactMismatchError
-from .. import _schema as schema
+from .._schema import (
+    LIVE_SUBMISSION_STATES,
+    NewItem,
+    NewResult,
+    NewSubmission,
+    PendingItem,
+    RunSnapshot,
+    RunSpec,
+    RunStateError,
+    RunTermination,
+    SourceCheckpoint,
+    StoredResult,
+    SubmissionRecord,
+    SubmissionState,
+)
 from . import _leases as leases
 from . import _writes as writes
 from ._dialect import Connection, Dialect
@@ -81,17 +95,17 @@ class SqlRunRepository(abc.ABC, Generic[C]):
     def _write(self, doing: str) -> contextlib.AbstractContextManager[C]: ...
 
     @abc.abstractmethod
-    def _insert_items(self, conn: C, run_id: str, items: Sequence[schema.NewItem],
-                      checkpoint: schema.SourceCheckpoint) -> None:
+    def _insert_items(self, conn: C, run_id: str, items: Sequence[NewItem],
+                      checkpoint: SourceCheckpoint) -> None:
         """Add the items (pending) and move the checkpoint: :func:`._writes.move_checkpoint`."""
 
     @abc.abstractmethod
-    def _mark_done(self, conn: C, run_id: str, results: Sequence[schema.NewResult], *,
+    def _mark_done(self, conn: C, run_id: str, results: Sequence[NewResult], *,
                    submission: str | None, lease: int | None) -> int:
         """Record results for the items still open (:func:`._writes.open_items`); how many."""
 
     @abc.abstractmethod
-    def _reserve(self, conn: C, run_id: str, submission: schema.NewSubmission,
+    def _reserve(self, conn: C, run_id: str, submission: NewSubmission,
                  capacity_limit: int | None) -> bool:
         """Take capacity and items for a new submission, or False with nothing written."""
 
@@ -110,15 +124,15 @@ class SqlRunRepository(abc.ABC, Generic[C]):
     def _knows_leases(self, conn: C) -> bool:
         return True
 
-    def _row(self, conn: C, run_id: str) -> schema.RunSnapshot:
+    def _row(self, conn: C, run_id: str) -> RunSnapshot:
         row = conn.execute(self._dialect.sql(self._snapshot_sql()), (run_id,)).fetchone()
         if row is None:
-            raise schema.RunStateError(f"{self.location}: no run named {run_id!r}")
+            raise RunStateError(f"{self.location}: no run named {run_id!r}")
         return decode_snapshot(tuple(row))
 
     # -- runs --------------------------------------------------------------------
 
-    def attach(self, spec: schema.RunSpec) -> schema.RunSnapshot:
+    def attach(self, spec: RunSpec) -> RunSnapshot:
         d = self._dialect
         identity_json = canonical_json(spec.identity.to_dict())
         with self._write(f"opening run {spec.run_id!r}") as conn:
@@ -143,12 +157,12 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                     f"not {identity_json}; use another run id"
                 )
             if mode != spec.mode:
-                raise schema.RunStateError(
+                raise RunStateError(
                     f"{self.location}: run {spec.run_id!r} runs in mode {mode!r}, not {spec.mode!r}"
                 )
             return self._row(conn, spec.run_id)
 
-    def snapshot(self, run_id: str) -> schema.RunSnapshot:
+    def snapshot(self, run_id: str) -> RunSnapshot:
         with self._read(f"reading run {run_id!r}") as conn:
             return self._row(conn, run_id)
 
@@ -158,7 +172,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
             return [run_id for (run_id,) in rows]
 
     def transition(self, run_id: str, *, from_statuses: frozenset[str], to: str,
-                   termination: schema.RunTermination | None) -> tuple[bool, schema.RunSnapshot]:
+                   termination: RunTermination | None) -> tuple[bool, RunSnapshot]:
         d = self._dialect
         term = json.dumps(termination.to_dict()) if termination is not None else None
         among, params = d.any_of("status", sorted(from_statuses))
@@ -172,8 +186,8 @@ class SqlRunRepository(abc.ABC, Generic[C]):
             ).rowcount
             return changed == 1, self._row(conn, run_id)
 
-    def complete(self, run_id: str) -> tuple[bool, schema.RunSnapshot]:
-        term = json.dumps(schema.RunTermination("completed").to_dict())
+    def complete(self, run_id: str) -> tuple[bool, RunSnapshot]:
+        term = json.dumps(RunTermination("completed").to_dict())
         with self._write(f"completing run {run_id!r}") as conn:
             # The guard is in the statement, not in the caller: incomplete ingestion is never
             # terminal, and an item recorded or ingested by another driver meanwhile is counted.
@@ -188,13 +202,13 @@ class SqlRunRepository(abc.ABC, Generic[C]):
 
     # -- items and results -------------------------------------------------------
 
-    def ingest(self, run_id: str, items: Sequence[schema.NewItem],
-               checkpoint: schema.SourceCheckpoint) -> schema.RunSnapshot:
+    def ingest(self, run_id: str, items: Sequence[NewItem],
+               checkpoint: SourceCheckpoint) -> RunSnapshot:
         with self._write(f"ingesting {len(items)} item(s) into run {run_id!r}") as conn:
             self._insert_items(conn, run_id, items, checkpoint)
             return self._row(conn, run_id)
 
-    def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[schema.PendingItem]:
+    def pending(self, run_id: str, *, after_ingest_seq: int, limit: int) -> list[PendingItem]:
         with self._read(f"reading the pending items of run {run_id!r}") as conn:
             rows = conn.execute(
                 self._dialect.sql(
@@ -203,10 +217,10 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 ),
                 (run_id, after_ingest_seq, limit),
             ).fetchall()
-        return [schema.PendingItem(*row) for row in rows]
+        return [PendingItem(*row) for row in rows]
 
-    def record(self, run_id: str, results: Sequence[schema.NewResult], *,
-               lease: int | None = None) -> schema.RunSnapshot:
+    def record(self, run_id: str, results: Sequence[NewResult], *,
+               lease: int | None = None) -> RunSnapshot:
         d = self._dialect
         with self._write(f"recording {len(results)} result(s) of run {run_id!r}") as conn:
             if lease is not None:
@@ -220,7 +234,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 leases.count_done(conn, d, run_id, lease, recorded)
             return self._row(conn, run_id)
 
-    def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[schema.StoredResult]:
+    def results(self, run_id: str, *, after_sequence: int, limit: int | None) -> list[StoredResult]:
         d = self._dialect
         with self._read(f"reading the results of run {run_id!r}") as conn:
             rows = conn.execute(
@@ -228,7 +242,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                       " WHERE run_id = ? AND sequence > ? ORDER BY sequence LIMIT ?"),
                 (run_id, after_sequence, d.no_limit if limit is None else limit),
             ).fetchall()
-        return [schema.StoredResult(seq, item_id, text) for seq, item_id, text in rows]
+        return [StoredResult(seq, item_id, text) for seq, item_id, text in rows]
 
     # -- leases (many drivers per run: :mod:`._leases`) ---------------------------
 
@@ -237,7 +251,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
             return leases.open_lease(conn, self._dialect, self.location, run_id, driver_id,
                                      lease_seconds=lease_seconds, now=self._clock())
 
-    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[schema.PendingItem]:
+    def lease_items(self, run_id: str, lease: int, *, limit: int) -> list[PendingItem]:
         with self._write(f"leasing items of run {run_id!r}") as conn:
             return leases.lease_items(conn, self._dialect, self.location, run_id, lease, limit=limit,
                                       now=self._clock())
@@ -268,19 +282,19 @@ class SqlRunRepository(abc.ABC, Generic[C]):
     # -- provider-batch submissions ---------------------------------------------
 
     def reserve_submission(
-        self, run_id: str, submission: schema.NewSubmission, *, capacity_limit: int | None
+        self, run_id: str, submission: NewSubmission, *, capacity_limit: int | None
     ) -> bool:
         check_new_submission(submission, capacity_limit)
         with self._write(f"reserving submission {submission.submission_id!r} of run {run_id!r}") as conn:
             return self._reserve(conn, run_id, submission, capacity_limit)
 
     def update_submission(self, run_id: str, submission_id: str, *, from_states: frozenset[str],
-                          to: schema.SubmissionState, input_file_id: str | None = None,
+                          to: SubmissionState, input_file_id: str | None = None,
                           batch_id: str | None = None, detail: str | None = None) -> bool:
         d = self._dialect
         # Ending a submission must move its items too: only abandon/finish may leave a live state.
-        check_states(frozenset({to}), schema.LIVE_SUBMISSION_STATES, "update_submission's to")
-        check_states(from_states, schema.LIVE_SUBMISSION_STATES, "update_submission's from_states")
+        check_states(frozenset({to}), LIVE_SUBMISSION_STATES, "update_submission's to")
+        check_states(from_states, LIVE_SUBMISSION_STATES, "update_submission's from_states")
         if not from_states:
             return False
         among, params = d.any_of("state", sorted(from_states))
@@ -303,16 +317,16 @@ class SqlRunRepository(abc.ABC, Generic[C]):
         with self._write(f"abandoning submission {submission_id!r} of run {run_id!r}") as conn:
             return writes.abandon(conn, self._dialect, run_id, submission_id, to, detail)
 
-    def finish_submission(self, run_id: str, submission_id: str, results: Sequence[schema.NewResult],
+    def finish_submission(self, run_id: str, submission_id: str, results: Sequence[NewResult],
                           retry_item_ids: Sequence[str], *, detail: str | None = None,
-                          unrun_item_ids: Sequence[str] = ()) -> schema.RunSnapshot:
+                          unrun_item_ids: Sequence[str] = ()) -> RunSnapshot:
         with self._write(f"finishing submission {submission_id!r} of run {run_id!r}") as conn:
             writes.finish(conn, self._dialect, self.location, run_id, submission_id, results,
                           unrun_item_ids=unrun_item_ids, detail=detail, mark_done=self._mark_done)
             return self._row(conn, run_id)
 
     def submissions(self, run_id: str, *,
-                    states: frozenset[str] | None = None) -> list[schema.SubmissionRecord]:
+                    states: frozenset[str] | None = None) -> list[SubmissionRecord]:
         if not self._reads_submissions() or (states is not None and not states):
             return []
         where, params = "", tuple[object, ...]()
@@ -327,9 +341,9 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 ),
                 (run_id, *params),
             ).fetchall()
-        return [schema.SubmissionRecord(*row) for row in rows]
+        return [SubmissionRecord(*row) for row in rows]
 
-    def submission_items(self, run_id: str, submission_id: str) -> list[schema.PendingItem]:
+    def submission_items(self, run_id: str, submission_id: str) -> list[PendingItem]:
         if not self._reads_submissions():
             return []
         with self._read(f"reading the items of submission {submission_id!r}") as conn:
@@ -340,7 +354,7 @@ class SqlRunRepository(abc.ABC, Generic[C]):
                 ),
                 (run_id, submission_id),
             ).fetchall()
-        return [schema.PendingItem(*row) for row in rows]
+        return [PendingItem(*row) for row in rows]
 
     def held_tokens(self, scope: str) -> int:
         if not self._reads_submissions():
