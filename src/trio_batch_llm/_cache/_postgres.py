@@ -45,6 +45,7 @@ import anyio
 import anyio.lowlevel
 
 from .._backends._worker_gate import WorkerGate
+from .._core._cleanup import CloseOnce
 from .._values._conninfo import display, secret_of
 from .._values._errors import ArtifactStoreError, ConfigurationError, DatabaseUnavailableError
 from .._values._postgres import DEFAULT_CONNECT_TIMEOUT, MIGRATION_LOCK, SCHEMA_TABLE, unreachable
@@ -261,7 +262,7 @@ class PostgresCacheConnection(CacheConnection):
         self._all = list(self._idle)
         self._free = anyio.Semaphore(len(stores))
         self._config = config
-        self._closed = False
+        self._close_once = CloseOnce()
 
     def __repr__(self) -> str:
         return f"<PostgresCacheConnection {self._location}>"
@@ -277,7 +278,7 @@ class PostgresCacheConnection(CacheConnection):
         return cls(stores, config)
 
     async def _run(self, call: Callable[[_Store], R]) -> R:
-        if self._closed:
+        if self._close_once.closed:
             await anyio.lowlevel.checkpoint()
             raise ArtifactStoreError(f"{self._location}: the cache connection is closed")
         async with self._free:
@@ -301,12 +302,10 @@ class PostgresCacheConnection(CacheConnection):
     async def release(self, key: CacheKey, holder: str) -> None:
         await self._run(lambda store: store.release(key.digest, holder))
 
-    async def aclose(self) -> None:  # noqa: ASYNC910 - every session has one (the loop is never empty)
-        if self._closed:
-            await anyio.lowlevel.checkpoint()
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            # Bounded: each gate waits for its one call in flight (statement_timeout), then a close.
-            for store, gate in self._all:
-                await gate.run(store.close)
+    async def aclose(self) -> None:
+        await self._close_once(self._close_sessions)
+
+    async def _close_sessions(self) -> None:  # noqa: ASYNC910 - every session has one (the loop is never empty)
+        # Bounded: each gate waits for its one call in flight (statement_timeout), then a close.
+        for store, gate in self._all:
+            await gate.run(store.close)

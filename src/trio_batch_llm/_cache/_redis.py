@@ -49,6 +49,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from .._admission._redis_link import _redis_errors, _refusals, _scrubbed, _seed_nodes
 from .._backends import capture_loop_handle
+from .._core._cleanup import CloseOnce
 from .._values._errors import ArtifactStoreError, DatabaseUnavailableError
 from .._values._response_cache import RedisResponseCache
 from ._answer_json import answer_from_json, answer_to_json
@@ -147,7 +148,7 @@ class RedisCacheConnection(CacheConnection):
         self._clock = clock
         self._namespace = config.namespace
         self.location = client.location
-        self._closed = False
+        self._close_once = CloseOnce()
 
     def __repr__(self) -> str:
         return f"<RedisCacheConnection {self.location}>"
@@ -177,7 +178,7 @@ class RedisCacheConnection(CacheConnection):
     async def _call(self, doing: str, trip: Callable[[], Awaitable[R]]) -> R:
         """``trip`` in the connection's loop; this task waits without a thread (woken through its loop's
         handle). Cancelled, it cancels the round trip there too (a ``SET`` is whole or not done)."""
-        if self._closed:
+        if self._close_once.closed:
             await anyio.lowlevel.checkpoint()
             raise ArtifactStoreError(f"{self.location}: the cache connection is closed")
         handle = capture_loop_handle()
@@ -236,13 +237,8 @@ class RedisCacheConnection(CacheConnection):
         await self._call("releasing a key", lambda: script(keys=[self._key("c", key.digest)], args=[holder]))
 
     async def aclose(self) -> None:
-        if self._closed:
-            await anyio.lowlevel.checkpoint()
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            # Leaves the client in its loop (closing its connections), then stops the loop's thread.
-            await anyio.to_thread.run_sync(self._stack.close)
+        # Leaves the client in its loop (closing its connections), then stops the loop's thread.
+        await self._close_once(lambda: anyio.to_thread.run_sync(self._stack.close))
 
 
 def _make_client(config: RedisResponseCache, connect_timeout: float, command_timeout: float) -> _Client:

@@ -1,17 +1,21 @@
-"""``with_cleanup``: run a body, then a bounded, shielded cleanup on every exit path (CONTRACT C1)."""
+"""``with_cleanup``: run a body, then a bounded, shielded cleanup on every exit path (CONTRACT C1).
+
+``CloseOnce`` is the same promise for a handle's own ``aclose()``: one shielded close, idempotent.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from typing import Final, TypeVar, final
 
 import anyio
+import anyio.lowlevel
 
 from .._values._errors import ConfigurationError
 
-__all__ = ["CLEANUP_FAILED", "CLEANUP_TIMED_OUT", "with_cleanup"]
+__all__ = ["CLEANUP_FAILED", "CLEANUP_TIMED_OUT", "CloseOnce", "with_cleanup"]
 
 T = TypeVar("T")
 
@@ -86,3 +90,28 @@ async def with_cleanup(
     if problem is not None:
         logger.warning("%s after the body returned (cleanup_timeout=%s s)", problem, cleanup_timeout)
     return value
+
+
+@final
+class CloseOnce:
+    """The ``aclose()`` of a handle that holds connections or threads: idempotent, closes even when cancelled.
+
+    ``await close_once(close)`` runs ``close()`` the first time only; ``closed`` turns true before it
+    starts, so a call arriving meanwhile is refused rather than queued behind the close.
+    """
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __call__(self, close: Callable[[], Awaitable[object]]) -> None:
+        if self.closed:
+            # Later calls still checkpoint: aclose() is a checkpoint on every path.
+            await anyio.lowlevel.checkpoint()
+            return
+        self.closed = True
+        # Shielded: the caller's cancellation (often why it is closing) must not leave the
+        # connections or the thread behind; each close is bounded by what it waits for.
+        with anyio.CancelScope(shield=True):
+            await close()

@@ -32,6 +32,7 @@ import anyio
 import anyio.lowlevel
 
 from ..._backends._worker_gate import WorkerGate
+from ..._core._cleanup import CloseOnce
 from ..._values._errors import DatabaseUnavailableError
 from .._schema import RunStateError
 from ._protocol import RunRepository
@@ -55,12 +56,12 @@ class RepositoryClient:
         self.repository = repository
         self.unreachable_timeout = unreachable_timeout
         self._gate = WorkerGate()
-        self._closed = False
+        self._close_once = CloseOnce()
         self._down_since: float | None = None  # when the current run of unreachable failures began
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._close_once.closed
 
     async def open(self) -> None:
         """Open the repository: tried once (see the module docstring)."""
@@ -91,17 +92,12 @@ class RepositoryClient:
 
     async def call_once(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """``fn(*args, **kwargs)`` in the worker thread, tried once."""
-        if self._closed:
+        if self._close_once.closed:
             await anyio.lowlevel.checkpoint()
             raise RunStateError(f"{self.repository.location}: this run handle is closed")
         return await self._gate.run(fn, *args, **kwargs)
 
     async def aclose(self) -> None:
         """Close the repository (releasing its claims); idempotent; closes even when cancelled."""
-        if self._closed:
-            await anyio.lowlevel.checkpoint()
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            # Bounded: waits at most for the one call in flight, then a close.
-            await self._gate.run(self.repository.close)
+        # Bounded: waits at most for the one call in flight, then a close.
+        await self._close_once(lambda: self._gate.run(self.repository.close))
