@@ -68,14 +68,20 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a JSON schema (a JSON object) each answer must follow: structured output")
 
 
-def positive_int(text: str) -> int:
+def _int(text: str, expected: str, low: int, high: int | None = None) -> int:
+    """``text`` as a whole number from ``low`` (to ``high``): the one check behind every whole-number
+    argument, so each names what it expected the same way."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int(text, "a whole number >= 1", 1)
 
 
 def limit_change(text: str) -> tuple[float, int | None, int | None]:
@@ -155,13 +161,7 @@ def non_empty(text: str) -> str:
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+    return _int(text, "a whole number >= 0", 0)
 
 
 def batch_size(text: str) -> int:
@@ -175,13 +175,7 @@ def batch_size(text: str) -> int:
 
 def port(text: str) -> int:
     """A TCP port, 0 (the system chooses) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
-    return value
+    return _int(text, "a port number from 0 to 65535", 0, 65535)
 
 
 def quota_backend(text: str | None, max_in_flight: int | None = None) -> RedisQuotaBackend | None:
