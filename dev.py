@@ -59,13 +59,13 @@ def _pip_install(python: Path, *args: str) -> None:
 
 
 MATRIX_TESTS = [
-    "tests/test_with_cleanup.py",
-    "tests/test_cleanup_contract.py",
-    "tests/test_deliveries.py",
-    "tests/test_ledger.py",
-    "tests/test_leases.py",
-    "tests/test_engine.py",
-    "tests/test_resilience.py",
+    "tests/core/test_with_cleanup.py",
+    "tests/contract/test_cleanup_contract.py",
+    "tests/core/test_deliveries.py",
+    "tests/core/test_ledger.py",
+    "tests/core/test_leases.py",
+    "tests/engine/test_engine.py",
+    "tests/engine/test_resilience.py",
 ]
 
 

@@ -4,7 +4,7 @@
                                     [--stores jsonl,sqlite] [--seed 0] [--fsync-published]
     python benchmarks/crash_fuzz.py --mode provider-batch [--trials 50] [--items 24] [--seed 0]
 
-The same trial as tests/test_crash_resume.py (the harness is tests/_crash_child.py;
+The same trial as tests/e2e/test_crash_resume.py (the harness is tests/_crash_child.py;
 its docstring lists the invariants), run ``--trials`` times per store. Child
 backends alternate trio/asyncio every trial and parent (resume) backends every
 two trials, so all four pairs are covered; every fifth trial kills the resumed
@@ -13,7 +13,7 @@ calls logs, child stderr) and the script exits 1. Prints a summary per store and
 child backend and writes benchmarks/results/crash_fuzz.json.
 
 ``--mode provider-batch`` runs the provider-batch trial of
-tests/test_runs_batch_crash.py instead (the harness is tests/_runs_batch_child.py;
+tests/runs/test_batch_crash.py instead (the harness is tests/_runs_batch_child.py;
 its docstring lists the kill moments and the invariants): a durable run in Batch
 API mode against the mock server, its child SIGKILLed at a seeded moment (kill
 triggers stratified over the trials; a third of the trials kill the resumed

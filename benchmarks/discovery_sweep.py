@@ -2,7 +2,7 @@
 
     python benchmarks/discovery_sweep.py [--seeds 0:64] [--shares 0,0.02,0.05] [--limits 600,1200]
 
-The suite checks eight fixed seeds (tests/test_discovery_refusals.py); this
+The suite checks eight fixed seeds (tests/admission/test_discovery_refusals.py); this
 sweeps as many as you like on the same simulated provider (a sliding-window
 limit behind a gateway refusing ``share`` of all calls at random, no headers,
 32 workers, 0.5 s a call, six simulated minutes on the pure quota core: exact
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests._pacing_sim import refused_between, served_between, simulate  # noqa: E402
-from tests.test_discovery_refusals import NO_RAMP, NoisyProvider  # noqa: E402
+from tests.admission.test_discovery_refusals import NO_RAMP, NoisyProvider  # noqa: E402
 
 from _common import table, write_json  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The long version of the lease crash test (``tests/test_runs_leases_crash.py``).
+"""The long version of the lease crash test (``tests/runs/test_leases_crash.py``).
 
     python3 benchmarks/runs_fuzz.py [--items 2000] [--kills 12] [--lease 2.0] [--rounds 3]
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests._servers.postgres import PostgresServer  # noqa: E402
-from tests.test_runs_leases_crash import check, fuzz, summary  # noqa: E402
+from tests.runs.test_leases_crash import check, fuzz, summary  # noqa: E402
 
 
 async def _round(server: PostgresServer, url: str, tmp: Path, args: argparse.Namespace, seed: int) -> Any:

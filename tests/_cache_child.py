@@ -1,4 +1,4 @@
-"""Child processes of tests/test_cache_crash.py, on one SQLite response-cache file.
+"""Child processes of tests/cache/test_crash.py, on one SQLite response-cache file.
 
 ``write PATH --backend B --start N``: writes entries N, N+1, ... for ever (each a
 large answer carrying its own SHA-256, so a half-written one would show), with a

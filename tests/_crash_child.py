@@ -1,6 +1,6 @@
 """The crash test's child process, and the parent-side harness that kills and resumes it.
 
-Shared by tests/test_crash_resume.py (20+ trials per store) and
+Shared by tests/e2e/test_crash_resume.py (20+ trials per store) and
 benchmarks/crash_fuzz.py (hundreds). One *trial*:
 
 1. **Child phases.** A child Python process (this file run as a script) runs

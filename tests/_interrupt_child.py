@@ -1,4 +1,4 @@
-"""Child process for tests/test_worker_interrupts.py: Ctrl+C (or ``sys.exit``) raised inside the work.
+"""Child process for tests/engine/test_worker_interrupts.py: Ctrl+C (or ``sys.exit``) raised inside the work.
 
 ``python tests/_interrupt_child.py BACKEND``: for every scenario (a surface, the place
 that raises, ``KeyboardInterrupt`` or ``SystemExit(3)``) runs one ``main()`` under

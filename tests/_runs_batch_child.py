@@ -1,6 +1,6 @@
 """Provider-batch crash trials: the child process, and the parent-side harness that kills and resumes it.
 
-Shared by tests/test_runs_batch_crash.py (a few fixed trials) and
+Shared by tests/runs/test_batch_crash.py (a few fixed trials) and
 ``benchmarks/crash_fuzz.py --mode provider-batch`` (many seeded ones). One trial:
 
 1. **The provider.** The parent serves the mock (``serve_mock``, a real socket)

@@ -1,4 +1,4 @@
-"""Child process for tests/test_runs_interrupts.py: Ctrl+C (or ``sys.exit``) raised inside a durable run.
+"""Child process for tests/runs/test_interrupts.py: Ctrl+C (or ``sys.exit``) raised inside a durable run.
 
 ``python tests/_runs_interrupt_child.py BACKEND DIR``: for every scenario (a run mode, the
 place that raises, ``KeyboardInterrupt`` or ``SystemExit(3)``) runs one ``main()`` under

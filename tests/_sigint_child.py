@@ -1,4 +1,4 @@
-"""Child process for tests/test_deliveries.py: a Trio close that hangs until the parent presses Ctrl+C.
+"""Child process for tests/core/test_deliveries.py: a Trio close that hangs until the parent presses Ctrl+C.
 
 ``python tests/_sigint_child.py MODE PATH``: processes three items into a
 ``JsonlArtifactStore`` at PATH; the strategy's ``cleanup()`` prints

@@ -1,0 +1,1 @@
+"""Tests of the async-batch-llm migration surface."""

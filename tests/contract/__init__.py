@@ -1,0 +1,1 @@
+"""Tests of the cleanup and stream-terminal contract, clause by clause."""

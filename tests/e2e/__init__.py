@@ -1,0 +1,1 @@
+"""Tests of one behaviour through every surface, and crash trials that span the tree."""

@@ -1,0 +1,1 @@
+"""Tests of the engine: processor, workers, stops, the item path, breakers, the pool."""

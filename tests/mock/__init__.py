@@ -1,0 +1,1 @@
+"""Tests of the mock server, every dialect."""

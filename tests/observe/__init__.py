@@ -1,0 +1,1 @@
+"""Tests of observers, progress, logging, metrics adapters."""

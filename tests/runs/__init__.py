@@ -1,0 +1,1 @@
+"""Tests of durable runs: drivers, repositories, leases."""

@@ -1,0 +1,1 @@
+"""Tests of the provider strategies and their wire formats."""

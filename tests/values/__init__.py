@@ -1,0 +1,1 @@
+"""Tests of values: config, results, errors, costs, tokens, requests."""
