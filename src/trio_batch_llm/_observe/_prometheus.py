@@ -29,11 +29,11 @@ may be one event behind, and never blocks the loop.
 
 from __future__ import annotations
 
-import importlib
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, cast, final
 
+from ._extras import import_extra
 from ._metrics import DEFAULT_LATENCY_BUCKETS, HISTOGRAMS, MetricsObserver, check_labels
 
 __all__ = ["PrometheusCollector"]
@@ -46,15 +46,6 @@ _COUNTERS = (
     ("retries", "retries_by_category", "category", "Failed attempts that were retried, by error category."),
     ("tokens", "tokens", "kind", "Tokens used by items executed in this process."),
 )
-
-
-def _import_metrics_core() -> Any:
-    try:
-        return importlib.import_module("prometheus_client.core")
-    except ImportError:
-        raise ImportError(
-            'PrometheusCollector needs prometheus_client: pip install "trio-batch-llm[prometheus]"'
-        ) from None
 
 
 @final
@@ -70,7 +61,8 @@ class PrometheusCollector:
     def __init__(self, *, registry: object = None, prefix: str = "trio_batch_llm",
                  buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
                  label_names: Iterable[str] = ("model", "scope")) -> None:
-        self._core = _import_metrics_core()
+        self._core = import_extra("prometheus_client.core", user="PrometheusCollector",
+                                  needs="prometheus_client", extra="prometheus")
         self.prefix = prefix
         self.label_names = tuple(check_labels(dict.fromkeys(label_names, "")))
         self._buckets = tuple(buckets)
