@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import anyio.lowlevel
 
 from .._observe._events import (
+    EVENT_NAMES,
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
@@ -23,17 +24,7 @@ from .._observe._events import (
 
 __all__ = ["BaseObserver"]
 
-_METHODS: dict[type[Any], str] = {
-    BatchStarted: "on_batch_started",
-    ItemStarted: "on_item_started",
-    AttemptStarted: "on_attempt_started",
-    AttemptFailed: "on_attempt_failed",
-    AttemptSucceeded: "on_attempt_succeeded",
-    ItemCompleted: "on_item_completed",
-    ItemFailed: "on_item_failed",
-    ItemReplayed: "on_item_replayed",
-    BatchFinished: "on_batch_finished",
-}
+_METHODS: dict[type[object], str] = {event: f"on_{name}" for event, name in EVENT_NAMES.items()}
 
 
 class BaseObserver:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, final, runtime_checkable
+from typing import Any, Final, Protocol, TypeAlias, final, runtime_checkable
 
 from .._values._categories import ErrorCategory
 from .._values._results import BatchTermination, WorkItemResult
@@ -33,6 +33,7 @@ __all__ = [
     "AttemptSucceeded",
     "BatchFinished",
     "BatchStarted",
+    "EVENT_NAMES",
     "ItemCompleted",
     "ItemFailed",
     "ItemReplayed",
@@ -129,6 +130,22 @@ LifecycleEvent: TypeAlias = (
 
 AttemptEvent: TypeAlias = AttemptStarted | AttemptSucceeded
 """The events the engine does not emit yet (see the module docstring)."""
+
+EVENT_NAMES: Final[Mapping[type[object], str]] = {
+    BatchStarted: "batch_started",
+    ItemStarted: "item_started",
+    AttemptStarted: "attempt_started",
+    AttemptFailed: "attempt_failed",
+    AttemptSucceeded: "attempt_succeeded",
+    ItemCompleted: "item_completed",
+    ItemFailed: "item_failed",
+    ItemReplayed: "item_replayed",
+    BatchFinished: "batch_finished",
+}
+"""Every event's snake-case name, in the order a batch emits them: the one table that
+``BaseObserver``'s ``on_<name>`` methods and the two-argument observer's
+:class:`~._event_names.ProcessingEvent` are built from (the classes are ``@final``,
+so ``type(event)`` is the key)."""
 
 
 def terminal_event(result: WorkItemResult[Any]) -> ItemCompleted | ItemFailed | ItemReplayed:

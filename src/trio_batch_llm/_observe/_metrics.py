@@ -6,7 +6,7 @@ import bisect
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 from .._values._categories import ErrorCategory
 from .._values._errors import ConfigurationError
@@ -22,7 +22,9 @@ from ._events import (
     LifecycleEvent,
 )
 
-__all__ = ["DEFAULT_LATENCY_BUCKETS", "HISTOGRAMS", "MetricsObserver", "check_labels"]
+__all__ = [
+    "DEFAULT_LATENCY_BUCKETS", "FAMILIES", "HISTOGRAMS", "MetricsObserver", "check_labels", "family_value",
+]
 
 
 DEFAULT_LATENCY_BUCKETS: Final = (
@@ -53,6 +55,35 @@ HISTOGRAMS: Final = (
     ("execution", "execution_seconds", "Time items spent in provider calls, all attempts."),
     ("total", "item_duration_seconds", "Time from an item's start to its result."),
 )
+
+FAMILIES: Final = (
+    # (family, kind, help, label of its samples or "" for one value, path into to_dict())
+    ("items", "counter", "Items that reached a result, by outcome.", "outcome", ("items",)),
+    ("items_failed", "counter", "Failed items, by error category.", "category",
+     ("items_failed_by_category",)),
+    ("items_in_flight", "gauge", "Items started and not yet finished.", "", ("in_flight",)),
+    ("attempts", "counter", "Provider attempts made by finished items.", "", ("attempts",)),
+    ("attempt_failures", "counter", "Failed attempts, by error category.", "category",
+     ("attempt_failures_by_category",)),
+    ("retries", "counter", "Failed attempts that were retried, by error category.", "category",
+     ("retries_by_category",)),
+    ("tokens", "counter", "Tokens used by items executed in this run.", "kind", ("tokens",)),
+    ("batches_started", "counter", "Batches started.", "", ("batches", "started")),
+    ("batches_finished", "counter", "Batches finished, by termination.", "termination",
+     ("batches", "finished_by_termination")),
+)
+"""The metric families besides the histograms, in exposition order: the one list that
+:meth:`MetricsObserver.to_prometheus` and the ``PrometheusCollector`` both expose, so
+the two never disagree on a name, a kind or a label. A counter's exposed name adds
+``_total``."""
+
+
+def family_value(data: Mapping[str, object], path: tuple[str, ...]) -> Mapping[str, int] | float:
+    """The value at ``path`` in a :meth:`MetricsObserver.to_dict` snapshot: counts by label, or one number."""
+    value: object = data
+    for step in path:
+        value = cast("Mapping[str, object]", value)[step]
+    return cast("Mapping[str, int] | float", value)
 
 
 @final
@@ -209,31 +240,22 @@ class MetricsObserver:
             for suffix, labels, value in samples:
                 lines.append(f"{p}_{name}{suffix}{labels} {_number(value)}")
 
-        def labelled(label: str, counts: dict[str, int]) -> list[tuple[str, str, float]]:
+        def labelled(label: str, counts: Mapping[str, int]) -> list[tuple[str, str, float]]:
             return [("", braces(f'{label}="{_escape(key)}"'), value) for key, value in sorted(counts.items())]
 
         def single(value: float) -> list[tuple[str, str, float]]:
             return [("", braces(), value)]
 
-        family("items_total", "counter", "Items that reached a result, by outcome.",
-               labelled("outcome", self.items))
-        family("items_failed_total", "counter", "Failed items, by error category.",
-               labelled("category", self.failed_by_category))
-        family("items_in_flight", "gauge", "Items started and not yet finished.", single(self.in_flight))
-        family("attempts_total", "counter", "Provider attempts made by finished items.",
-               single(self.attempts))
-        family("attempt_failures_total", "counter", "Failed attempts, by error category.",
-               labelled("category", self.attempt_failures))
-        family("retries_total", "counter", "Failed attempts that were retried, by error category.",
-               labelled("category", self.retries))
-        family("tokens_total", "counter", "Tokens used by items executed in this run.",
-               labelled("kind", self.tokens))
-        family("batches_started_total", "counter", "Batches started.", single(self.batches_started))
-        family("batches_finished_total", "counter", "Batches finished, by termination.",
-               labelled("termination", self.batches_finished))
+        samples: list[tuple[str, str, float]]
+        data = self.to_dict()
+        for name, kind, help_text, label, path in FAMILIES:
+            value = family_value(data, path)
+            exposed = f"{name}_total" if kind == "counter" else name
+            samples = labelled(label, value) if isinstance(value, Mapping) else single(value)
+            family(exposed, kind, help_text, samples)
         for key, name, help_text in HISTOGRAMS:
             histogram = self.histograms[key]
-            samples: list[tuple[str, str, float]] = [
+            samples = [
                 ("_bucket", braces(f'le="{le}"'), count) for le, count in histogram.cumulative()
             ]
             samples += [("_sum", braces(), histogram.sum), ("_count", braces(), histogram.count)]

@@ -38,7 +38,6 @@ give each concurrent batch its own.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -60,19 +59,11 @@ from ._events import (
     ItemStarted,
     LifecycleEvent,
 )
+from ._extras import import_extra
 
 __all__ = ["OpenTelemetryObserver"]
 
 _NOT_RUN: Final = frozenset({ErrorCategory.NOT_EXECUTED, ErrorCategory.BUDGET})
-
-
-def _import_otel() -> Any:
-    try:
-        return importlib.import_module("opentelemetry.trace")
-    except ImportError:
-        raise ImportError(
-            'OpenTelemetryObserver needs opentelemetry-api: pip install "trio-batch-llm[otel]"'
-        ) from None
 
 
 @dataclass(slots=True)
@@ -102,7 +93,8 @@ class OpenTelemetryObserver:
     def __init__(self, *, tracer: object = None, tracer_provider: object = None,
                  system: str | None = None, model: str | None = None,
                  clock: Callable[[], int] = time.time_ns) -> None:
-        trace = _import_otel()
+        trace = import_extra("opentelemetry.trace", user="OpenTelemetryObserver", needs="opentelemetry-api",
+                             extra="otel")
         self._trace = trace
         self._kind = trace.SpanKind
         self._status = trace.Status

@@ -29,32 +29,24 @@ may be one event behind, and never blocks the loop.
 
 from __future__ import annotations
 
-import importlib
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any, cast, final
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Final, cast, final
 
-from ._metrics import DEFAULT_LATENCY_BUCKETS, HISTOGRAMS, MetricsObserver, check_labels
+from ._extras import import_extra
+from ._metrics import (
+    DEFAULT_LATENCY_BUCKETS,
+    FAMILIES,
+    HISTOGRAMS,
+    MetricsObserver,
+    check_labels,
+    family_value,
+)
 
 __all__ = ["PrometheusCollector"]
 
-_COUNTERS = (
-    # (family, key in to_dict(), label, help)
-    ("items", "items", "outcome", "Items that reached a result, by outcome."),
-    ("items_failed", "items_failed_by_category", "category", "Failed items, by error category."),
-    ("attempt_failures", "attempt_failures_by_category", "category", "Failed attempts, by error category."),
-    ("retries", "retries_by_category", "category", "Failed attempts that were retried, by error category."),
-    ("tokens", "tokens", "kind", "Tokens used by items executed in this process."),
-)
-
-
-def _import_metrics_core() -> Any:
-    try:
-        return importlib.import_module("prometheus_client.core")
-    except ImportError:
-        raise ImportError(
-            'PrometheusCollector needs prometheus_client: pip install "trio-batch-llm[prometheus]"'
-        ) from None
+# A collector's counters sum every batch its process ran, not one run's.
+_HELP: Final = {"tokens": "Tokens used by items executed in this process."}
 
 
 @final
@@ -70,7 +62,8 @@ class PrometheusCollector:
     def __init__(self, *, registry: object = None, prefix: str = "trio_batch_llm",
                  buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
                  label_names: Iterable[str] = ("model", "scope")) -> None:
-        self._core = _import_metrics_core()
+        self._core = import_extra("prometheus_client.core", user="PrometheusCollector",
+                                  needs="prometheus_client", extra="prometheus")
         self.prefix = prefix
         self.label_names = tuple(check_labels(dict.fromkeys(label_names, "")))
         self._buckets = tuple(buckets)
@@ -107,32 +100,18 @@ class PrometheusCollector:
     def _families(self, observers: list[MetricsObserver]) -> Iterator[Any]:
         core, p, names = self._core, self.prefix, list(self.label_names)
         snapshots = [(list(o.labels.values()), o.to_dict()) for o in observers]
-        for family, key, label, help_text in _COUNTERS:
-            metric = core.CounterMetricFamily(f"{p}_{family}", help_text, labels=[*names, label])
+        for family, kind, help_text, label, path in FAMILIES:
+            make = core.CounterMetricFamily if kind == "counter" else core.GaugeMetricFamily
+            labels = [*names, label] if label else names
+            metric = make(f"{p}_{family}", _HELP.get(family, help_text), labels=labels)
             for values, data in snapshots:
-                for name, count in data[key].items():
-                    metric.add_metric([*values, name], count)
+                value = family_value(data, path)
+                if isinstance(value, Mapping):
+                    for name, count in value.items():
+                        metric.add_metric([*values, name], count)
+                else:
+                    metric.add_metric(values, value)
             yield metric
-        plain = (
-            ("attempts", "counter", "Provider attempts made by finished items.", ("attempts",)),
-            ("items_in_flight", "gauge", "Items started and not yet finished.", ("in_flight",)),
-            ("batches_started", "counter", "Batches started.", ("batches", "started")),
-        )
-        for family, kind, help_text, path in plain:
-            cls = core.CounterMetricFamily if kind == "counter" else core.GaugeMetricFamily
-            metric = cls(f"{p}_{family}", help_text, labels=names)
-            for values, data in snapshots:
-                value: Any = data
-                for step in path:
-                    value = value[step]
-                metric.add_metric(values, value)
-            yield metric
-        finished = core.CounterMetricFamily(f"{p}_batches_finished", "Batches finished, by termination.",
-                                            labels=[*names, "termination"])
-        for values, data in snapshots:
-            for name, count in data["batches"]["finished_by_termination"].items():
-                finished.add_metric([*values, name], count)
-        yield finished
         for key, name, help_text in HISTOGRAMS:
             metric = core.HistogramMetricFamily(f"{p}_{name}", help_text, labels=names)
             for values, data in snapshots:
