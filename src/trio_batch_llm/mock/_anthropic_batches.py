@@ -28,10 +28,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, final
-from urllib.parse import parse_qs
 
 from ._batch_routes import match_table, route_table
-from ._batch_store import EPOCH, BatchReply
+from ._batch_store import EPOCH, BatchReply, listing_page
 from ._state import MockServerConfig, mock_token_count
 
 __all__ = ["AnthropicBatchStore", "LineAnswer", "anthropic_error", "match_anthropic_batch_route", "rfc3339"]
@@ -197,13 +196,11 @@ class AnthropicBatchStore:
         return _missing(batch_id) if batch is None else BatchReply(payload=batch.wire(self.origin))
 
     def list(self, query: str) -> BatchReply:
-        if not self.config.batch_list:
-            return _error(404, "listing message batches is turned off in this mock (batch_list=False)")
-        params = parse_qs(query, keep_blank_values=True)
-        raw_limit = params.get("limit", ["20"])[-1]
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 1000:
-            return _error(400, f"limit: must be an integer from 1 to 1000, got {raw_limit!r}")
-        limit = int(raw_limit)
+        listed = listing_page(self.config, query, _error, what="message batches", size="limit", default=20,
+                              most=1000)
+        if isinstance(listed, BatchReply):
+            return listed
+        params, limit = listed
         newest_first = list(reversed(self._batches.values()))
         ids = [batch.id for batch in newest_first]
         after, before = params.get("after_id", [None])[-1], params.get("before_id", [None])[-1]

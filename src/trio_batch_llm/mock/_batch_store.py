@@ -26,7 +26,7 @@ from ._batch_input import BATCH_ENDPOINTS, InputLine, parse_input_file, parse_mu
 from ._openai import Api
 from ._state import MockServerConfig
 
-__all__ = ["EPOCH", "BatchCounters", "BatchReply", "BatchStore", "LineExecutor"]
+__all__ = ["EPOCH", "BatchCounters", "BatchReply", "BatchStore", "LineExecutor", "listing_page"]
 
 EPOCH = 1_700_000_000
 """Wire timestamps are ``EPOCH + floor(clock)``: integers, deterministic under a virtual clock."""
@@ -55,6 +55,25 @@ class BatchReply:
 
 def _error(status: int, message: str) -> BatchReply:
     return BatchReply(status, message=message)
+
+
+def listing_page(config: MockServerConfig, query: str, error: Callable[[int, str], BatchReply], *,
+                 what: str, size: str, default: int, most: int,
+                 label: str | None = None) -> tuple[dict[str, list[str]], int] | BatchReply:
+    """A batch listing's query and page size, or its refusal: listing turned off (404), or ``size``
+    not an integer from 1 to ``most`` (400).
+
+    One rule for every dialect's listing (OpenAI, Anthropic, Gemini): only the words differ, so
+    ``error`` shapes the refusal as the dialect does, ``what`` names the batches and ``label`` the
+    parameter (``size`` and a colon unless given).
+    """
+    if not config.batch_list:
+        return error(404, f"listing {what} is turned off in this mock (batch_list=False)")
+    params = parse_qs(query, keep_blank_values=True)
+    raw = params.get(size, [str(default)])[-1]
+    if not raw.isdigit() or not 1 <= int(raw) <= most:
+        return error(400, f"{label or size + ':'} must be an integer from 1 to {most}, got {raw!r}")
+    return params, int(raw)
 
 
 def _no_file(file_id: str) -> BatchReply:
@@ -316,13 +335,11 @@ class BatchStore:
         return _no_batch(batch_id) if batch is None else BatchReply(payload=batch.wire())
 
     def list(self, query: str) -> BatchReply:
-        if not self.config.batch_list:
-            return _error(404, "listing batches is turned off in this mock (batch_list=False)")
-        params = parse_qs(query, keep_blank_values=True)
-        raw_limit = params.get("limit", ["20"])[-1]
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
-            return _error(400, f"limit must be an integer from 1 to 100, got {raw_limit!r}")
-        limit = int(raw_limit)
+        listed = listing_page(self.config, query, _error, what="batches", size="limit", default=20, most=100,
+                              label="limit")
+        if isinstance(listed, BatchReply):
+            return listed
+        params, limit = listed
         newest_first = list(reversed(self._batches.values()))
         after = params.get("after", [None])[-1]
         if after is not None:

@@ -28,11 +28,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, final
-from urllib.parse import parse_qs
 
 from ._anthropic_batches import rfc3339
 from ._batch_routes import match_table, route_table
-from ._batch_store import EPOCH, BatchReply
+from ._batch_store import EPOCH, BatchReply, listing_page
 from ._state import MockServerConfig, mock_token_count
 
 __all__ = ["GRPC_CODES", "GeminiBatchStore", "GeminiLineAnswer", "google_error", "match_gemini_batch_route"]
@@ -227,13 +226,11 @@ class GeminiBatchStore:
         return _missing(batch_id) if batch is None else BatchReply(payload=batch.wire())
 
     def list(self, query: str) -> BatchReply:
-        if not self.config.batch_list:
-            return _error(404, "listing batches is turned off in this mock (batch_list=False)")
-        params = parse_qs(query, keep_blank_values=True)
-        raw_size = params.get("pageSize", ["50"])[-1]
-        if not raw_size.isdigit() or not 1 <= int(raw_size) <= 1000:
-            return _error(400, f"pageSize: must be an integer from 1 to 1000, got {raw_size!r}")
-        size = int(raw_size)
+        listed = listing_page(self.config, query, _error, what="batches", size="pageSize", default=50,
+                              most=1000)
+        if isinstance(listed, BatchReply):
+            return listed
+        params, size = listed
         token = params.get("pageToken", ["0"])[-1] or "0"
         if not token.isdigit():
             return _error(400, f"pageToken: {token!r} is not a page token of this listing")

@@ -30,7 +30,7 @@ from ..._values._structured import ResponseModel
 from ..._values._urls import normalize_base_url, redact_url, redact_urls
 from .._base import wire_key_material
 from .._batch import BatchEndpoint
-from .._clients import client_registry
+from .._clients import client_registry, close_lease
 from .._keys import Secret, provider_api_key
 from .._structured import StructuredOutputStrategy
 from ._cache import CacheHandle, GeminiContextCache, cache_body
@@ -52,6 +52,16 @@ class _Session:
         self.client = client
         self.owns_client = owns_client
         self.cache = cache
+
+
+async def _close_session(session: _Session) -> None:
+    """Delete the session's cache, then close the client if we opened it."""
+    if session.cache is not None:
+        await session.cache.close(session.client)  # raises if it fails: a later cleanup retries
+    if session.owns_client:
+        await session.client.aclose()
+    else:
+        await anyio.lowlevel.checkpoint()
 
 
 @final
@@ -269,20 +279,7 @@ class GeminiStrategy(StructuredOutputStrategy):
 
     async def cleanup(self) -> None:
         """Delete the cache this lease created, then close the client we opened (idempotent)."""
-        clients = client_registry()
-        identity = self.lease_identity()
-        session = clients.get(identity)
-        if session is None:
-            await anyio.lowlevel.checkpoint()
-            return
-        if session.cache is not None:
-            await session.cache.close(session.client)  # raises if it fails: a later cleanup retries
-        if session.owns_client:
-            await session.client.aclose()
-        else:
-            await anyio.lowlevel.checkpoint()
-        if clients.get(identity) is session:
-            del clients[identity]
+        await close_lease(self.lease_identity(), _close_session)
 
     def _session(self) -> _Session:
         session = client_registry().get(self.lease_identity())

@@ -30,7 +30,7 @@ from ..._values._urls import join_url, normalize_base_url, redact_url, redact_ur
 from ..._version import __version__
 from .._base import wire_key_material
 from .._batch import BatchEndpoint
-from .._clients import client_registry
+from .._clients import client_registry, close_lease
 from .._keys import Secret, endpoint_api_key
 from .._structured import StructuredOutputStrategy
 from ._batch_api import OpenAIBatchEndpoint
@@ -234,16 +234,7 @@ class _EndpointStrategy(StructuredOutputStrategy):
         if self._user_client is not None:
             await anyio.lowlevel.checkpoint()
             return
-        clients = client_registry()
-        identity = self.lease_identity()
-        client = clients.get(identity)
-        if client is None:
-            await anyio.lowlevel.checkpoint()
-            return
-        # Dropped only once closed: an interrupted close is retried by a later cleanup().
-        await self._close_client(client)
-        if clients.get(identity) is client:
-            del clients[identity]
+        await close_lease(self.lease_identity(), self._close_client)
 
     def _client_for_call(self) -> Any:
         if self._user_client is not None:
