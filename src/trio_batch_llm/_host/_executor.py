@@ -19,7 +19,7 @@ import anyio.abc
 
 from .._admission import QuotaRegistry, QuotaScope
 from .._backends import leaves_the_loop
-from .._core._deliveries import unwrap_group
+from .._core._deliveries import is_cancellation, unwrap_group
 from .._core._leases import Lease, lease_registry
 from .._core._ledger import CleanupLedger, CleanupStep, LedgerState, LedgerStatistics
 from .._strategies._base import LLMCallStrategy
@@ -133,7 +133,9 @@ class RuntimeTasks:
             # after its ordered close, where Trio's nursery carries it.
             self._hand_over(exc)
         except BaseException as exc:
-            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # (A Trio group of cancellations is a cancellation, not a failure: cancelling the host
+            # for it left the owner's body unable to absorb its own Cancelled.)
+            if not is_cancellation(exc):
                 # What the host's task group does when a child of its own fails: cancel it now,
                 # not once this task's siblings have unwound (the supervisor relays the error).
                 self._tg.cancel_scope.cancel()
