@@ -23,10 +23,18 @@ from typing import Any
 import anyio
 import pytest
 
-from trio_batch_llm import BatchInterruptedError, LLMCallStrategy, LLMWorkItem, ProcessorConfig, RetryState, TokenUsage
+from trio_batch_llm import (
+    BatchInterruptedError,
+    LLMCallStrategy,
+    LLMWorkItem,
+    ProcessorConfig,
+    RetryState,
+    TokenUsage,
+)
 from trio_batch_llm._engine._processor import ParallelBatchProcessor
 
-pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["trio"])]
+pytestmark = pytest.mark.anyio
+TRIO_ONLY = pytest.mark.parametrize("anyio_backend", ["trio"])  # strict groups of Cancelled are Trio's
 
 
 class NurseryCall(LLMCallStrategy[str]):
@@ -47,6 +55,7 @@ class NurseryCall(LLMCallStrategy[str]):
         raise AssertionError("unreachable")
 
 
+@TRIO_ONLY
 async def test_a_call_cut_by_the_close_ends_inside_the_close() -> None:
     strategy = NurseryCall()
     proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=2))
@@ -64,6 +73,7 @@ async def test_a_call_cut_by_the_close_ends_inside_the_close() -> None:
             pass
 
 
+@TRIO_ONLY
 async def test_a_segment_cancelled_around_a_cut_call_absorbs_its_own_cancellation() -> None:
     # What a durable run's drive segment does when its lease is found expired: stop the
     # processor and cancel the segment's task group, with calls in flight.
@@ -79,3 +89,20 @@ async def test_a_segment_cancelled_around_a_cut_call_absorbs_its_own_cancellatio
             await anyio.sleep_forever()
         assert tg.cancel_scope.cancelled_caught
     assert proc.termination.kind == "interrupted", proc.termination
+
+
+async def test_the_owner_exit_keeps_its_host_task_groups_verdict() -> None:
+    # The owner's block runs inside its host's task group. Once that group's own scope is
+    # cancelled (what a failing runtime task does), a Cancelled raised in the block belongs to
+    # it and ends at the owner's exit: the host's task group absorbs it, and the owner's
+    # __aexit__ must say so rather than let Python re-raise it past its scope.
+    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=2))
+    after = False
+    async with proc:
+        proc.start()
+        async with anyio.create_task_group() as tg:
+            proc._host._tg.cancel_scope.cancel("a runtime task failed")  # (the host's own scope)
+            tg.cancel_scope.cancel("segment detached")
+            await anyio.sleep_forever()
+    after = True
+    assert after
