@@ -133,9 +133,7 @@ class RuntimeTasks:
             # after its ordered close, where Trio's nursery carries it.
             self._hand_over(exc)
         except BaseException as exc:
-            # (A Trio group of cancellations is a cancellation, not a failure: cancelling the host
-            # for it left the owner's body unable to absorb its own Cancelled.)
-            if not is_cancellation(exc):
+            if not is_cancellation(exc):  # (a Trio group of Cancelled too: no failure, issue 37)
                 # What the host's task group does when a child of its own fails: cancel it now,
                 # not once this task's siblings have unwound (the supervisor relays the error).
                 self._tg.cancel_scope.cancel()
