@@ -117,8 +117,7 @@ class LLMCallPool(HostedOwner, Generic[TOutput]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        await self._exit_owner(exc_type, exc, tb)
-        return None
+        return await self._exit_owner(exc_type, exc, tb)
 
     @property
     def pending(self) -> int:

@@ -159,13 +159,13 @@ class ParallelBatchProcessor(HostedOwner, Generic[TOutput]):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
-        await self._exit_owner(exc_type, exc, tb)
+        absorbed = await self._exit_owner(exc_type, exc, tb)
         # A crash nobody has seen yet (no process_all(), no reader of the terminal) surfaces here.
         delivered = self._channel is not None and self._channel.failure_delivered
         if exc is None and self._crash is not None and not self._crash_reported and not delivered:
             self._crash_reported = True
             raise self._crash
-        return None
+        return absorbed
 
     async def _open_cache(self) -> None:
         """The response cache's connection, for this processor's run: closed in its ledger's store phase."""

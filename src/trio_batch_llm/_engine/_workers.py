@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 import anyio
 
 from .._backends import cancel_scopes
+from .._core._deliveries import is_cancellation
 from .._observe._events import ItemStarted
 from .._values._categories import ErrorCategory
 from .._values._ramp import StartupRampConfig
@@ -163,7 +164,11 @@ class Crew(Generic[TOutput]):
         except Exception as exc:  # noqa: BLE001 - reported through process_all / the terminal
             self._on_crash(exc)
         except BaseException as exc:
-            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+            # A group holding only cancellations is one too: a strategy's own Trio nursery
+            # (trio.open_tcp_stream's, in an HTTP connect) raises its Cancelled in a group when our
+            # scope is cancelled meanwhile. Taken for a crash, it failed the batch with a
+            # Cancelled that outlives its scope (and cancelled the host: issue 37, the chaos test).
+            if not is_cancellation(exc):
                 self._on_crash(exc)
             else:
                 self.interrupted = True

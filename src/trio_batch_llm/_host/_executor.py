@@ -19,7 +19,7 @@ import anyio.abc
 
 from .._admission import QuotaRegistry, QuotaScope
 from .._backends import leaves_the_loop
-from .._core._deliveries import unwrap_group
+from .._core._deliveries import is_cancellation, unwrap_group
 from .._core._leases import Lease, lease_registry
 from .._core._ledger import CleanupLedger, CleanupStep, LedgerState, LedgerStatistics
 from .._strategies._base import LLMCallStrategy
@@ -133,7 +133,7 @@ class RuntimeTasks:
             # after its ordered close, where Trio's nursery carries it.
             self._hand_over(exc)
         except BaseException as exc:
-            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+            if not is_cancellation(exc):  # (a Trio group of Cancelled too: no failure, issue 37)
                 # What the host's task group does when a child of its own fails: cancel it now,
                 # not once this task's siblings have unwound (the supervisor relays the error).
                 self._tg.cancel_scope.cancel()

@@ -28,12 +28,16 @@ class HostedOwner:
 
     async def _exit_owner(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    ) -> bool:
+        """Close; ``True`` when the host's task group absorbed ``exc`` (the owner's exit returns it)."""
         with unwrap_group():
             if self._owns_host:
-                await self._host.exit_with(exc_type, exc, tb)
-            else:
-                await self._ledger.aclose(body_exception=exc, automatic=True)
+                # The owner's block runs inside the host's task group: a Cancelled of that group's
+                # own scope (a runtime task failed) ends there. Dropped, this verdict made Python
+                # re-raise the Cancelled past its scope, out of the owner's block (issue 37).
+                return bool(await self._host.exit_with(exc_type, exc, tb)) and exc is not None
+            await self._ledger.aclose(body_exception=exc, automatic=True)
+            return False
 
     async def aclose(self) -> None:
         """Close everything this owner holds, in order; a later call retries the steps that failed.
