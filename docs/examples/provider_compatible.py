@@ -29,7 +29,8 @@ async def main() -> None:
             strategy, ["Capital of France?", "Capital of Peru?"], concurrency=8
         )
         print([result.output for result in batch.in_input_order()])
-        received = server.requests[-1].body  # the JSON it decoded (raw bytes if it was not JSON)
+        # The JSON the server decoded (raw bytes if it was not JSON):
+        received = server.requests[-1].body
         assert isinstance(received, dict)
         print("the server received top_k =", received["top_k"])
 
