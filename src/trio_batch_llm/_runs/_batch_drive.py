@@ -161,7 +161,7 @@ class BatchSegmentDriver(DriverBase):
             for sub in subs:
                 if sub.state == "submitted" and not self._stopping(seg):
                     await self._poll(api, sub)
-            snap = await self._db.call(self._repo.snapshot, self._run_id)
+            snap = await self._snapshot()
             seg.observe(snap)
             if self._stopping(seg):
                 return

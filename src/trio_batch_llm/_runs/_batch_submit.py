@@ -41,7 +41,7 @@ from .._values._errors import ProviderError
 from ._batch_config import ProviderBatchConfig, estimate_input_tokens
 from ._batch_settle import failure_of
 from ._schema import NewResult, NewSubmission, PendingItem, RunSnapshot
-from .repository._client import RepositoryClient
+from .repository._client import RepositoryClient, RunBound
 
 __all__ = ["METADATA_KEY", "BatchSubmitter", "BatchTimers"]
 
@@ -76,16 +76,14 @@ class _Chunk:
 
 
 @final
-class BatchSubmitter:
+class BatchSubmitter(RunBound):
     """Step 4 of a batch drive segment for one run handle; see the module docstring."""
 
     def __init__(
         self, *, db: RepositoryClient, run_id: str, endpoint: BatchEndpoint, batch: ProviderBatchConfig,
         retry: RetryConfig, scope: str, timers: BatchTimers,
     ) -> None:
-        self._db = db
-        self._repo = db.repository
-        self._run_id = run_id
+        super().__init__(db=db, run_id=run_id)
         self._endpoint = endpoint
         self._batch = batch
         self._retry = retry
@@ -141,7 +139,7 @@ class BatchSubmitter:
             if not await self._send(api, chunk):
                 break
             open_batches += 1
-        return await self._db.call(self._repo.snapshot, self._run_id)
+        return await self._snapshot()
 
     async def _next_chunk(self) -> _Chunk | None:
         """The next request file, or ``None`` when no pending item is ready."""

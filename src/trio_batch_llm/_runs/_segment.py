@@ -36,7 +36,7 @@ from .._values._errors import ArtifactStoreError
 from .._values._stop_reasons import StopReason
 from ._ingest import IngestedItem, Ingestor
 from ._schema import ClaimLostError, RunSnapshot, RunSourceError, RunTermination
-from .repository._client import RepositoryClient
+from .repository._client import RepositoryClient, RunBound
 
 __all__ = ["DriverBase", "Segment", "StopKind", "deadline_after", "only_of"]
 
@@ -136,7 +136,7 @@ class Segment:
             self.request("cancelled", "cancelled from another handle")
 
 
-class DriverBase:
+class DriverBase(RunBound):
     """What the live and the provider-batch drivers share: the run, its ingestion, its status."""
 
     def __init__(
@@ -148,9 +148,7 @@ class DriverBase:
         ingestor: Ingestor | None,
         poll_interval: float,
     ) -> None:
-        self._db = db
-        self._repo = db.repository
-        self._run_id = run_id
+        super().__init__(db=db, run_id=run_id)
         self._config = config
         self._ingestor = ingestor
         self._poll_interval = poll_interval

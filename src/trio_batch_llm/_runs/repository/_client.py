@@ -21,6 +21,9 @@ slice already ingested). Opening is tried once: a database that cannot be
 reached at all when a handle opens is reported at once (a wrong host or port
 looks exactly like that). The sleeps are anyio's: cancellable, and virtual
 under a test clock.
+
+:class:`RunBound` is the base of what works on one run through a client (the
+drivers, the batch submitter).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ import anyio.lowlevel
 from ..._backends._worker_gate import WorkerGate
 from ..._core._cleanup import CloseOnce
 from ..._values._errors import DatabaseUnavailableError
-from .._schema import RunStateError
+from .._schema import RunSnapshot, RunStateError
 from ._protocol import RunRepository
 
-__all__ = ["DEFAULT_UNREACHABLE_TIMEOUT", "RepositoryClient"]
+__all__ = ["DEFAULT_UNREACHABLE_TIMEOUT", "RepositoryClient", "RunBound"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -101,3 +104,20 @@ class RepositoryClient:
         """Close the repository (releasing its claims); idempotent; closes even when cancelled."""
         # Bounded: waits at most for the one call in flight, then a close.
         await self._close_once(lambda: self._gate.run(self.repository.close))
+
+
+class RunBound:
+    """What works on one run through a client: the client, its repository and the run's id, held once.
+
+    The drive segment's drivers and its batch submitter are bound to one run for their whole
+    life. The :class:`Run` handle spells its three out: its reference page shows its bases.
+    """
+
+    def __init__(self, *, db: RepositoryClient, run_id: str) -> None:
+        self._db = db
+        self._repo = db.repository
+        self._run_id = run_id
+
+    async def _snapshot(self) -> RunSnapshot:
+        """The run as stored now (through the client: retried over an outage like every call)."""
+        return await self._db.call(self._repo.snapshot, self._run_id)
