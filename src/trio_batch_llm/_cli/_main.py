@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 
 from ._args import (
     BACKENDS,
+    add_live_arguments,
     add_model_arguments,
     add_request_arguments,
     limit_change,
@@ -121,17 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, metavar="CHECKPOINT.jsonl",
                      help="the checkpoint: every result as it finishes, what --resume continues "
                           "(not a flat table: see `trio-batch-llm export`)")
-    run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
-    run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
-    run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
-    run.add_argument("--quota", metavar="redis://...",
-                     help="share --rpm/--tpm and cooldowns with every process using this Redis")
-    run.add_argument("--quota-max-in-flight", type=positive_int, metavar="N",
-                     help="with --quota: at most N calls in flight in all processes together")
-    run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
-                     help="seconds one attempt may take (default 120)")
-    run.add_argument("--max-attempts", type=positive_int, metavar="N",
-                     help="attempts per item before it fails, rate-limit retries not counted (default 3)")
+    add_live_arguments(run, "--concurrency", "--rpm", "--tpm", "--quota", "--quota-max-in-flight",
+                       "--attempt-timeout", "--max-attempts",
+                       defaults={"--concurrency": 16, "--attempt-timeout": 120.0})
     run.add_argument("--batch-timeout", type=positive_float, metavar="S",
                      help="seconds the whole run may take")
     run.add_argument("--max-rate-limit-wait", type=wait_bound, default=600.0, metavar="S",
