@@ -22,8 +22,10 @@ __all__ = [
     "KEY_HELP",
     "MAX_BATCH_REQUESTS",
     "PROVIDERS",
+    "add_backend_argument",
     "add_live_arguments",
     "add_model_arguments",
+    "add_progress_argument",
     "add_request_arguments",
     "batch_size",
     "limit_change",
@@ -43,6 +45,19 @@ KEY_HELP: Final = ("environment variable holding the endpoint's API key, sent to
                    "each provider's own key (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY or "
                    "GOOGLE_API_KEY, OPENROUTER_API_KEY) is sent only to that provider's own API, and "
                    "another --base-url gets no key")
+
+
+def add_backend_argument(parser: argparse._ActionsContainer,
+                         text: str = "the event loop (default trio)") -> None:
+    """``--backend``: the event loop a command runs on, for every command that runs one."""
+    parser.add_argument("--backend", choices=BACKENDS, default="trio", help=text)
+
+
+def add_progress_argument(parser: argparse._ActionsContainer, otherwise: str = "") -> None:
+    """``--progress/--no-progress`` (``run`` and ``demo``); ``otherwise`` says what is shown
+    when stderr is not a terminal."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"a progress bar on stderr (default: when stderr is a terminal{otherwise})")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,9 +22,10 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from ._args import (
-    BACKENDS,
+    add_backend_argument,
     add_live_arguments,
     add_model_arguments,
+    add_progress_argument,
     add_request_arguments,
     limit_change,
     non_negative_float,
@@ -141,10 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "which also keeps failures that would fail again (invalid request, context "
                           "length, content policy)")
     add_cache_arguments(run)
-    run.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="a progress bar on stderr (default: when stderr is a terminal; "
-                          "otherwise a plain progress line every 10 s)")
+    add_backend_argument(run)
+    add_progress_argument(run, "; otherwise a plain progress line every 10 s")
     run.set_defaults(handler=_run)
 
     export = sub.add_parser(
@@ -190,9 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
     demo.add_argument("--items", type=positive_int, default=200, help="prompts to run (default 200)")
     demo.add_argument("--concurrency", type=positive_int, default=32, help="calls in flight (default 32)")
-    demo.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
-    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                      help="a progress bar on stderr (default: when stderr is a terminal)")
+    add_backend_argument(demo)
+    add_progress_argument(demo)
     demo.set_defaults(handler=_demo)
 
     serve = sub.add_parser(
@@ -207,8 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=port, default=8000,
                        help="the port to listen on (default 8000; 0 lets the system choose)")
-    serve.add_argument("--backend", choices=BACKENDS, default="trio",
-                       help="the event loop the server runs on (default trio)")
+    add_backend_argument(serve, "the event loop the server runs on (default trio)")
     serve.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S",
                        help="seconds before each answer (default 0)")
     serve.add_argument("--latency-max", type=non_negative_float, metavar="S",

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._args import (
-    BACKENDS,
     KEY_HELP,
     MAX_BATCH_REQUESTS,
+    add_backend_argument,
     add_live_arguments,
     add_model_arguments,
     add_request_arguments,
@@ -75,7 +75,7 @@ def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     target.add_argument("db", metavar="DB", help=DB_HELP)
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
-    backend.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
+    add_backend_argument(backend)
     return target, backend
 
 
