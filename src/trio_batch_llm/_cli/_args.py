@@ -98,8 +98,8 @@ def add_live_arguments(parser: argparse._ActionsContainer, *flags: str,
 
     One table holds each option's type, metavar and help, so the two commands
     cannot drift apart. The defaults differ (``run`` has its own; ``runs
-    start`` has none, the stored run's settings win), so the caller passes
-    them; ``more_help`` appends a command's own remark to an option's help."""
+    start`` has none: it tells a flag not given from one given), so the caller
+    passes them; ``more_help`` appends a command's own remark to an option's help."""
     for flag in flags:
         option = _LIVE_OPTIONS[flag]
         parser.add_argument(flag, type=option.type, metavar=option.metavar,
