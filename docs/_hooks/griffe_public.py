@@ -16,6 +16,9 @@ Once the package is loaded, this extension rewrites what the pages render:
 
 Keyword arguments typed ``Unpack[ProcessorOptions]`` (expanded by griffe's
 ``unpack_typeddict``) get the processor's own defaults instead of ``...``.
+A docstring line ``{_NAME}`` (the Args text ``process_prompts`` and
+``process_stream`` share) is filled with the module's string ``_NAME``,
+indented as the line, as the module fills ``__doc__`` at import.
 A private class that is not exported is left as it is, so
 ``docs/_hooks/private_names.py`` fails the build on it: that is a gap to close
 by exporting the class or changing the signature, not one to paper over here.
@@ -23,7 +26,10 @@ by exporting the class or changing the signature, not one to paper over here.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,7 +168,23 @@ class _Rewriter:
         cls.bases = bases
 
 
+_FRAGMENT = re.compile(r"^( *)\{(_[A-Z_]+)\}$", re.MULTILINE)
+"""As ``trio_batch_llm._engine._entrypoints._FRAGMENT``."""
+
+
 class PublicNames(griffe.Extension):
+    def on_function_instance(self, *, func: griffe.Function, **kwargs: Any) -> None:
+        # While the module is visited, before unpack_typeddict parses the docstring: the fragments are
+        # module strings defined above the function, already visited.
+        if func.docstring is None or "{_" not in func.docstring.value:
+            return
+
+        def fragment(match: re.Match[str]) -> str:
+            value = func.module.members[match[2]].value  # the source of a string literal
+            return textwrap.indent(ast.literal_eval(str(value)), match[1])
+
+        func.docstring.value = _FRAGMENT.sub(fragment, func.docstring.value)
+
     def on_function(self, *, func: griffe.Function, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         # After unpack_typeddict (listed first) expanded the function's **kwargs.
         expanded = [p for p in func.parameters if str(p.default) == "..."]

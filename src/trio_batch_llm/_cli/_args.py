@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Final, NamedTuple
 
 from .._values._errors import ConfigurationError
 from .._values._quota_backend import RedisQuotaBackend
@@ -21,7 +22,10 @@ __all__ = [
     "KEY_HELP",
     "MAX_BATCH_REQUESTS",
     "PROVIDERS",
+    "add_backend_argument",
+    "add_live_arguments",
     "add_model_arguments",
+    "add_progress_argument",
     "add_request_arguments",
     "batch_size",
     "limit_change",
@@ -41,6 +45,19 @@ KEY_HELP: Final = ("environment variable holding the endpoint's API key, sent to
                    "each provider's own key (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY or "
                    "GOOGLE_API_KEY, OPENROUTER_API_KEY) is sent only to that provider's own API, and "
                    "another --base-url gets no key")
+
+
+def add_backend_argument(parser: argparse._ActionsContainer,
+                         text: str = "the event loop (default trio)") -> None:
+    """``--backend``: the event loop a command runs on, for every command that runs one."""
+    parser.add_argument("--backend", choices=BACKENDS, default="trio", help=text)
+
+
+def add_progress_argument(parser: argparse._ActionsContainer, otherwise: str = "") -> None:
+    """``--progress/--no-progress`` (``run`` and ``demo``); ``otherwise`` says what is shown
+    when stderr is not a terminal."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"a progress bar on stderr (default: when stderr is a terminal{otherwise})")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +83,28 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
                        help="the most output tokens per answer (also what --tpm reserves for it)")
     group.add_argument("--response-schema", metavar="FILE.json",
                        help="a JSON schema (a JSON object) each answer must follow: structured output")
+
+
+class _LiveOption(NamedTuple):
+    type: Callable[[str], object]
+    metavar: str | None
+    help: str
+
+
+def add_live_arguments(parser: argparse._ActionsContainer, *flags: str,
+                       defaults: Mapping[str, object] | None = None,
+                       more_help: Mapping[str, str] | None = None) -> None:
+    """The live-call options ``run`` and ``runs start`` share, added in the order of ``flags``.
+
+    One table holds each option's type, metavar and help, so the two commands
+    cannot drift apart. The defaults differ (``run`` has its own; ``runs
+    start`` has none: it tells a flag not given from one given), so the caller
+    passes them; ``more_help`` appends a command's own remark to an option's help."""
+    for flag in flags:
+        option = _LIVE_OPTIONS[flag]
+        parser.add_argument(flag, type=option.type, metavar=option.metavar,
+                            default=(defaults or {}).get(flag),
+                            help=option.help + (more_help or {}).get(flag, ""))
 
 
 def _int(text: str, expected: str, low: int, high: int | None = None) -> int:
@@ -176,6 +215,21 @@ def batch_size(text: str) -> int:
 def port(text: str) -> int:
     """A TCP port, 0 (the system chooses) to 65535."""
     return _int(text, "a port number from 0 to 65535", 0, 65535)
+
+
+_LIVE_OPTIONS: Final = {
+    "--concurrency": _LiveOption(positive_int, None, "calls in flight (default 16)"),
+    "--rpm": _LiveOption(positive_float, None, "requests per minute at most"),
+    "--tpm": _LiveOption(positive_int, None, "tokens per minute at most (estimated before a call)"),
+    # str parses as no type would: --quota's URL is checked by quota_backend, after parsing
+    "--quota": _LiveOption(str, "redis://...",
+                           "share --rpm/--tpm and cooldowns with every process using this Redis"),
+    "--quota-max-in-flight": _LiveOption(positive_int, "N",
+                                         "with --quota: at most N calls in flight in all processes together"),
+    "--attempt-timeout": _LiveOption(positive_float, "S", "seconds one attempt may take (default 120)"),
+    "--max-attempts": _LiveOption(positive_int, "N", "attempts per item before it fails, rate-limit retries "
+                                                     "not counted (default 3)"),
+}
 
 
 def quota_backend(text: str | None, max_in_flight: int | None = None) -> RedisQuotaBackend | None:

@@ -22,7 +22,7 @@ import anyio
 
 from .._values._errors import DatabaseUnavailableError
 from .._values._response_cache import ResponseCache, SqliteResponseCache
-from ._args import BACKENDS, positive_float
+from ._args import add_backend_argument, positive_float
 from ._cache_flags import PLATFORM_DEFAULT, cache_of, hide_secret
 from ._command import EXIT_FAILED, EXIT_OK, EXIT_UNAVAILABLE, UsageError
 
@@ -40,8 +40,7 @@ def add_cache_parser(sub: Any) -> None:
         command.add_argument("cache", nargs="?", default=PLATFORM_DEFAULT, metavar="PATH|URL",
                              help="a SQLite file, a postgresql:// or redis:// URL (default: the platform's "
                                   "default file)")
-        command.add_argument("--backend", choices=BACKENDS, default="trio",
-                             help="the event loop (default trio)")
+        add_backend_argument(command)
         if name == "stats":
             command.add_argument("--json", action="store_true", help="one JSON object instead of text")
         else:

@@ -22,8 +22,10 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from ._args import (
-    BACKENDS,
+    add_backend_argument,
+    add_live_arguments,
     add_model_arguments,
+    add_progress_argument,
     add_request_arguments,
     limit_change,
     non_negative_float,
@@ -121,17 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, metavar="CHECKPOINT.jsonl",
                      help="the checkpoint: every result as it finishes, what --resume continues "
                           "(not a flat table: see `trio-batch-llm export`)")
-    run.add_argument("--concurrency", type=positive_int, default=16, help="calls in flight (default 16)")
-    run.add_argument("--rpm", type=positive_float, help="requests per minute at most")
-    run.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
-    run.add_argument("--quota", metavar="redis://...",
-                     help="share --rpm/--tpm and cooldowns with every process using this Redis")
-    run.add_argument("--quota-max-in-flight", type=positive_int, metavar="N",
-                     help="with --quota: at most N calls in flight in all processes together")
-    run.add_argument("--attempt-timeout", type=positive_float, default=120.0, metavar="S",
-                     help="seconds one attempt may take (default 120)")
-    run.add_argument("--max-attempts", type=positive_int, metavar="N",
-                     help="attempts per item before it fails, rate-limit retries not counted (default 3)")
+    add_live_arguments(run, "--concurrency", "--rpm", "--tpm", "--quota", "--quota-max-in-flight",
+                       "--attempt-timeout", "--max-attempts",
+                       defaults={"--concurrency": 16, "--attempt-timeout": 120.0})
     run.add_argument("--batch-timeout", type=positive_float, metavar="S",
                      help="seconds the whole run may take")
     run.add_argument("--max-rate-limit-wait", type=wait_bound, default=600.0, metavar="S",
@@ -148,10 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "which also keeps failures that would fail again (invalid request, context "
                           "length, content policy)")
     add_cache_arguments(run)
-    run.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
-    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="a progress bar on stderr (default: when stderr is a terminal; "
-                          "otherwise a plain progress line every 10 s)")
+    add_backend_argument(run)
+    add_progress_argument(run, "; otherwise a plain progress line every 10 s")
     run.set_defaults(handler=_run)
 
     export = sub.add_parser(
@@ -197,9 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a batch against the built-in mock server; no key needed")
     demo.add_argument("--items", type=positive_int, default=200, help="prompts to run (default 200)")
     demo.add_argument("--concurrency", type=positive_int, default=32, help="calls in flight (default 32)")
-    demo.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
-    demo.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                      help="a progress bar on stderr (default: when stderr is a terminal)")
+    add_backend_argument(demo)
+    add_progress_argument(demo)
     demo.set_defaults(handler=_demo)
 
     serve = sub.add_parser(
@@ -214,8 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=port, default=8000,
                        help="the port to listen on (default 8000; 0 lets the system choose)")
-    serve.add_argument("--backend", choices=BACKENDS, default="trio",
-                       help="the event loop the server runs on (default trio)")
+    add_backend_argument(serve, "the event loop the server runs on (default trio)")
     serve.add_argument("--latency", type=non_negative_float, default=0.0, metavar="S",
                        help="seconds before each answer (default 0)")
     serve.add_argument("--latency-max", type=non_negative_float, metavar="S",

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._args import (
-    BACKENDS,
     KEY_HELP,
     MAX_BATCH_REQUESTS,
+    add_backend_argument,
+    add_live_arguments,
     add_model_arguments,
     add_request_arguments,
     batch_size,
@@ -74,7 +75,7 @@ def _parents() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     target.add_argument("db", metavar="DB", help=DB_HELP)
     target.add_argument("run_id", metavar="RUN_ID", type=non_empty, help="the run's name")
     backend = argparse.ArgumentParser(add_help=False)
-    backend.add_argument("--backend", choices=BACKENDS, default="trio", help="the event loop (default trio)")
+    add_backend_argument(backend)
     return target, backend
 
 
@@ -107,24 +108,17 @@ def _add_start(group: Any, target: argparse.ArgumentParser, backend: argparse.Ar
                        help="ride out a database outage (a PostgreSQL restart, a network cut) of up to "
                             "S seconds: reconnect and carry on; past it exit with status 69 (default 60)")
     live = start.add_argument_group("live mode")
-    live.add_argument("--concurrency", type=positive_int, help="calls in flight (default 16)")
-    live.add_argument("--rpm", type=positive_float, help="requests per minute at most")
-    live.add_argument("--tpm", type=positive_int, help="tokens per minute at most (estimated before a call)")
-    live.add_argument("--attempt-timeout", type=positive_float, metavar="S",
-                      help="seconds one attempt may take (default 120)")
+    # no defaults here: None tells _runs_start the flag was not given (refused in provider-batch mode)
+    add_live_arguments(live, "--concurrency", "--rpm", "--tpm", "--attempt-timeout")
     live.add_argument("--lease-seconds", type=non_negative_float, metavar="S",
                       help="drivers of one run share it by leasing slices of items, renewed every S/3 s "
                            "while the driver runs, however long its calls take; a driver silent for S s "
                            "(killed, frozen, cut off) loses its items to the others: its calls in flight "
                            "may run twice (counted by `runs status`), results stay exactly-once "
                            "(default 30; 0: one driver at a time, the others watch)")
-    live.add_argument("--max-attempts", type=positive_int, metavar="N",
-                      help="attempts per item before it fails, rate-limit retries not counted (default 3)")
-    live.add_argument("--quota", metavar="redis://...",
-                      help="share --rpm/--tpm and cooldowns with every process using this Redis (as `run` "
-                           "does): lease drivers of one run then share one quota")
-    live.add_argument("--quota-max-in-flight", type=positive_int, metavar="N",
-                      help="with --quota: at most N calls in flight in all processes together")
+    add_live_arguments(live, "--max-attempts", "--quota", "--quota-max-in-flight",
+                       more_help={"--quota": " (as `run` does): lease drivers of one run then share "
+                                             "one quota"})
     add_cache_arguments(start)
     batch = start.add_argument_group("provider-batch mode")
     batch.add_argument("--batch-size", type=batch_size, metavar="N",

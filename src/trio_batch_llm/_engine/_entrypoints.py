@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
+import textwrap
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack, final
+from typing import TYPE_CHECKING, Any, Final, TypedDict, TypeVar, Unpack, final
 
 import anyio
 
@@ -42,6 +44,36 @@ Prompts = Iterable[Any] | AsyncIterable[Any]
 ProgressArg = bool | Callable[[int, int | None, str], Any] | Progress | None
 
 logger = logging.getLogger("trio_batch_llm.engine")
+
+# The Args text of the parameters process_prompts and process_stream share: one home for it. A docstring
+# line ``{_NAME}`` stands for the fragment ``_NAME``, indented as the line (_shared_args fills __doc__;
+# docs/_hooks/griffe_public.py fills the reference pages' docstrings the same way, from this source).
+_SOURCE_ARGS: Final = """\
+strategy: The strategy every item is called through.
+prompts: A sync or async iterable of texts, ``(item_id, prompt)`` or ``(item_id, prompt,
+    context)`` tuples, mappings (``{"id": ..., "prompt": ...}`` or ``"messages"``, optional
+    ``"params"`` and ``"context"``) or :class:`LLMWorkItem`. Bare texts get ids ``item-0``, ...;
+    a repeated id is refused before any call.
+config: Concurrency, retries, rate limits, deadlines, the response cache (the defaults if omitted).
+concurrency: Workers, provider admission and connection pools sized at once (overrides
+    ``config``'s concurrency).
+progress: ``True`` for a progress bar on a terminal, a callable ``(completed, total, item_id)``, or
+    a :class:`Progress`."""
+_STORE_ARGS: Final = """\
+artifact_store: A checkpoint store (:class:`JsonlArtifactStore`, :class:`SqliteArtifactStore`, your
+    own :class:`ArtifactStore`) that every result is written to.
+resume: Which results already in ``artifact_store`` are returned instead of run again."""
+_FRAGMENT: Final = re.compile(r"^( *)\{(_[A-Z_]+)\}$", re.MULTILINE)
+_FRAGMENTS: Final = {"_SOURCE_ARGS": _SOURCE_ARGS, "_STORE_ARGS": _STORE_ARGS}
+
+TFunction = TypeVar("TFunction", bound=Callable[..., object])
+
+
+def _shared_args(function: TFunction) -> TFunction:
+    """``function`` with its docstring's ``{_NAME}`` lines filled in (see above)."""
+    if function.__doc__:  # None under python -OO
+        function.__doc__ = _FRAGMENT.sub(lambda m: textwrap.indent(_FRAGMENTS[m[2]], m[1]), function.__doc__)
+    return function
 
 
 class ProcessorOptions(TypedDict, total=False):
@@ -95,6 +127,7 @@ def _check_strategy(strategy: object) -> None:
         raise TypeError(f"strategy={strategy!r:.80}: must be an LLMCallStrategy (see CallableStrategy)")
 
 
+@_shared_args
 async def process_prompts(
     strategy: LLMCallStrategy[TOutput],
     prompts: Prompts,
@@ -113,20 +146,9 @@ async def process_prompts(
     :class:`BatchResult`; its ``termination`` says why it stopped.
 
     Args:
-        strategy: The strategy every item is called through.
-        prompts: A sync or async iterable of texts, ``(item_id, prompt)`` or ``(item_id, prompt,
-            context)`` tuples, mappings (``{"id": ..., "prompt": ...}`` or ``"messages"``, optional
-            ``"params"`` and ``"context"``) or :class:`LLMWorkItem`. Bare texts get ids ``item-0``, ...;
-            a repeated id is refused before any call.
-        config: Concurrency, retries, rate limits, deadlines, the response cache (the defaults if omitted).
-        concurrency: Workers, provider admission and connection pools sized at once (overrides
-            ``config``'s concurrency).
-        progress: ``True`` for a progress bar on a terminal, a callable ``(completed, total, item_id)``, or
-            a :class:`Progress`.
+        {_SOURCE_ARGS}
         preserve_order: Return the results in input order rather than completion order.
-        artifact_store: A checkpoint store (:class:`JsonlArtifactStore`, :class:`SqliteArtifactStore`, your
-            own :class:`ArtifactStore`) that every result is written to.
-        resume: Which results already in ``artifact_store`` are returned instead of run again.
+        {_STORE_ARGS}
     """
     _check_strategy(strategy)
     validate_source(prompts)
@@ -200,6 +222,7 @@ class ResultStream(AsyncIterator[WorkItemResult[TOutput]]):
         return self._processor.results_statistics()
 
 
+@_shared_args
 def process_stream(
     strategy: LLMCallStrategy[TOutput],
     prompts: Prompts,
@@ -220,23 +243,11 @@ def process_stream(
     with its error.
 
     Args:
-        strategy: The strategy every item is called through.
-        prompts: A sync or async iterable of texts, ``(item_id, prompt)`` or ``(item_id, prompt,
-            context)`` tuples, mappings (``{"id": ..., "prompt": ...}`` or ``"messages"``, optional
-            ``"params"`` and ``"context"``) or :class:`LLMWorkItem`. Bare texts get ids ``item-0``, ...;
-            a repeated id is refused before any call.
-        config: Concurrency, retries, rate limits, deadlines, the response cache (the defaults if omitted).
-        concurrency: Workers, provider admission and connection pools sized at once (overrides
-            ``config``'s concurrency).
-        progress: ``True`` for a progress bar on a terminal, a callable ``(completed, total, item_id)``, or
-            a :class:`Progress`.
-        artifact_store: A checkpoint store (:class:`JsonlArtifactStore`, :class:`SqliteArtifactStore`, your
-            own :class:`ArtifactStore`) that every result is written to.
-        resume: Which results already in ``artifact_store`` are returned instead of run again.
+        {_SOURCE_ARGS}
+        {_STORE_ARGS}
     """
     return StreamBlock(_stream_block(
-        strategy, prompts, config=config, concurrency=concurrency, progress=progress,
-        artifact_store=artifact_store, resume=resume, **processor_kwargs,
+        strategy, prompts, config, concurrency, progress, artifact_store, resume, processor_kwargs,
     ))
 
 
@@ -244,14 +255,15 @@ def process_stream(
 async def _stream_block(
     strategy: LLMCallStrategy[TOutput],
     prompts: Prompts,
-    *,
-    config: ProcessorConfig | None = None,
-    concurrency: int | None = None,
-    progress: ProgressArg = False,
-    artifact_store: ArtifactStore | None = None,
-    resume: ResumePolicy = ResumePolicy.NONE,
-    **processor_kwargs: Unpack[ProcessorOptions],
+    config: ProcessorConfig | None,
+    concurrency: int | None,
+    progress: ProgressArg,
+    artifact_store: ArtifactStore | None,
+    resume: ResumePolicy,
+    processor_kwargs: ProcessorOptions,
 ) -> AsyncIterator[ResultStream[TOutput]]:
+    # process_stream's arguments as it was given them: its signature is the one home of their defaults.
+    # The checks run here, when the block is entered, not when process_stream is called.
     _check_strategy(strategy)
     validate_source(prompts)
     cfg = _resolve_config(config, concurrency)
