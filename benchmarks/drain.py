@@ -119,6 +119,42 @@ def _problems(case: Case, sample: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _with_gc_time(case: Case) -> dict[str, Any]:
+    """One sample, plus ``gc_ms`` and ``gen2``: the time spent in collections (and the number of full
+    ones) between the sample's first two clock reads, which bound the drain (for the deadline rows:
+    from the batch's start). In-process rows only: the HTTP and async-batch-llm rows read their
+    clocks elsewhere.
+
+    A full collection walks every object the process holds, so its cost is the process's heap, not
+    the drain's: the reason a drain's p95 here (this process imports async-batch-llm, httpx and the
+    mock server, some 200,000 objects) can be several times that of a small process (drain_ab.py)."""
+    if case.group != "in-process" or case.impl == "async-batch-llm":
+        return case.run()
+    spent = {"ms": 0.0, "gen2": 0, "started": 0.0}
+
+    def collected(phase: str, info: dict[str, Any]) -> None:
+        import time
+
+        if phase == "start":
+            spent["started"] = time.perf_counter()
+        else:
+            spent["ms"] += (time.perf_counter() - spent["started"]) * 1000
+            spent["gen2"] += info["generation"] == 2
+
+    def off() -> None:
+        if collected in gc.callbacks:
+            gc.callbacks.remove(collected)
+
+    real = inproc.time
+    inproc.time = _Window(lambda: gc.callbacks.append(collected), off)  # type: ignore[assignment]
+    try:
+        sample = case.run()
+    finally:
+        off()
+        inproc.time = real
+    return {**sample, "gc_ms": spent["ms"], "gen2": spent["gen2"]}
+
+
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     logging.getLogger("async_batch_llm").setLevel(logging.CRITICAL)  # it logs every cut-short item
     server_cm = None
@@ -138,7 +174,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if rep < case.reps:
                         gc.collect()
                         try:
-                            samples[i].append(case.run())
+                            samples[i].append(_with_gc_time(case))
                         except Exception as exc:  # one failed sample must not lose the whole run
                             failed[i].append(f"{type(exc).__name__}: {str(exc)[:200]}")
                             print(f"ERROR {case.group}/{case.scenario}/N={n}/{case.backend}/{case.impl}: "
@@ -154,8 +190,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 records.append({"group": case.group, "scenario": case.scenario, "n": n, "backend": case.backend,
                                 "impl": case.impl, **spread([s["ms"] for s in samples[i]]),
                                 "samples_ms": [s["ms"] for s in samples[i]], "problems": problems,
+                                **({"gc_ms": spread([s["gc_ms"] for s in samples[i]]),
+                                    "full_collections": sum(s["gen2"] for s in samples[i])}
+                                   if "gc_ms" in samples[i][0] else {}),
                                 "failed_samples": len(failed[i]),
-                                "last_sample": {k: v for k, v in samples[i][-1].items() if k != "ms"}})
+                                "last_sample": {k: v for k, v in samples[i][-1].items()
+                                                if k not in ("ms", "gc_ms", "gen2")}})
             write_json("drain", {"partial": True, "records": records})  # survives a crash in a later N
     finally:
         if server_cm is not None:
@@ -198,6 +238,13 @@ def summarize(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     return rows, goals
 
 
+def _gc_cell(record: dict[str, Any] | None) -> str:
+    """The p50 of a row's time in collections, and how many of its samples ran a full one."""
+    if not record or "gc_ms" not in record:
+        return "-"
+    return f"{record['gc_ms']['p50']:.2f} ({record['full_collections']}/{record['reps']})"
+
+
 def render(records: list[dict[str, Any]]) -> str:
     rows, goals = summarize(records)
     out = []
@@ -213,11 +260,13 @@ def render(records: list[dict[str, Any]]) -> str:
                 o, f, a = r["ours"], r["floor"], r["abl"]
                 body.append([r["n"], r["backend"], f["p50"] if f else "-", f["p95"] if f else "-",
                              o["p50"], o["p95"], o["max"], o["reps"], f"{r['vs_floor']:.2f}x",
+                             _gc_cell(o), _gc_cell(f),
                              r["native"]["p95"] if r["native"] else "-",
                              a["p95"] if a else "-", f"{r['vs_abl']:.2f}x" if a else "-"])
             out.append(title + "\n" + table(
                 ["N", "backend", "floor p50", "floor p95", "ours p50", "ours p95", "ours max", "reps",
-                 "ours/floor p95", "native floor p95", "ABL p95", "ours/ABL p95"], body))
+                 "ours/floor p95", "ours GC p50 (full)", "floor GC p50 (full)", "native floor p95", "ABL p95",
+                 "ours/ABL p95"], body))
     abl_rows = [r for r in records if r["impl"] == "async-batch-llm"]
     if abl_rows:
         out.append("async-batch-llm 0.28 (asyncio)\n" + table(
