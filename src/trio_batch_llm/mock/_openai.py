@@ -26,44 +26,19 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final, Literal, final
 
+from .._values._openai_text import openai_prompt_text
 from .._values._schema_check import response_schema_problem
 from ._dialect import Answer, LimitState, Problem, Route
 from ._limits import go_duration
 from ._structured import answer_json
 
-__all__ = ["Api", "OpenAIDialect", "openai_error_payload", "openai_prompt_text", "openrouter_error_payload"]
+__all__ = ["Api", "OpenAIDialect", "openai_error_payload", "openrouter_error_payload"]
 
 Api = Literal["chat", "responses"]
 _PATHS: Final[dict[str, Api]] = {
     "/v1/chat/completions": "chat", "/chat/completions": "chat",
     "/v1/responses": "responses", "/responses": "responses",
 }
-
-
-def openai_prompt_text(api: str, body: Any) -> str | None:
-    """All text a chat or responses request carries, joined by newlines; ``None`` if the shape is wrong."""
-    if not isinstance(body, Mapping):
-        return None
-    if api == "chat":
-        items: Any = body.get("messages")
-    else:
-        items = body.get("input")
-        if isinstance(items, str):
-            items = [{"content": items}]
-    if not isinstance(items, list) or not items:
-        return None
-    parts = [_content_text(m.get("content")) for m in items if isinstance(m, Mapping)]
-    if api != "chat" and isinstance(body.get("instructions"), str):
-        parts.insert(0, body["instructions"])
-    return "\n".join(p for p in parts if p)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return ""
 
 
 def openai_error_payload(message: str, *, kind: str, code: str | None = None) -> dict[str, Any]:

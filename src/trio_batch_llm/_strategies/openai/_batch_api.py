@@ -23,12 +23,13 @@ from typing import Any, Final, Protocol, final
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
+from ..._values._openai_text import openai_prompt_text
 from ..._values._prompts import LLMRequest
 from .._batch import BatchInfo, BatchItemOutcome, SendMark
 from .._batch_requests import BatchRequests, EndpointSettings, ProviderBatchEndpoint
 from .._batch_requests import create_outcome_unknown as outcome_unknown
 from ._batch_lines import decode_result_files, request_line
-from ._wire import API_PATHS, Api, prompt_text_of_request
+from ._wire import API_PATHS, Api
 from ._wire_errors import error_from_status
 
 __all__ = ["OpenAIBatchConnection", "OpenAIBatchEndpoint", "batch_info", "create_outcome_unknown"]
@@ -109,7 +110,7 @@ class OpenAIBatchEndpoint(ProviderBatchEndpoint[OpenAIEndpointSettings]):
         return request_line(item_id, self._url, body)
 
     def _request_text(self, body: Mapping[str, Any]) -> str:
-        return prompt_text_of_request(self._api, body) or ""  # "": the item's text counts instead
+        return openai_prompt_text(self._api, body) or ""  # "": the item's text counts instead
 
     def decode_results(
         self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
