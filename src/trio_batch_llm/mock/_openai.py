@@ -28,7 +28,7 @@ from typing import Any, Final, Literal, final
 
 from .._values._openai_text import openai_prompt_text
 from .._values._schema_check import response_schema_problem
-from ._dialect import Answer, LimitState, Problem, Route
+from ._dialect import Answer, LimitState, Problem, Route, chosen_tool, tool_schema_refusal, tool_schemas
 from ._limits import go_duration
 from ._structured import answer_json
 
@@ -112,21 +112,17 @@ class OpenAIDialect:
 
     def requested_tool(self, route: Route, payload: Mapping[str, Any],
                        prompt: str) -> tuple[str, dict[str, Any]] | None:
-        functions = {name: dict(p) if isinstance(p, Mapping) else {}
-                     for name, p in self._functions(route, payload).items()}
+        functions = tool_schemas(self._functions(route, payload))
         if not functions:
             return None
         choice = payload.get("tool_choice")
+        named = None
         if isinstance(choice, Mapping):
             function = choice.get("function")
             named = function.get("name") if route.operation == "chat" and isinstance(function, Mapping) \
                 else choice.get("name")
-            if isinstance(named, str) and named in functions:
-                return named, functions[named]
-        if choice == "required" or "[[tool_call]]" in prompt:
-            name = next(iter(functions))
-            return name, functions[name]
-        return None
+        return chosen_tool(functions, named if isinstance(named, str) else None, forced=choice == "required",
+                           prompt=prompt)
 
     def schema_refusal(self, route: Route, payload: Mapping[str, Any]) -> str | None:
         schema = self.requested_schema(route, payload)
@@ -136,11 +132,10 @@ class OpenAIDialect:
                 fmt = _format_of(route.operation, payload)
                 name = fmt.get("name") if fmt is not None else None
                 return f"Invalid schema for response_format {name!r}: the schema {problem} (mock)"
-        for name, parameters in self._functions(route, payload).items():
-            problem = response_schema_problem(parameters) if parameters not in (None, {}) else None
-            if problem is not None:
-                return f"Invalid schema for function {name!r}: the parameters {problem} (mock)"
-        return None
+        return tool_schema_refusal(
+            self._functions(route, payload),
+            lambda name, problem: f"Invalid schema for function {name!r}: the parameters {problem} (mock)",
+        )
 
     def success_body(self, route: Route, payload: Mapping[str, Any], prompt: str,
                      answer: Answer) -> dict[str, Any]:
