@@ -106,34 +106,29 @@ for _ = 1, n do
   end
 end
 
--- the provider's reported request budget, as a ceiling on the grant counter (see _pacing)
-local rc = tonumber(redis.call('HGET', st, 'rc') or '-1')
-local rm = tonumber(redis.call('HGET', st, 'rm') or '-1')
-local rr = tonumber(redis.call('HGET', st, 'rr') or '0')
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
-    tonumber(ARGV[i + 3]); i = i + 4
-  local ceiling = mark + left - margin
-  if mark > rm then rc, rm, rr = ceiling, mark, now + after
-  elseif ceiling < rc then rc = ceiling end
+-- a budget the provider reported, kept in the fields <kind>c (the ceiling), <kind>m (the mark it
+-- came with) and <kind>r (its reset): one fold for both kinds, so requests and tokens cannot drift
+-- apart; a newer mark replaces the ceiling, an older one may only lower it
+local function fold_budget(kind, afresh_after_reset)
+  local c = tonumber(redis.call('HGET', st, kind .. 'c') or '-1')
+  local m = tonumber(redis.call('HGET', st, kind .. 'm') or '-1')
+  local r = tonumber(redis.call('HGET', st, kind .. 'r') or '0')
+  n = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n do
+    local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
+      tonumber(ARGV[i + 3]); i = i + 4
+    local ceiling = mark + left - margin
+    if mark > m or (afresh_after_reset and now >= r) then c, m, r = ceiling, mark, now + after
+    elseif ceiling < c then c = ceiling end
+  end
+  if n > 0 then redis.call('HSET', st, kind .. 'c', c, kind .. 'm', m, kind .. 'r', r) end
+  return c, m, r
 end
-if n > 0 then redis.call('HSET', st, 'rc', rc, 'rm', rm, 'rr', rr) end
-
--- the provider's reported token budget, the same way on the token charge total
-local kc = tonumber(redis.call('HGET', st, 'kc') or '-1')
-local km = tonumber(redis.call('HGET', st, 'km') or '-1')
-local kr = tonumber(redis.call('HGET', st, 'kr') or '0')
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  local mark, left, after, margin = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
-    tonumber(ARGV[i + 3]); i = i + 4
-  local ceiling = mark + left - margin
-  -- token marks repeat (calls of 0 tokens): once the reset passed, any answer starts afresh
-  if mark > km or now >= kr then kc, km, kr = ceiling, mark, now + after
-  elseif ceiling < kc then kc = ceiling end
-end
-if n > 0 then redis.call('HSET', st, 'kc', kc, 'km', km, 'kr', kr) end
+-- the request budget, as a ceiling on the grant counter (see _pacing)
+local rc, rm, rr = fold_budget('r', false)
+-- the token budget, the same way on the token charge total; token marks repeat (calls of 0
+-- tokens): once the reset passed, any answer starts afresh
+local kc, km, kr = fold_budget('k', true)
 
 -- a cooldown one process reports pauses every process: joined (the later end wins), never added
 -- end to end, so a storm seen by ten processes is one pause, not ten; 'gen' lets each process

@@ -20,7 +20,9 @@ strategy sends, and a failed create judged by the provider's refusal statuses;
 each provider says only its body, its line, the text it counts and its refusals.
 :class:`InlineBatchEndpoint` and :class:`InlineBatchConnection` add what the
 Anthropic and Gemini endpoints share beyond that: a finished batch's outcomes read
-file by file, and the "upload" that keeps the file for the create.
+file by file, and the "upload" that keeps the file for the create. :class:`BatchResource`
+is what the OpenAI and Anthropic connections share: a batch retrieved, cancelled and its
+results downloaded, told apart only by their paths.
 
 The helpers below them are what the three endpoints read alike: their capacity
 scope, a run's prompt text as an :class:`LLMRequest`, a request line as
@@ -44,9 +46,10 @@ from ._batch import BatchInfo, BatchItemOutcome, BatchRequest, SendMark
 from ._keys import Secret
 from .openai._wire_errors import decode_error_body
 
-__all__ = ["BatchRequests", "EndpointSettings", "ErrorOf", "InlineBatchConnection", "InlineBatchEndpoint",
-           "InlineEndpointSettings", "KeptRequestFiles", "ProviderBatchEndpoint", "capacity_scope",
-           "create_outcome_unknown", "json_line", "keyed_requests", "llm_request_of", "page_of"]
+__all__ = ["BatchRequests", "BatchResource", "EndpointSettings", "ErrorOf", "InlineBatchConnection",
+           "InlineBatchEndpoint", "InlineEndpointSettings", "KeptRequestFiles", "ProviderBatchEndpoint",
+           "capacity_scope", "create_outcome_unknown", "json_line", "keyed_requests", "llm_request_of",
+           "page_of"]
 
 T = TypeVar("T")
 
@@ -259,6 +262,30 @@ class InlineBatchEndpoint(ProviderBatchEndpoint[InlineEndpointSettings]):
     def _decode_file(self, batch: BatchInfo, content: bytes,
                      item_ids: Sequence[str]) -> dict[str, BatchItemOutcome]:
         raise NotImplementedError
+
+
+class BatchResource:
+    """The one-request operations on a batch of a provider that names it ``{batches}/{id}`` and
+    cancels it with ``POST {batches}/{id}/cancel``, answered with the batch (OpenAI, Anthropic):
+    each connection says only its paths and its reading of a batch (:meth:`_info`)."""
+
+    _requests: BatchRequests
+    _batches: ClassVar[str]
+    """The collection's path: a batch is ``{_batches}/{id}``."""
+    _results: ClassVar[str]
+    """The path of a finished batch's results file, ``{}`` for the file id."""
+
+    def _info(self, payload: Any) -> BatchInfo:
+        raise NotImplementedError
+
+    async def retrieve(self, batch_id: str) -> BatchInfo | None:
+        return await self._requests.found(self._info, "GET", f"{self._batches}/{batch_id}")
+
+    async def cancel(self, batch_id: str) -> None:
+        self._info(await self._requests.json("POST", f"{self._batches}/{batch_id}/cancel"))
+
+    async def download(self, file_id: str) -> bytes:
+        return await self._requests.content(self._results.format(file_id))
 
 
 class InlineBatchConnection:

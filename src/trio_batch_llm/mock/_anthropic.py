@@ -40,7 +40,7 @@ from typing import Any, Final, final
 from .._values._schema_check import response_schema_problem
 from ._anthropic_cache import PromptCache
 from ._anthropic_check import request_problem
-from ._dialect import Answer, LimitState, Problem, Route
+from ._dialect import Answer, LimitState, Problem, Route, chosen_tool, tool_schema_refusal, tool_schemas
 from ._state import MockServerConfig, mock_token_count
 
 __all__ = ["AnthropicDialect"]
@@ -130,28 +130,23 @@ class AnthropicDialect:
 
     def requested_tool(self, route: Route, payload: Mapping[str, Any],
                        prompt: str) -> tuple[str, dict[str, Any]] | None:
-        tools = {name: dict(s) if isinstance(s, Mapping) else {} for name, s in self._tools(payload).items()}
+        tools = tool_schemas(self._tools(payload))
         choice = payload.get("tool_choice")
         kind = choice.get("type") if isinstance(choice, Mapping) else None
         if not tools or kind == "none":
             return None
-        if kind == "tool" and isinstance(choice, Mapping) and choice.get("name") in tools:
-            return choice["name"], tools[choice["name"]]
-        if kind == "any" or "[[tool_call]]" in prompt:
-            name = next(iter(tools))
-            return name, tools[name]
-        return None
+        named = choice.get("name") if kind == "tool" and isinstance(choice, Mapping) else None
+        return chosen_tool(tools, named, forced=kind == "any", prompt=prompt)
 
     def schema_refusal(self, route: Route, payload: Mapping[str, Any]) -> str | None:
         schema = self.requested_schema(route, payload)
         problem = response_schema_problem(schema) if schema is not None else None
         if problem is not None:
             return f"output_config.format.schema: the schema {problem} (mock)"
-        for name, parameters in self._tools(payload).items():
-            problem = response_schema_problem(parameters) if parameters not in (None, {}) else None
-            if problem is not None:
-                return f"tools: input_schema of tool {name!r}: the schema {problem} (mock)"
-        return None
+        return tool_schema_refusal(
+            self._tools(payload),
+            lambda name, problem: f"tools: input_schema of tool {name!r}: the schema {problem} (mock)",
+        )
 
     def success_body(self, route: Route, payload: Mapping[str, Any], prompt: str,
                      answer: Answer) -> dict[str, Any]:

@@ -21,7 +21,6 @@ other answer an ``errored`` line carrying the live error body. The knobs
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import re
@@ -31,6 +30,7 @@ from typing import Any, Final, final
 
 from ._batch_routes import match_table, route_table
 from ._batch_store import EPOCH, BatchReply, listing_page
+from ._inline_batch_store import InlineBatchStore
 from ._state import MockServerConfig, mock_token_count
 
 __all__ = ["AnthropicBatchStore", "LineAnswer", "anthropic_error", "match_anthropic_batch_route", "rfc3339"]
@@ -113,28 +113,22 @@ class _MessageBatch:
 
 
 @final
-class AnthropicBatchStore:
+class AnthropicBatchStore(InlineBatchStore[_MessageBatch, LineAnswer]):
     """Message batches of one mock app; every method is synchronous and takes the time it happens at."""
 
+    _over_limit = "Number of enqueued batch tokens would exceed"
+
     def __init__(self, config: MockServerConfig, answer: LineAnswer) -> None:
-        self.config = config
+        super().__init__(config, answer)
         self.origin = ""
         """Scheme and host the results URLs start with (the app sets it from the request)."""
-        self.lines_answered = 0
-        self.enqueued_tokens = 0
-        self._answer = answer
-        self._batches: dict[str, _MessageBatch] = {}  # creation order
-        self._ids = 0
-        self._outcomes = iter(config.batch_outcomes)
 
     @property
     def batches(self) -> list[dict[str, Any]]:
         return [batch.wire(self.origin) for batch in self._batches.values()]
 
     def _new_id(self) -> str:
-        self._ids += 1
-        digest = hashlib.sha256(f"{self.config.seed}\x00msgbatch\x00{self._ids}".encode()).hexdigest()
-        return "msgbatch_" + digest[:24]
+        return "msgbatch_" + self._id_digest("msgbatch")[:24]
 
     def advance(self, now: float) -> None:
         """End every batch that is due at ``now`` (in creation order) and every canceling one."""
@@ -181,14 +175,12 @@ class AnthropicBatchStore:
         assert isinstance(requests, list)  # checked by _requests_problem
         pairs = [(entry["custom_id"], entry["params"]) for entry in requests]
         tokens = sum(mock_token_count(json.dumps([p.get("system"), p.get("messages")])) for _, p in pairs)
-        limit = self.config.batch_enqueued_token_limit
-        if limit is not None and self.enqueued_tokens + tokens > limit:
-            return _error(429, f"Number of enqueued batch tokens would exceed the limit of {limit} (mock; "
-                               f"already enqueued: {self.enqueued_tokens}, this batch: {tokens}).")
+        refusal = self._limit_refusal(tokens)
+        if refusal is not None:
+            return _error(429, refusal)
         batch = _MessageBatch(self._new_id(), pairs, tokens, now + self.config.batch_latency,
-                              next(self._outcomes, "completed"), _stamp(now))
-        self._batches[batch.id] = batch
-        self.enqueued_tokens += tokens
+                              self._next_outcome(), _stamp(now))
+        self._keep(batch)
         return BatchReply(payload=batch.wire(self.origin), created=True)
 
     def get(self, batch_id: str) -> BatchReply:
@@ -249,13 +241,8 @@ class AnthropicBatchStore:
         del self._batches[batch_id]
         return BatchReply(payload={"id": batch_id, "type": "message_batch_deleted"})
 
-    def dispatch(self, action: str, target: str, raw: bytes, query: str, now: float) -> BatchReply:
-        """Perform one request (after :meth:`advance`); ``raw`` is the request body."""
-        if action in ("create", "list"):
-            return self.create(raw, now) if action == "create" else self.list(query)
-        if action in ("cancel", "results"):
-            return (self.cancel if action == "cancel" else self.results)(target, now)
-        return (self.get if action == "get" else self.delete)(target)
+    def _create_at(self, target: str, raw: bytes, now: float) -> BatchReply:
+        return self.create(raw, now)
 
 
 def _missing(batch_id: str) -> BatchReply:

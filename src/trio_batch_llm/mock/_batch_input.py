@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, final
 
-from ._openai import Api, openai_prompt_text
+from .._values._openai_text import openai_prompt_text
+from ._openai import Api
 from ._state import mock_token_count
 
 __all__ = ["BATCH_ENDPOINTS", "InputLine", "parse_input_file", "parse_multipart"]

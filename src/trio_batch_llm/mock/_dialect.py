@@ -9,16 +9,23 @@ and the rate-limit headers. A dialect is made per app (``Dialect(config, clock)`
 so it may keep state of its own (Anthropic's prompt cache).
 
 A new dialect is a module with a class satisfying :class:`Dialect`, listed in
-:mod:`._dialects`. Nothing here knows a particular provider.
+:mod:`._dialects`. Nothing here knows a particular provider. The rules every dialect
+shares on declared tools (:func:`chosen_tool`, :func:`tool_schema_refusal`) live here,
+so the dialects differ only in where the wire puts a tool and its choice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, final
 
-__all__ = ["Answer", "Content", "Dialect", "LimitState", "Problem", "Route"]
+from .._values._schema_check import response_schema_problem
+
+__all__ = [
+    "Answer", "Content", "Dialect", "LimitState", "Problem", "Route", "chosen_tool", "tool_schema_refusal",
+    "tool_schemas",
+]
 
 Content = Literal["text", "invalid_json", "schema_violation", "fenced", "refusal"]
 """What a structured success says: the schema's JSON, or one of the faults the markers ask for."""
@@ -131,3 +138,31 @@ class Dialect(Protocol):
 
     def response_headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
         """Headers every answer of this dialect carries (a request id)."""
+
+
+def tool_schemas(declared: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each declared tool's input schema as a dict of its own (``{}`` where it declares none)."""
+    return {name: dict(schema) if isinstance(schema, Mapping) else {} for name, schema in declared.items()}
+
+
+def chosen_tool(tools: Mapping[str, dict[str, Any]], named: str | None, *, forced: bool,
+                prompt: str) -> tuple[str, dict[str, Any]] | None:
+    """``(name, input schema)`` of the tool to call: the one the request's choice ``named`` (when
+    declared), else the first when the choice ``forced`` a call or the prompt carries the
+    ``[[tool_call]]`` marker; ``None``: answer in text."""
+    if named is not None and named in tools:
+        return named, tools[named]
+    if forced or "[[tool_call]]" in prompt:
+        name = next(iter(tools))
+        return name, tools[name]
+    return None
+
+
+def tool_schema_refusal(declared: Mapping[str, Any], say: Callable[[str, str], str]) -> str | None:
+    """``say(name, problem)`` of the first declared tool whose input schema is malformed, or ``None``
+    (a tool without a schema, or with ``{}``, takes any input)."""
+    for name, parameters in declared.items():
+        problem = response_schema_problem(parameters) if parameters not in (None, {}) else None
+        if problem is not None:
+            return say(name, problem)
+    return None

@@ -22,7 +22,6 @@ with the first half answered; ``"failed"``: ``BATCH_STATE_FAILED``, no output),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable
@@ -32,7 +31,8 @@ from typing import Any, Final, final
 from ._anthropic_batches import rfc3339
 from ._batch_routes import match_table, route_table
 from ._batch_store import EPOCH, BatchReply, listing_page
-from ._state import MockServerConfig, mock_token_count
+from ._inline_batch_store import InlineBatchStore
+from ._state import mock_token_count
 
 __all__ = ["GRPC_CODES", "GeminiBatchStore", "GeminiLineAnswer", "google_error", "match_gemini_batch_route"]
 
@@ -141,25 +141,17 @@ class _Batch:
 
 
 @final
-class GeminiBatchStore:
+class GeminiBatchStore(InlineBatchStore[_Batch, GeminiLineAnswer]):
     """Gemini batches of one mock app; every method is synchronous and takes the time it happens at."""
 
-    def __init__(self, config: MockServerConfig, answer: GeminiLineAnswer) -> None:
-        self.config = config
-        self.lines_answered = 0
-        self.enqueued_tokens = 0
-        self._answer = answer
-        self._batches: dict[str, _Batch] = {}  # creation order
-        self._ids = 0
-        self._outcomes = iter(config.batch_outcomes)
+    _over_limit = "Enqueued tokens for batch mode would exceed"
 
     @property
     def batches(self) -> list[dict[str, Any]]:
         return [batch.wire() for batch in self._batches.values()]
 
     def _new_id(self) -> str:
-        self._ids += 1
-        return hashlib.sha256(f"{self.config.seed}\x00gembatch\x00{self._ids}".encode()).hexdigest()[:20]
+        return self._id_digest("gembatch")[:20]
 
     def advance(self, now: float) -> None:
         """Finish every batch that is due at ``now`` (in creation order)."""
@@ -210,15 +202,13 @@ class GeminiBatchStore:
         assert isinstance(requests, list)  # checked by _requests_problem
         tokens = sum(mock_token_count(json.dumps([r["request"].get("systemInstruction"),
                                                   r["request"].get("contents")])) for r in requests)
-        limit = self.config.batch_enqueued_token_limit
-        if limit is not None and self.enqueued_tokens + tokens > limit:
-            return _error(429, f"Enqueued tokens for batch mode would exceed the limit of {limit} (mock; "
-                               f"already enqueued: {self.enqueued_tokens}, this batch: {tokens}).")
+        refusal = self._limit_refusal(tokens)
+        if refusal is not None:
+            return _error(429, refusal)
         batch = _Batch(self._new_id(), model.removeprefix("models/"), display_name, requests, tokens,
-                       now + self.config.batch_latency, next(self._outcomes, "completed"), _time(now))
+                       now + self.config.batch_latency, self._next_outcome(), _time(now))
         batch.updated = batch.created
-        self._batches[batch.id] = batch
-        self.enqueued_tokens += tokens
+        self._keep(batch)
         return BatchReply(payload=batch.wire(), created=True)
 
     def get(self, batch_id: str) -> BatchReply:
@@ -255,13 +245,8 @@ class GeminiBatchStore:
             return _missing(batch_id)
         return BatchReply(payload={})
 
-    def dispatch(self, action: str, target: str, raw: bytes, query: str, now: float) -> BatchReply:
-        """Perform one request (after :meth:`advance`); ``raw`` is the request body."""
-        if action in ("create", "list"):  # target: the model of a create, else the batch
-            return self.create(target, raw, now) if action == "create" else self.list(query)
-        if action == "cancel":
-            return self.cancel(target, now)
-        return (self.get if action == "get" else self.delete)(target)
+    def _create_at(self, target: str, raw: bytes, now: float) -> BatchReply:
+        return self.create(target, raw, now)  # target: the model the path names
 
 
 def _missing(batch_id: str) -> BatchReply:

@@ -26,44 +26,19 @@ import math
 from collections.abc import Mapping
 from typing import Any, Final, Literal, final
 
+from .._values._openai_text import openai_prompt_text
 from .._values._schema_check import response_schema_problem
-from ._dialect import Answer, LimitState, Problem, Route
+from ._dialect import Answer, LimitState, Problem, Route, chosen_tool, tool_schema_refusal, tool_schemas
 from ._limits import go_duration
 from ._structured import answer_json
 
-__all__ = ["Api", "OpenAIDialect", "openai_error_payload", "openai_prompt_text", "openrouter_error_payload"]
+__all__ = ["Api", "OpenAIDialect", "openai_error_payload", "openrouter_error_payload"]
 
 Api = Literal["chat", "responses"]
 _PATHS: Final[dict[str, Api]] = {
     "/v1/chat/completions": "chat", "/chat/completions": "chat",
     "/v1/responses": "responses", "/responses": "responses",
 }
-
-
-def openai_prompt_text(api: str, body: Any) -> str | None:
-    """All text a chat or responses request carries, joined by newlines; ``None`` if the shape is wrong."""
-    if not isinstance(body, Mapping):
-        return None
-    if api == "chat":
-        items: Any = body.get("messages")
-    else:
-        items = body.get("input")
-        if isinstance(items, str):
-            items = [{"content": items}]
-    if not isinstance(items, list) or not items:
-        return None
-    parts = [_content_text(m.get("content")) for m in items if isinstance(m, Mapping)]
-    if api != "chat" and isinstance(body.get("instructions"), str):
-        parts.insert(0, body["instructions"])
-    return "\n".join(p for p in parts if p)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return ""
 
 
 def openai_error_payload(message: str, *, kind: str, code: str | None = None) -> dict[str, Any]:
@@ -137,21 +112,17 @@ class OpenAIDialect:
 
     def requested_tool(self, route: Route, payload: Mapping[str, Any],
                        prompt: str) -> tuple[str, dict[str, Any]] | None:
-        functions = {name: dict(p) if isinstance(p, Mapping) else {}
-                     for name, p in self._functions(route, payload).items()}
+        functions = tool_schemas(self._functions(route, payload))
         if not functions:
             return None
         choice = payload.get("tool_choice")
+        named = None
         if isinstance(choice, Mapping):
             function = choice.get("function")
             named = function.get("name") if route.operation == "chat" and isinstance(function, Mapping) \
                 else choice.get("name")
-            if isinstance(named, str) and named in functions:
-                return named, functions[named]
-        if choice == "required" or "[[tool_call]]" in prompt:
-            name = next(iter(functions))
-            return name, functions[name]
-        return None
+        return chosen_tool(functions, named if isinstance(named, str) else None, forced=choice == "required",
+                           prompt=prompt)
 
     def schema_refusal(self, route: Route, payload: Mapping[str, Any]) -> str | None:
         schema = self.requested_schema(route, payload)
@@ -161,11 +132,10 @@ class OpenAIDialect:
                 fmt = _format_of(route.operation, payload)
                 name = fmt.get("name") if fmt is not None else None
                 return f"Invalid schema for response_format {name!r}: the schema {problem} (mock)"
-        for name, parameters in self._functions(route, payload).items():
-            problem = response_schema_problem(parameters) if parameters not in (None, {}) else None
-            if problem is not None:
-                return f"Invalid schema for function {name!r}: the parameters {problem} (mock)"
-        return None
+        return tool_schema_refusal(
+            self._functions(route, payload),
+            lambda name, problem: f"Invalid schema for function {name!r}: the parameters {problem} (mock)",
+        )
 
     def success_body(self, route: Route, payload: Mapping[str, Any], prompt: str,
                      answer: Answer) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
 from .._batch import BatchInfo, BatchItemOutcome, SendMark
 from .._batch_requests import (
+    BatchResource,
     InlineBatchConnection,
     InlineBatchEndpoint,
     InlineEndpointSettings,
@@ -178,14 +179,20 @@ class AnthropicBatchEndpoint(InlineBatchEndpoint):
 
 
 @final
-class AnthropicBatchConnection(InlineBatchConnection):
+class AnthropicBatchConnection(InlineBatchConnection, BatchResource):
     """The Message Batches requests of one drive segment; see the module docstring."""
+
+    _batches = _PATH
+    _results = _PATH + "/{}/results"
 
     def __init__(self, strategy: InlineEndpointSettings, tags: dict[str, str], *, request_timeout: float,
                  start_before: float) -> None:
         super().__init__(strategy, key_header="x-api-key", error_of=error_of, request_timeout=request_timeout,
                          start_before=start_before, extra_headers={"anthropic-version": API_VERSION})
         self._tags = tags
+
+    def _info(self, payload: Any) -> BatchInfo:
+        return batch_info(payload)
 
     async def create(self, input_file_id: str, *, completion_window: str, metadata: Mapping[str, str],
                      sending: SendMark | None = None) -> BatchInfo:
@@ -197,15 +204,6 @@ class AnthropicBatchConnection(InlineBatchConnection):
         payload = await self._requests.json("POST", _PATH, json_body={"requests": requests}, sending=sending)
         self._files.drop(input_file_id)
         return batch_info(payload)
-
-    async def retrieve(self, batch_id: str) -> BatchInfo | None:
-        return await self._requests.found(batch_info, "GET", f"{_PATH}/{batch_id}")
-
-    async def cancel(self, batch_id: str) -> None:
-        batch_info(await self._requests.json("POST", f"{_PATH}/{batch_id}/cancel"))
-
-    async def download(self, file_id: str) -> bytes:
-        return await self._requests.content(f"{_PATH}/{file_id}/results")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The ended batch whose custom ids carry the tag of ``key=value``; ``None`` if none has (yet)."""

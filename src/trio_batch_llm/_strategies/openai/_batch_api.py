@@ -23,12 +23,13 @@ from typing import Any, Final, Protocol, final
 
 from ..._values._categories import ErrorCategory
 from ..._values._errors import ProviderError
+from ..._values._openai_text import openai_prompt_text
 from ..._values._prompts import LLMRequest
 from .._batch import BatchInfo, BatchItemOutcome, SendMark
-from .._batch_requests import BatchRequests, EndpointSettings, ProviderBatchEndpoint
+from .._batch_requests import BatchRequests, BatchResource, EndpointSettings, ProviderBatchEndpoint
 from .._batch_requests import create_outcome_unknown as outcome_unknown
 from ._batch_lines import decode_result_files, request_line
-from ._wire import API_PATHS, Api, prompt_text_of_request
+from ._wire import API_PATHS, Api
 from ._wire_errors import error_from_status
 
 __all__ = ["OpenAIBatchConnection", "OpenAIBatchEndpoint", "batch_info", "create_outcome_unknown"]
@@ -109,7 +110,7 @@ class OpenAIBatchEndpoint(ProviderBatchEndpoint[OpenAIEndpointSettings]):
         return request_line(item_id, self._url, body)
 
     def _request_text(self, body: Mapping[str, Any]) -> str:
-        return prompt_text_of_request(self._api, body) or ""  # "": the item's text counts instead
+        return openai_prompt_text(self._api, body) or ""  # "": the item's text counts instead
 
     def decode_results(
         self, batch: BatchInfo, files: Sequence[bytes], item_ids: Sequence[str]
@@ -129,8 +130,11 @@ class OpenAIBatchEndpoint(ProviderBatchEndpoint[OpenAIEndpointSettings]):
 
 
 @final
-class OpenAIBatchConnection:
+class OpenAIBatchConnection(BatchResource):
     """The Files and Batch API requests of one drive segment; see the module docstring."""
+
+    _batches = "/batches"
+    _results = "/files/{}/content"
 
     def __init__(self, strategy: OpenAIEndpointSettings, endpoint: str, *, request_timeout: float,
                  start_before: float) -> None:
@@ -143,6 +147,9 @@ class OpenAIBatchConnection:
         self._requests = BatchRequests(base_url=strategy.base_url, headers=strategy.request_headers(),
                                        secret=secret, error_of=error_of, request_timeout=request_timeout,
                                        start_before=start_before, client=strategy.http_client())
+
+    def _info(self, payload: Any) -> BatchInfo:
+        return batch_info(payload)
 
     async def aclose(self) -> None:
         await self._requests.aclose()
@@ -162,15 +169,6 @@ class OpenAIBatchConnection:
         body = {"input_file_id": input_file_id, "endpoint": self._endpoint,
                 "completion_window": completion_window, "metadata": dict(metadata)}
         return batch_info(await self._requests.json("POST", "/batches", json_body=body, sending=sending))
-
-    async def retrieve(self, batch_id: str) -> BatchInfo | None:
-        return await self._requests.found(batch_info, "GET", f"/batches/{batch_id}")
-
-    async def cancel(self, batch_id: str) -> None:
-        batch_info(await self._requests.json("POST", f"/batches/{batch_id}/cancel"))
-
-    async def download(self, file_id: str) -> bytes:
-        return await self._requests.content(f"/files/{file_id}/content")
 
     async def find(self, key: str, value: str) -> BatchInfo | None:
         """The newest batch whose metadata has ``key == value``; ``None`` if the listing has none.

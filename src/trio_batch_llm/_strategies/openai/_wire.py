@@ -34,7 +34,6 @@ __all__ = [
     "decode_json",
     "error_payload",
     "parse_response_body",
-    "prompt_text_of_request",
     "responses_payload",
 ]
 
@@ -46,41 +45,6 @@ def check_api(api: str) -> Api:
     if api not in API_PATHS:
         raise ConfigurationError("api", api, 'must be "chat" or "responses"')
     return "chat" if api == "chat" else "responses"
-
-
-# -- requests ---------------------------------------------------------------------------------
-
-
-def prompt_text_of_request(api: Api, body: Any) -> str | None:
-    """All text a request carries, joined by newlines; ``None`` if the shape is wrong.
-
-    The mock server keys its deterministic answers and its ``[[marker]]`` faults on this.
-    """
-    if not isinstance(body, Mapping):
-        return None
-    if api == "chat":
-        items: Any = body.get("messages")
-        if not isinstance(items, list) or not items:
-            return None
-        parts = [_content_text(m.get("content")) for m in items if isinstance(m, Mapping)]
-    else:
-        items = body.get("input")
-        if isinstance(items, str):
-            items = [{"content": items}]
-        if not isinstance(items, list) or not items:
-            return None
-        parts = [_content_text(m.get("content")) for m in items if isinstance(m, Mapping)]
-        if isinstance(body.get("instructions"), str):
-            parts.insert(0, body["instructions"])
-    return "\n".join(p for p in parts if p)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
-    return ""
 
 
 # -- responses --------------------------------------------------------------------------------
