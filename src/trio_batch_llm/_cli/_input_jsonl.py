@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, final
 
-from .._values._jsonl_row import FAST_KEYS, NESTING_CHECK_AT, SCAN, Row, RowProblem, read_row
+from .._values._jsonl_row import Row, RowProblem, plain_row, read_row
 from ._input_records import MAX_REPORTED, InputError, InputRecord, decode_line
 
 __all__ = [
@@ -136,38 +136,30 @@ class JsonlPart:
 def scan_range(path: Path, start: int = 0, end: int | None = None, *, keep_set: bool = False) -> JsonlPart:
     """Check the lines of bytes ``[start, end)``; see :class:`JsonlPart`.
 
-    The hot loop of a big file's check: :func:`classify_line`'s fast path is
-    written out here (no call, no tuple per line) for the lines it takes,
-    and every other line goes through :func:`classify_line` itself.
+    The hot loop of a big file's check: a plain row (the fast path
+    :func:`~.._values._jsonl_row.plain_row` that every reader shares) is
+    counted here without building its :data:`Row`; every other line goes
+    through :func:`classify_line` itself.
     """
     part = JsonlPart()
     seen: set[int] = set()
     suspects, generated, problems = part.suspects, part.generated, part.problems
-    seen_add, scan, limit, fast_keys = seen.add, SCAN, NESTING_CHECK_AT, FAST_KEYS
+    seen_add, plain = seen.add, plain_row
     items = entries = number = 0
     for first, lines in jsonl_blocks(path, start, end):
         number = first - 1
         for text in lines:
             number += 1
-            if type(text) is str and len(text) <= limit and "\\u" not in text:
-                try:
-                    value, stop = scan(text, 0)
-                except (StopIteration, ValueError, RecursionError):
-                    stop = -1
-                if stop == len(text) and type(value) is dict:
-                    item_id, prompt = value.get("id"), value.get("prompt")
-                    if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
-                            and value.keys() <= fast_keys and text.count('"id"') == 1
-                            and text.count('"prompt"') == 1
-                            and ("context" not in value or text.count('"context"') == 1)):
-                        items += 1
-                        entries += 1
-                        key = hash(item_id)
-                        if key in seen:
-                            suspects.append(key)
-                        else:
-                            seen_add(key)
-                        continue
+            value = plain(text) if type(text) is str else None
+            if value is not None:
+                items += 1
+                entries += 1
+                key = hash(value["id"])
+                if key in seen:
+                    suspects.append(key)
+                else:
+                    seen_add(key)
+                continue
             entry = text if isinstance(text, InputError) else classify_line(path, text, number)
             if entry is None:
                 continue

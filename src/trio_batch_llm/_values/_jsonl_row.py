@@ -100,24 +100,37 @@ def read_row(text: str, *, sample: bool = True, surrogates: bool = True) -> Row 
     stripped = text.strip()
     if not stripped:
         return None
-    if len(stripped) <= NESTING_CHECK_AT and "\\u" not in stripped:  # the fast path
-        try:
-            value, end = SCAN(stripped, 0)
-        except (StopIteration, ValueError, RecursionError):
-            end = -1
-        if end == len(stripped) and type(value) is dict:
-            item_id, prompt = value.get("id"), value.get("prompt")
-            if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
-                    and value.keys() <= FAST_KEYS and _keys_once(stripped, value)):
-                return item_id, prompt, value.get("context"), 0
+    value = plain_row(stripped)
+    if value is not None:
+        return value["id"], value["prompt"], value.get("context"), 0
     return _full_check(text, stripped, sample, surrogates)
 
 
-def _keys_once(text: str, value: dict[str, Any]) -> bool:
-    """The fast path's test that no key of the line was given twice (:func:`repeated_row_key`'s
-    cheap half: a line without ``\\u`` escapes writes each key one way only)."""
-    return (text.count('"id"') == 1 and text.count('"prompt"') == 1
-            and ("context" not in value or text.count('"context"') == 1))
+def plain_row(text: str) -> dict[str, Any] | None:
+    """The fast path every JSONL reader shares: the decoded object of a line that is a plain row,
+    ``None`` for any other line (which then takes the full check, the one that names what is wrong).
+
+    A plain row is ``text`` exactly (no surrounding blanks), without ``\\u`` escapes and short
+    enough that nesting cannot be deep: one object whose keys are among :data:`FAST_KEYS`, each
+    written once, with a non-blank string ``"id"`` and ``"prompt"``. Such a line needs none of the
+    full check's other tests. A lone surrogate can only come from a ``\\u`` escape in a UTF-8 file,
+    and a key written twice two ways (``"id"`` and ``"\\u0069d"``) needs one too; with escapes
+    excluded, counting each key's spelling finds a repeated key.
+    """
+    if len(text) > NESTING_CHECK_AT or "\\u" in text:
+        return None
+    try:
+        value, end = SCAN(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if end != len(text) or type(value) is not dict:
+        return None
+    item_id, prompt = value.get("id"), value.get("prompt")
+    if (type(item_id) is str and type(prompt) is str and item_id.strip() and prompt.strip()
+            and value.keys() <= FAST_KEYS and text.count('"id"') == 1 and text.count('"prompt"') == 1
+            and ("context" not in value or text.count('"context"') == 1)):
+        return value
+    return None
 
 
 def _full_check(text: str, stripped: str, sample: bool, surrogates: bool) -> Row | RowProblem:
