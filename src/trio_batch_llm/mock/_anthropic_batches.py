@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, final
 
 from ._batch_routes import match_table, route_table
-from ._batch_store import EPOCH, BatchReply, listing_page
+from ._batch_store import EPOCH, BatchReply
 from ._inline_batch_store import InlineBatchStore
 from ._state import MockServerConfig, mock_token_count
 
@@ -117,6 +117,8 @@ class AnthropicBatchStore(InlineBatchStore[_MessageBatch, LineAnswer]):
     """Message batches of one mock app; every method is synchronous and takes the time it happens at."""
 
     _over_limit = "Number of enqueued batch tokens would exceed"
+    _unknown_id = "No message batch found with id {batch_id!r}."
+    _listing = ("message batches", "limit", 20)
 
     def __init__(self, config: MockServerConfig, answer: LineAnswer) -> None:
         super().__init__(config, answer)
@@ -183,13 +185,8 @@ class AnthropicBatchStore(InlineBatchStore[_MessageBatch, LineAnswer]):
         self._keep(batch)
         return BatchReply(payload=batch.wire(self.origin), created=True)
 
-    def get(self, batch_id: str) -> BatchReply:
-        batch = self._batches.get(batch_id)
-        return _missing(batch_id) if batch is None else BatchReply(payload=batch.wire(self.origin))
-
     def list(self, query: str) -> BatchReply:
-        listed = listing_page(self.config, query, _error, what="message batches", size="limit", default=20,
-                              most=1000)
+        listed = self._page_query(query)
         if isinstance(listed, BatchReply):
             return listed
         params, limit = listed
@@ -213,18 +210,18 @@ class AnthropicBatchStore(InlineBatchStore[_MessageBatch, LineAnswer]):
         })
 
     def cancel(self, batch_id: str, now: float) -> BatchReply:
-        batch = self._batches.get(batch_id)
-        if batch is None:
-            return _missing(batch_id)
+        batch = self._find(batch_id)
+        if isinstance(batch, BatchReply):
+            return batch
         if batch.status == "in_progress":
             batch.status = "canceling"
             batch.stamps["cancel_initiated_at"] = _stamp(now)
         return BatchReply(payload=batch.wire(self.origin))
 
     def results(self, batch_id: str, now: float) -> BatchReply:
-        batch = self._batches.get(batch_id)
-        if batch is None:
-            return _missing(batch_id)
+        batch = self._find(batch_id)
+        if isinstance(batch, BatchReply):
+            return batch
         if batch.status != "ended":
             return _error(400, f"Batch {batch_id} has not ended yet: its results are not available.")
         ended = batch.stamps.get("ended_at") or 0
@@ -233,20 +230,22 @@ class AnthropicBatchStore(InlineBatchStore[_MessageBatch, LineAnswer]):
         return BatchReply(content=b"".join(json.dumps(line).encode() + b"\n" for line in batch.results))
 
     def delete(self, batch_id: str) -> BatchReply:
-        batch = self._batches.get(batch_id)
-        if batch is None:
-            return _missing(batch_id)
+        batch = self._find(batch_id)
+        if isinstance(batch, BatchReply):
+            return batch
         if batch.status != "ended":
             return _error(400, f"Batch {batch_id} is still processing: cancel it before deleting it.")
         del self._batches[batch_id]
         return BatchReply(payload={"id": batch_id, "type": "message_batch_deleted"})
 
+    def _error(self, status: int, message: str) -> BatchReply:
+        return _error(status, message)
+
+    def _wire(self, batch: _MessageBatch) -> dict[str, Any]:
+        return batch.wire(self.origin)
+
     def _create_at(self, target: str, raw: bytes, now: float) -> BatchReply:
         return self.create(raw, now)
-
-
-def _missing(batch_id: str) -> BatchReply:
-    return _error(404, f"No message batch found with id {batch_id!r}.")
 
 
 def _requests_problem(requests: Any) -> str | None:

@@ -30,7 +30,7 @@ from typing import Any, Final, final
 
 from ._anthropic_batches import rfc3339
 from ._batch_routes import match_table, route_table
-from ._batch_store import EPOCH, BatchReply, listing_page
+from ._batch_store import EPOCH, BatchReply
 from ._inline_batch_store import InlineBatchStore
 from ._state import mock_token_count
 
@@ -145,6 +145,8 @@ class GeminiBatchStore(InlineBatchStore[_Batch, GeminiLineAnswer]):
     """Gemini batches of one mock app; every method is synchronous and takes the time it happens at."""
 
     _over_limit = "Enqueued tokens for batch mode would exceed"
+    _unknown_id = "Batch batches/{batch_id} not found."
+    _listing = ("batches", "pageSize", 50)
 
     @property
     def batches(self) -> list[dict[str, Any]]:
@@ -211,13 +213,8 @@ class GeminiBatchStore(InlineBatchStore[_Batch, GeminiLineAnswer]):
         self._keep(batch)
         return BatchReply(payload=batch.wire(), created=True)
 
-    def get(self, batch_id: str) -> BatchReply:
-        batch = self._batches.get(batch_id)
-        return _missing(batch_id) if batch is None else BatchReply(payload=batch.wire())
-
     def list(self, query: str) -> BatchReply:
-        listed = listing_page(self.config, query, _error, what="batches", size="pageSize", default=50,
-                              most=1000)
+        listed = self._page_query(query)
         if isinstance(listed, BatchReply):
             return listed
         params, size = listed
@@ -233,24 +230,26 @@ class GeminiBatchStore(InlineBatchStore[_Batch, GeminiLineAnswer]):
         return BatchReply(payload=payload)
 
     def cancel(self, batch_id: str, now: float) -> BatchReply:
-        batch = self._batches.get(batch_id)
-        if batch is None:
-            return _missing(batch_id)
+        batch = self._find(batch_id)
+        if isinstance(batch, BatchReply):
+            return batch
         if batch.state not in _TERMINAL:
             batch.state, batch.updated, batch.ended = "BATCH_STATE_CANCELLED", _time(now), _time(now)
         return BatchReply(payload={})
 
     def delete(self, batch_id: str) -> BatchReply:
         if self._batches.pop(batch_id, None) is None:
-            return _missing(batch_id)
+            return self._unknown(batch_id)
         return BatchReply(payload={})
+
+    def _error(self, status: int, message: str) -> BatchReply:
+        return _error(status, message)
+
+    def _wire(self, batch: _Batch) -> dict[str, Any]:
+        return batch.wire()
 
     def _create_at(self, target: str, raw: bytes, now: float) -> BatchReply:
         return self.create(target, raw, now)  # target: the model the path names
-
-
-def _missing(batch_id: str) -> BatchReply:
-    return _error(404, f"Batch batches/{batch_id} not found.")
 
 
 def _requests_problem(requests: Any) -> str | None:
