@@ -27,14 +27,13 @@ import anyio
 import httpx2
 import psutil
 
-from _drain_inproc import QUEUED_PER_CALL, cancel_from_outside
+from _drain_inproc import QUEUED_PER_CALL, cancel_from_outside, ours_config
 from _mock_process import MockServerProcess
 from trio_batch_llm import (
     GuardrailConfig,
     LLMWorkItem,
     OpenAICompatibleStrategy,
     ParallelBatchProcessor,
-    ProcessorConfig,
 )
 
 HANG = "[[hang]]"
@@ -90,7 +89,7 @@ def _items(strategy: OpenAICompatibleStrategy, n: int, prompt: str) -> list[LLMW
 async def ours_http_cancel(n: int, server: MockServerProcess) -> dict[str, Any]:
     base = server.stats()
     strategy = _strategy(server)
-    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=n))
+    proc = ParallelBatchProcessor[str](ours_config(n))
 
     async def body() -> None:
         async with proc:
@@ -106,7 +105,7 @@ async def ours_http_graceful(n: int, server: MockServerProcess) -> dict[str, Any
     base = server.stats()
     latency = graceful_latency(n)
     strategy = _strategy(server)
-    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=n))
+    proc = ParallelBatchProcessor[str](ours_config(n))
     done: list[Any] = []
 
     async def body() -> None:
@@ -130,7 +129,7 @@ async def ours_http_deadline(n: int, server: MockServerProcess) -> dict[str, Any
     base = server.stats()
     timeout = deadline_timeout(n)
     strategy = _strategy(server)
-    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=n, guardrails=GuardrailConfig(batch_timeout=timeout)))
+    proc = ParallelBatchProcessor[str](ours_config(n, guardrails=GuardrailConfig(batch_timeout=timeout)))
     async with proc:
         for item in _items(strategy, n, HANG):
             await proc.add_work(item)

@@ -27,6 +27,7 @@ import sniffio
 
 from trio_batch_llm import (
     AbortMode,
+    CircuitBreakerConfig,
     ErrorCategory,
     GuardrailConfig,
     LLMCallStrategy,
@@ -38,6 +39,19 @@ from trio_batch_llm import (
 
 TRIGGER = "trigger"
 QUEUED_PER_CALL = 10
+
+
+def ours_config(n: int, **options: Any) -> ProcessorConfig:
+    """The engine's defaults for N calls in flight, but for the circuit breaker's threshold, raised to N.
+
+    Until an endpoint has answered once, a quota scope lets at most ``threshold`` (10 by default)
+    attempts be in flight, for ``pause`` (5 s) at most, so that a dead endpoint costs ten attempts,
+    not one per worker. The calls here hang until the stop and never answer, so with the default
+    only ten would be in flight for the first 5 s: the deadline rows would drain ten calls, not N
+    (their own check said so), and every other row would wait 5 s before its stop. The breaker
+    still gates every attempt; only its start-up bound no longer binds.
+    """
+    return ProcessorConfig(concurrency=n, circuit_breaker=CircuitBreakerConfig(threshold=max(n, 1)), **options)
 
 
 class HangingStrategy(LLMCallStrategy[str]):
@@ -124,7 +138,7 @@ async def cancel_from_outside(body: Callable[[], Awaitable[None]], ready: Callab
 
 async def ours_cancel(n: int) -> dict[str, Any]:
     strategy = HangingStrategy(n)
-    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=n))
+    proc = ParallelBatchProcessor[str](ours_config(n))
 
     async def body() -> None:
         async with proc:
@@ -140,7 +154,7 @@ async def ours_graceful(n: int, remaining: float) -> dict[str, Any]:
     strategy = HangingStrategy(n, remaining=remaining)
     guard = GuardrailConfig(abort_on_error_categories={ErrorCategory.INVALID_REQUEST},
                             abort_mode=AbortMode.DRAIN_ACTIVE)
-    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=n, guardrails=guard))
+    proc = ParallelBatchProcessor[str](ours_config(n, guardrails=guard))
     done: list[Any] = []
 
     async def body() -> None:
@@ -163,7 +177,7 @@ async def ours_graceful(n: int, remaining: float) -> dict[str, Any]:
 
 async def ours_deadline(n: int, timeout: float) -> dict[str, Any]:
     strategy = HangingStrategy(n)
-    proc = ParallelBatchProcessor[str](ProcessorConfig(concurrency=n, guardrails=GuardrailConfig(batch_timeout=timeout)))
+    proc = ParallelBatchProcessor[str](ours_config(n, guardrails=GuardrailConfig(batch_timeout=timeout)))
     async with proc:
         for item in _items(strategy, n):
             await proc.add_work(item)
